@@ -1,0 +1,21 @@
+"""feedfast: keep the GPU fed. Declarative DALI pipelines over WebDataset shards."""
+
+from feedfast.errors import BackendError, FeedfastError, SampleError, ShardError, SpecError, UserError
+from feedfast.loader import DataLoader
+from feedfast.spec import Spec, load_spec
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    if name == "StallMeter":
+        from feedfast.meter import StallMeter
+
+        return StallMeter
+    raise AttributeError(f"module 'feedfast' has no attribute {name!r}")
+
+
+__all__ = [
+    "BackendError", "DataLoader", "FeedfastError", "SampleError", "ShardError", "Spec",
+    "SpecError", "StallMeter", "UserError", "load_spec",
+]

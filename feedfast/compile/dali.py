@@ -1,0 +1,143 @@
+"""Emit a plan as a DALI pipeline: the webdataset reader, then one DALI op per node."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from feedfast.compile.plan import Node, Plan
+from feedfast.errors import BackendError
+from feedfast.ops import _dali as d
+from feedfast.ops.registry import OPS
+
+READER_NAME = "Reader"
+
+
+@dataclass
+class EmitContext:
+    """What an emitter needs to know about where its node runs."""
+
+    device: str
+    decoder_device: str
+    decoder_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ReaderConfig:
+    """The webdataset reader's arguments that come from the sources, not the spec."""
+
+    paths: list[str]
+    index_paths: list[str]
+    shard_id: int = 0
+    num_shards: int = 1
+    shuffle_buffer: int = 0
+    missing: str = "error"
+    stick_to_shard: bool = True
+
+
+@dataclass
+class DaliOutputs:
+    """Which pipeline output holds what: DALI field outputs, then raw components."""
+
+    fields: list[str]
+    raw: list[str]
+    deferred: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def emit(plan: Plan, reader: ReaderConfig) -> tuple[list[Any], DaliOutputs]:
+    """Build the graph inside an open ``with pipe:`` block; return outputs and their map.
+
+    Fields computed on the host (generic ops, deferred normalize) are fed by raw component
+    outputs; every pipeline also returns the first component raw, whose ``source_info``
+    names each sample's shard and key.
+    """
+    exts = [plan.nodes[i].params["ext"] for i in range(len(plan.components))]
+    raw = d.fn().readers.webdataset(
+        paths=reader.paths, index_paths=reader.index_paths, ext=exts,
+        missing_component_behavior={"error": "error", "skip": "skip", "empty": "empty"}[reader.missing],
+        shard_id=reader.shard_id, num_shards=reader.num_shards, pad_last_batch=True,
+        stick_to_shard=reader.stick_to_shard, case_sensitive_extensions=False, random_shuffle=reader.shuffle_buffer > 0,
+        initial_fill=max(reader.shuffle_buffer, 1), name=READER_NAME,
+    )
+    raw = raw if isinstance(raw, list) else [raw]
+    values: dict[int, Any] = {i: raw[i] for i in range(len(plan.components))}
+    for n in plan.nodes[len(plan.components):]:
+        if n.device == "host" or n.deferred:
+            continue
+        values[n.id] = emit_node(n, values[n.inputs[0]])
+    fields, outs, deferred = [], [], {}
+    for name, nid in plan.outputs.items():
+        node = plan.nodes[nid]
+        if node.deferred:  # cheap transfer: ship uint8, normalize on the consumer's device
+            fields.append(name)
+            outs.append(values[node.inputs[0]])
+            deferred[name] = node.params
+        elif node.device != "host":
+            fields.append(name)
+            outs.append(values[nid])
+    return outs + raw, DaliOutputs(fields, list(plan.components), deferred)
+
+
+def emit_node(n: Node, x: Any) -> Any:
+    """One node as DALI ops."""
+    from feedfast.ops import color, geometry
+
+    ctx = EmitContext(
+        device=d.dali_device(n.device),
+        decoder_device="mixed" if n.device in ("mixed", "gpu") else "cpu",
+    )
+    if n.op == "decode+random_resized_crop":
+        return geometry.fused_decode_rrc_dali(ctx, n.params["decode"], n.params["random_resized_crop"], x)
+    if n.op.endswith("normalize") and "+" in n.op:
+        if "center_crop" in n.params:
+            return _crop_mirror_normalize(ctx, n.params, x)
+        mirror = d.coin(n.params["flip"]["horizontal"])
+        return color._normalize_dali(ctx, n.params["normalize"], x, mirror=mirror)
+    emitter = OPS[n.op].dali
+    if emitter is None:
+        raise BackendError(f"op `{n.op}` ({n.key}) has no DALI form")
+    return emitter(ctx, n.params, x)
+
+
+def _crop_mirror_normalize(ctx: EmitContext, params: dict[str, Any], x: Any) -> Any:
+    from feedfast.ops.base import as_hw
+    from feedfast.ops.color import _dali_dtype
+
+    norm = params["normalize"]
+    h, w = as_hw(params["center_crop"]["size"])
+    mirror = d.coin(params["flip"]["horizontal"]) if "flip" in params else 0
+    return d.fn().crop_mirror_normalize(
+        x, device=ctx.device, dtype=_dali_dtype(norm["dtype"]), output_layout=norm["layout"],
+        mean=[m * 255.0 for m in norm["mean"]], std=[s * 255.0 for s in norm["std"]],
+        crop=[float(h), float(w)], out_of_bounds_policy="pad", mirror=mirror,
+    )
+
+
+def build_pipeline(
+    plan: Plan,
+    reader: ReaderConfig,
+    *,
+    batch_size: int,
+    num_threads: int,
+    device_id: int | None,
+    seed: int,
+    prefetch_queue_depth: int = 2,
+    checkpoint: str | None = None,
+) -> tuple[Any, DaliOutputs]:
+    """A DALI Pipeline for the plan (not yet built). ``device_id=None`` means CPU only."""
+    try:
+        from nvidia.dali import Pipeline
+    except ImportError as exc:
+        raise BackendError(
+            "NVIDIA DALI is not installed: pip install 'feedfast[cuda12]' (or [cuda13]), "
+            "or use backend='pil'"
+        ) from exc
+    pipe = Pipeline(
+        batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
+        prefetch_queue_depth=prefetch_queue_depth, enable_checkpointing=True, checkpoint=checkpoint,
+        exec_dynamic=True,
+    )
+    with pipe:
+        outs, omap = emit(plan, reader)
+        pipe.set_outputs(*outs)
+    return pipe, omap

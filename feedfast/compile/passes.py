@@ -1,0 +1,97 @@
+"""Passes over the plan: placement, cheap transfer, fusion.
+
+- placement: on ``gpu``, decode becomes DALI's ``mixed`` nvJPEG decoder and every image op
+  after it runs on the GPU; host ops stay on the host.
+- cheap transfer: a CPU pipeline feeding a CUDA consumer ends its image fields in uint8;
+  the last ``normalize`` runs in torch on the device after the copy (4x fewer bytes).
+- fusion: ``decode`` -> ``random_resized_crop`` becomes one region-of-interest decode
+  (``decoders.image_random_crop``) plus a resize; a horizontal ``flip`` and a
+  ``center_crop`` right before ``normalize`` fold into one ``crop_mirror_normalize``.
+"""
+
+from __future__ import annotations
+
+from feedfast.compile.plan import Node, Plan
+from feedfast.ops.registry import OPS
+
+
+def place(plan: Plan, placement: str) -> None:
+    """Assign each node a device for ``placement`` (``cpu`` or ``gpu``)."""
+    plan.placement = placement  # type: ignore[assignment]
+    on_gpu: set[int] = set()
+    for n in plan.nodes:
+        if n.op == "read" or OPS[n.op].host:
+            continue
+        if placement == "gpu":
+            n.device = "mixed" if n.op == "decode" else "gpu"
+            on_gpu.add(n.id)
+        else:
+            n.device = "cpu"
+        n.sig = n.sig.with_(device="gpu" if n.device in ("gpu", "mixed") else "cpu")
+    plan.passes.append(f"placement:{placement}")
+
+
+def cheap_transfer(plan: Plan, consumer: str) -> None:
+    """Defer each output ``normalize`` to the consumer's device when the pipeline is on CPU."""
+    if consumer != "cuda" or plan.placement != "cpu":
+        return
+    for field, nid in plan.outputs.items():
+        n = plan.nodes[nid]
+        if n.op == "normalize" and len(plan.consumers(nid)) == 0:
+            n.deferred = True
+            n.device = "cuda"
+            n.dali_op = "(torch) normalize"
+            plan.passes.append(f"cheap_transfer:{field}")
+
+
+def _only_child(plan: Plan, parent: Node, child: Node) -> bool:
+    return [c.id for c in plan.consumers(parent.id)] == [child.id] and parent.id not in plan.outputs.values()
+
+
+def fuse(plan: Plan) -> None:
+    """Apply the fusions, rewriting nodes in place and dropping the absorbed ones."""
+    absorbed: set[int] = set()
+    for n in plan.nodes:
+        if n.op == "random_resized_crop":
+            src = plan.nodes[n.inputs[0]]
+            if src.op == "decode" and _only_child(plan, src, n):
+                n.params = {"decode": src.params, "random_resized_crop": n.params}
+                n.op, n.inputs, n.device = "decode+random_resized_crop", src.inputs, src.device
+                n.dali_op = "decoders.image_random_crop+resize"
+                absorbed.add(src.id)
+                plan.passes.append(f"fuse:decode+random_resized_crop@{n.key}")
+        elif n.op == "normalize" and not n.deferred:
+            _fold_into_normalize(plan, n, absorbed)
+    _drop(plan, absorbed)
+
+
+def _fold_into_normalize(plan: Plan, n: Node, absorbed: set[int]) -> None:
+    ops = ["normalize"]
+    params = {"normalize": n.params}
+    src = plan.nodes[n.inputs[0]]
+    if src.op == "flip" and src.params["vertical"] == 0.0 and _only_child(plan, src, n):
+        params["flip"] = src.params
+        ops.insert(0, "flip")
+        absorbed.add(src.id)
+        n.inputs = src.inputs
+        src = plan.nodes[n.inputs[0]]
+    if src.op == "center_crop" and _only_child(plan, src, n):
+        params["center_crop"] = src.params
+        ops.insert(0, "center_crop")
+        absorbed.add(src.id)
+        n.inputs = src.inputs
+    if len(ops) > 1:
+        n.op = "+".join(ops)
+        n.params = params
+        plan.passes.append(f"fuse:{n.op}@{n.key}")
+
+
+def _drop(plan: Plan, absorbed: set[int]) -> None:
+    """Remove absorbed nodes and renumber ids."""
+    keep = [n for n in plan.nodes if n.id not in absorbed]
+    remap = {n.id: i for i, n in enumerate(keep)}
+    for n in keep:
+        n.id = remap[n.id]
+        n.inputs = tuple(remap[i] for i in n.inputs)
+    plan.nodes = keep
+    plan.outputs = {k: remap[v] for k, v in plan.outputs.items()}

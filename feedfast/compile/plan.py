@@ -1,0 +1,142 @@
+"""The plan: a small IR of nodes with declared signatures, built from a Spec.
+
+``build_plan`` lowers each field pipeline to nodes, merges identical deterministic steps
+(so one decode can feed several views), then runs the passes of
+:mod:`feedfast.compile.passes`: placement, cheap transfer, fusion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from feedfast.ops.base import Signature
+from feedfast.ops.registry import OPS
+from feedfast.spec.model import Spec
+from feedfast.spec.sections import infer_field, source_signature
+
+Placement = Literal["cpu", "gpu"]
+
+
+@dataclass
+class Node:
+    """One step of the plan.
+
+    Attributes:
+        id: position in ``Plan.nodes`` (inputs always come earlier).
+        op: the feedfast op name, ``read`` for a reader output, or ``a+b`` once fused.
+        params: the op's parameters (for a fused node, by op name).
+        inputs: ids of input nodes.
+        sig: the output signature.
+        device: ``cpu``, ``gpu``, ``mixed`` (GPU decode fed from the CPU) or ``host``.
+        dali_op: DALI's operator name(s), for ``feedfast plan``.
+        deferred: the op runs in torch on the consumer's device after the copy.
+    """
+
+    id: int
+    op: str
+    params: dict[str, Any]
+    inputs: tuple[int, ...]
+    sig: Signature
+    device: str = "cpu"
+    dali_op: str = ""
+    deferred: bool = False
+    key: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The node as JSON-safe data."""
+        return {
+            "id": self.id, "op": self.dali_op, "feedfast_op": self.op, "device": self.device,
+            "inputs": list(self.inputs), "signature": self.sig.describe(), "dtype": self.sig.dtype,
+            "layout": self.sig.layout, "shape": list(self.sig.shape), "deferred": self.deferred,
+            "params": _jsonable(self.params), "spec_key": self.key,
+        }
+
+
+@dataclass
+class Plan:
+    """Nodes in topological order, the reader's components and the output fields."""
+
+    spec: Spec
+    nodes: list[Node]
+    components: list[str]
+    outputs: dict[str, int]
+    placement: Placement
+    consumer: str = "cpu"
+    passes: list[str] = field(default_factory=list)
+
+    def consumers(self, node_id: int) -> list[Node]:
+        """The nodes that read ``node_id``'s output."""
+        return [n for n in self.nodes if node_id in n.inputs]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-safe data (``feedfast plan --json``)."""
+        return {
+            "spec": self.spec.name, "placement": self.placement, "consumer": self.consumer,
+            "components": self.components, "outputs": dict(self.outputs),
+            "passes": list(self.passes), "nodes": [n.to_dict() for n in self.nodes],
+        }
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def resolve_placement(requested: str) -> Placement:
+    """``auto`` becomes ``gpu`` when CUDA is usable, else ``cpu``."""
+    if requested in ("cpu", "gpu"):
+        return requested  # type: ignore[return-value]
+    from feedfast._env import cuda_available
+
+    return "gpu" if cuda_available() else "cpu"
+
+
+def lower(spec: Spec) -> Plan:
+    """Lower a spec to nodes (all on the CPU), sharing identical deterministic steps."""
+    nodes: list[Node] = []
+    used = [c for c in spec.components if any(f.source == c for f in spec.fields.values())]
+    for name in used:
+        comp = spec.components[name]
+        nodes.append(Node(len(nodes), "read", {"component": name, "ext": comp.ext}, (),
+                          source_signature(comp), dali_op="readers.webdataset", key=f"source.components.{name}"))
+    memo: dict[tuple[str, str, int], int] = {}
+    outputs = {}
+    for f in spec.fields.values():
+        sigs = infer_field(f, spec.components[f.source], spec.file)
+        cur = used.index(f.source)
+        for call, sig in zip(f.ops, sigs):
+            op = OPS[call.op]
+            memo_key = (call.op, repr(sorted(call.params.items())), cur)
+            if not op.random and memo_key in memo:
+                cur = memo[memo_key]
+                continue
+            node = Node(len(nodes), call.op, dict(call.params), (cur,), sig,
+                        device="host" if op.host else "cpu", dali_op=op.dali_name, key=call.key)
+            nodes.append(node)
+            memo[memo_key] = cur = node.id
+        outputs[f.name] = cur
+    return Plan(spec, nodes, used, {o: outputs[o] for o in spec.outputs}, "cpu")
+
+
+def build_plan(spec: Spec, *, device: str | None = None, consumer: str = "cpu", fuse: bool = True) -> Plan:
+    """Compile a spec into a checked, placed and optimized plan.
+
+    Args:
+        spec: a validated spec.
+        device: ``auto``, ``cpu`` or ``gpu``; defaults to the spec's ``device``.
+        consumer: where the batches go (``cpu`` or ``cuda``); a CPU pipeline feeding
+            ``cuda`` copies uint8 and normalizes on the device (cheap transfer).
+        fuse: apply the fusion pass.
+    """
+    from feedfast.compile import passes
+
+    plan = lower(spec)
+    passes.place(plan, resolve_placement(device or spec.device))
+    passes.cheap_transfer(plan, consumer)
+    if fuse:
+        passes.fuse(plan)
+    return plan

@@ -1,0 +1,237 @@
+"""``feedfast.DataLoader``: a drop-in for ``torch.utils.data.DataLoader`` over tar shards."""
+
+from __future__ import annotations
+
+import base64
+import os
+import random
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from feedfast import _env
+from feedfast.compile.plan import Plan, build_plan
+from feedfast.errors import UserError
+from feedfast.loader.epoch import make_pipeline, run_epoch
+from feedfast.loader.options import check_torch_kwargs
+from feedfast.loader.prefetch import PinnedRing
+from feedfast.sources.assign import EpochPlan, plan_epoch
+from feedfast.sources.dataset import ShardSet, open_shards
+from feedfast.spec.load import load_spec
+
+STATE_VERSION = 1
+
+
+def _dist_rank() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    rank, world, _ = _env.launcher_rank()
+    return rank, world
+
+
+class DataLoader:
+    """Batches from WebDataset shards through a compiled spec, used like torch's DataLoader.
+
+    Args:
+        spec: a spec file path, a mapping, or a :class:`feedfast.spec.Spec`.
+        shards: shard paths, globs, brace patterns or ``@list.txt`` (see ``resolve_shards``).
+        batch_size: overrides the spec's batch size.
+        shuffle: True shuffles shard order per epoch and samples in a buffer.
+        drop_last: True drops incomplete batches (``last_batch: drop``).
+        num_workers: DALI CPU threads (0 means 1); default: all cores.
+        pin_memory: stage CUDA copies in pinned memory (default True).
+        prefetch_factor: batches DALI and the pinned ring hold ahead (default 2).
+        seed: overrides the spec's seed (order and augmentation).
+        device: where batches are delivered: ``cpu`` or ``cuda[:n]``.
+        placement: where the pipeline runs: ``auto``, ``cpu`` or ``gpu`` (default: the spec's).
+        last_batch: ``partial``, ``pad`` or ``drop`` (see :mod:`feedfast.sources.assign`).
+        rank, world_size: default from torch.distributed, else RANK/WORLD_SIZE.
+        overrides: ``key.path=value`` spec overrides.
+        cache_dir: where indexes go when a shard's folder is read-only.
+        **torch_kwargs: other torch DataLoader arguments; see :mod:`feedfast.loader.options`.
+
+    Batches are a tuple (spec ``outputs`` as a list) or a dict (as a mapping) of tensors.
+    Iterating after a complete epoch moves to the next one; ``set_epoch`` sets it.
+    """
+
+    def __init__(
+        self, spec: Any, *, shards: str | os.PathLike[str] | Sequence[str], batch_size: int | None = None,
+        shuffle: bool | None = None, drop_last: bool | None = None, num_workers: int | None = None,
+        pin_memory: bool = True, prefetch_factor: int | None = None, seed: int | None = None,
+        device: str | torch.device = "cpu", placement: str | None = None, last_batch: str | None = None,
+        rank: int | None = None, world_size: int | None = None, overrides: Sequence[str] = (),
+        cache_dir: str | os.PathLike[str] | None = None, pin_memory_device: str | None = None,
+        **torch_kwargs: Any,
+    ) -> None:
+        check_torch_kwargs(torch_kwargs)
+        self.spec = _settle_spec(load_spec(spec, overrides), batch_size, shuffle, drop_last, last_batch, seed)
+        self.device = torch.device(pin_memory_device or device)
+        self.threads = _threads(num_workers)
+        self.prefetch = _positive("prefetch_factor", 2 if prefetch_factor is None else prefetch_factor)
+        dr, dw = _dist_rank()
+        self.rank, self.world = (dr if rank is None else rank), (dw if world_size is None else world_size)
+        if not 0 <= self.rank < self.world:
+            raise UserError(f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world}")
+        consumer = "cuda" if self.device.type == "cuda" else "cpu"
+        self.plan: Plan = build_plan(self.spec, device=placement, consumer=consumer)
+        self.device_id = (self.device.index or 0) if self.plan.placement == "gpu" else None
+        self.shards: ShardSet = open_shards(shards, self.spec, Path(cache_dir) if cache_dir else _env.cache_dir())
+        self._check_size()
+        self.ring = PinnedRing(self.device, depth=self.prefetch + 1, pin=pin_memory)
+        self.epoch, self._resume = 0, None
+        self._stats = {"delivered": 0, "skipped": len(self.shards.missing), "padded": 0, "dropped": 0, "batches": 0}
+        self.last_origins: list[tuple[str, str]] = []
+        self.last_valid = 0
+        self._step = 0
+        self._pipe: Any = None
+
+    def _check_size(self) -> None:
+        n, b, w = self.shards.total, self.spec.batch_size, self.world
+        if n < w:
+            raise UserError(f"{n} samples cannot be split over {w} ranks: each rank needs at least one")
+        if self.spec.last_batch == "drop" and n // w < b:
+            raise UserError(f"drop_last with {n} samples over {w} ranks leaves no full batch of {b}: "
+                            f"use a batch size <= {n // w} or last_batch='partial'")
+
+    def epoch_plan(self, epoch: int | None = None) -> EpochPlan:
+        """This rank's plan for an epoch (default: the current one)."""
+        return plan_epoch(
+            list(self.shards.sizes), batch_size=self.spec.batch_size, rank=self.rank, world=self.world,
+            last_batch=self.spec.last_batch, seed=self.spec.seed,
+            epoch=self.epoch if epoch is None else epoch, shuffle_shards=self.spec.shuffle_shards,
+        )
+
+    def __len__(self) -> int:
+        """Batches this rank yields per epoch (the same on every rank)."""
+        return self.epoch_plan().steps
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch the next iteration runs (shard order and augmentation follow it)."""
+        if epoch < 0:
+            raise UserError(f"epoch must be >= 0, got {epoch}")
+        self.epoch, self._resume = epoch, None
+
+    def __iter__(self) -> Iterator[Any]:
+        start, checkpoint = 0, None
+        if self._resume is not None:
+            start, checkpoint = self._resume
+            self._resume = None
+        return self._iterate(self.epoch, start, checkpoint)
+
+    def _iterate(self, epoch: int, start: int, checkpoint: str | None) -> Iterator[Any]:
+        ep = self.epoch_plan(epoch)
+        self.close()
+        self._pipe, omap = make_pipeline(
+            self.plan, self.shards, ep, rank=self.rank, world=self.world, batch_size=self.spec.batch_size,
+            threads=self.threads, device_id=self.device_id, seed=self.spec.seed, epoch=epoch,
+            prefetch=self.prefetch, checkpoint=checkpoint,
+        )
+        rng = random.Random(f"{self.spec.seed}/{epoch}/{self.rank}/{start}")
+        self._step = start
+        try:
+            for batch in run_epoch(self._pipe, omap, self.plan, ep, start, self.ring, rng):
+                self._step += 1
+                self._count(batch, ep)
+                yield self._shape(batch.fields)
+        finally:
+            if self._step >= ep.steps:
+                self.epoch = epoch + 1
+                self._stats["dropped"] += ep.dropped
+
+    def _count(self, batch: Any, ep: EpochPlan) -> None:
+        size = len(batch.origins)
+        self._stats["delivered"] += batch.valid
+        self._stats["padded"] += size - batch.valid
+        self._stats["batches"] += 1
+        self.last_origins, self.last_valid = batch.origins, batch.valid
+
+    def _shape(self, fields: dict[str, Any]) -> Any:
+        if self.spec.output_form == "dict":
+            return {name: fields[name] for name in self.spec.outputs}
+        return tuple(fields[name] for name in self.spec.outputs)
+
+    def stats(self) -> dict[str, int]:
+        """Counts so far: ``delivered``, ``skipped``, ``padded``, ``dropped``, ``batches``."""
+        return dict(self._stats)
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-safe state to resume from: epoch, step, seed, and DALI's checkpoint."""
+        mid = self._pipe is not None and 0 < self._step < self.epoch_plan().steps
+        return {
+            "version": STATE_VERSION, "epoch": self.epoch, "step": self._step if mid else 0,
+            "seed": self.spec.seed, "rank": self.rank, "world_size": self.world,
+            "dali": _encode(self._pipe.checkpoint()) if mid else None, "stats": self.stats(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the next iteration yields what the interrupted run would have yielded next."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise UserError("not a feedfast loader state (or from another version)")
+        if (state["seed"], state["world_size"], state["rank"]) != (self.spec.seed, self.world, self.rank):
+            raise UserError("state was saved with another seed, rank or world size: "
+                            f"{state['seed']}/{state['rank']}/{state['world_size']} vs "
+                            f"{self.spec.seed}/{self.rank}/{self.world}")
+        self.epoch = int(state["epoch"])
+        self._stats = dict(state["stats"])
+        self._resume = (int(state["step"]), _decode(state["dali"])) if state["dali"] else None
+
+    def close(self) -> None:
+        """Release the DALI pipeline and its threads (iteration can start again later)."""
+        if self._pipe is not None:
+            pipe, self._pipe = self._pipe, None
+            del pipe
+
+    def __enter__(self) -> "DataLoader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer at interpreter exit
+            return
+
+
+def _encode(checkpoint: str | bytes) -> str:
+    """DALI's checkpoint (bytes or str) as JSON-safe text."""
+    raw = checkpoint.encode("latin-1") if isinstance(checkpoint, str) else bytes(checkpoint)
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _decode(text: str) -> str:
+    return base64.b64decode(text).decode("latin-1")
+
+
+def _positive(name: str, v: int) -> int:
+    if not isinstance(v, int) or v < 1:
+        raise UserError(f"{name} must be an integer >= 1, got {v!r}")
+    return v
+
+
+def _threads(num_workers: int | None) -> int:
+    if num_workers is None:
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if not isinstance(num_workers, int) or num_workers < 0:
+        raise UserError(f"num_workers must be an integer >= 0, got {num_workers!r}")
+    return max(1, num_workers)
+
+
+def _settle_spec(spec: Any, batch_size: int | None, shuffle: bool | None, drop_last: bool | None,
+                 last_batch: str | None, seed: int | None) -> Any:
+    changes: dict[str, Any] = {}
+    if batch_size is not None:
+        changes["batch_size"] = _positive("batch_size", batch_size)
+    if shuffle is not None:
+        changes.update(shuffle_shards=shuffle, shuffle_buffer=(spec.shuffle_buffer or 1024) if shuffle else 0)
+    if last_batch is not None:
+        if last_batch not in ("partial", "pad", "drop"):
+            raise UserError(f"last_batch must be 'partial', 'pad' or 'drop', got {last_batch!r}")
+        changes["last_batch"] = last_batch
+    if drop_last:
+        changes["last_batch"] = "drop"
+    if seed is not None:
+        changes["seed"] = int(seed)
+    return spec.replace(**changes) if changes else spec

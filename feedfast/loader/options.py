@@ -1,0 +1,53 @@
+"""How ``torch.utils.data.DataLoader``'s arguments map onto feedfast's loader.
+
+=========================  ===========  =================================================
+torch argument             status       what feedfast does
+=========================  ===========  =================================================
+dataset (1st positional)   mapped       the spec (path, dict or Spec); shards via ``shards=``
+batch_size                 supported    overrides the spec's ``batch.size``
+shuffle                    mapped       True: shard order per epoch + a 1,024-sample buffer
+                                        (unless the spec sets one); False: file order
+drop_last                  mapped       True: ``last_batch: drop``; False: spec's policy
+num_workers                mapped       DALI CPU threads (0 means 1 thread)
+pin_memory                 supported    pinned staging ring for ``device="cuda"``
+prefetch_factor            mapped       DALI prefetch queue depth and pinned ring depth
+persistent_workers         supported    always true: DALI threads live as long as the loader
+pin_memory_device          mapped       same as ``device=``
+timeout                    rejected     errors surface at once; nothing to time out
+sampler, batch_sampler     rejected     sharding and order come from feedfast (``seed``)
+collate_fn                 rejected     outputs are declared in the spec
+worker_init_fn             rejected     there are no Python worker processes
+multiprocessing_context    rejected     there are no Python worker processes
+generator                  rejected     use ``seed=``
+in_order                   supported    only True
+=========================  ===========  =================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from feedfast.errors import UserError
+
+REJECTED = {
+    "timeout": "feedfast surfaces pipeline errors at once; remove `timeout`",
+    "sampler": "feedfast shards and orders samples itself; use `seed=` and `shuffle=`",
+    "batch_sampler": "feedfast batches itself; use `batch_size=` and `drop_last=`",
+    "collate_fn": "outputs are declared in the spec's `outputs:`; remove `collate_fn`",
+    "worker_init_fn": "there are no Python worker processes; remove `worker_init_fn`",
+    "multiprocessing_context": "there are no Python worker processes; remove it",
+    "generator": "use `seed=` for reproducible order and augmentation",
+}
+
+
+def check_torch_kwargs(kwargs: dict[str, Any]) -> None:
+    """Raise UserError for a torch argument feedfast rejects or an unknown argument."""
+    for name, value in kwargs.items():
+        if name in REJECTED:
+            if value is None:
+                continue
+            raise UserError(f"feedfast.DataLoader does not take `{name}`: {REJECTED[name]}")
+        if name == "in_order" and value is not True:
+            raise UserError("feedfast.DataLoader always yields in order: `in_order` must be True")
+        if name not in ("in_order", "persistent_workers"):
+            raise UserError(f"feedfast.DataLoader got an unknown argument `{name}`")

@@ -1,0 +1,148 @@
+"""What an op is: its parameters, its output signature, and how each backend emits it.
+
+An :class:`OpDef` is data. The registry (:mod:`feedfast.ops.registry`) is the one list of
+them; validation, ``feedfast plan``, the generated spec reference and did-you-mean hints
+all read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Literal, Sequence
+
+Kind = Literal["encoded", "image", "tensor", "label", "json", "bytes", "array"]
+Device = Literal["cpu", "gpu", "mixed", "host"]
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What flows along an edge of the plan, per sample.
+
+    Attributes:
+        kind: ``encoded`` (bytes of an image file), ``image`` (decoded pixels), ``tensor``
+            (normalized floats), ``label`` (int64 scalar), ``json``, ``bytes``, ``array``.
+        shape: per-sample shape in ``layout`` order; ``None`` for an extent that varies.
+        dtype: ``uint8``, ``float32``, ``float16``, ``int64``, or ``object`` for host data.
+        layout: ``HWC``, ``CHW`` or ``""``.
+        device: where the data lives after this node: ``cpu``, ``gpu`` or ``host``.
+    """
+
+    kind: Kind
+    shape: tuple[int | None, ...] = ()
+    dtype: str = "uint8"
+    layout: str = ""
+    device: str = "cpu"
+
+    def with_(self, **changes: Any) -> "Signature":
+        """A copy with some fields changed."""
+        return replace(self, **changes)
+
+    def describe(self) -> str:
+        """A short human form, e.g. ``image uint8 HWC [?, ?, 3] @cpu``."""
+        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.kind} {self.dtype} {self.layout or '-'} [{dims}] @{self.device}"
+
+
+class SignatureError(ValueError):
+    """An op cannot take the signature it is given (raised by ``infer``; becomes a SpecError)."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of an op, with what is allowed.
+
+    Attributes:
+        name: the key in the spec.
+        type: ``int``, ``float``, ``bool``, ``str``, ``size`` (int or [h, w]), ``range``
+            (two floats, low <= high), ``floats3`` (three floats) or ``angle``
+            (a float a, meaning [-a, a], or a range).
+        default: the value when absent; ``REQUIRED`` when the spec must give it.
+        doc: one line for the reference and ``--help``.
+        low, high: inclusive bounds for numbers (and for each number of a range).
+        choices: the allowed strings.
+    """
+
+    name: str
+    type: str
+    default: Any
+    doc: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+
+    def allowed(self) -> str:
+        """A human description of the allowed values, used in errors and docs."""
+        if self.choices:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        bounds = ""
+        if self.low is not None or self.high is not None:
+            lo = "-inf" if self.low is None else f"{self.low:g}"
+            hi = "inf" if self.high is None else f"{self.high:g}"
+            bounds = f" in [{lo}, {hi}]"
+        return {
+            "int": "an integer",
+            "float": "a number",
+            "bool": "true or false",
+            "str": "a string",
+            "size": "an integer or [height, width]",
+            "range": "[low, high] with low <= high",
+            "floats3": "a list of three numbers",
+            "angle": "a number a (meaning [-a, a]) or [low, high]",
+        }[self.type] + bounds
+
+
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """An op: name, parameters, signature rule, and one emitter per backend.
+
+    Attributes:
+        name: the op's name in specs; the registry's key.
+        doc: one line for the reference.
+        params: the parameters, in documentation order.
+        infer: ``(input signature, params) -> output signature``; raises SignatureError.
+        dali: emitter ``(ctx, node, inputs) -> DataNode`` or None when DALI cannot run it.
+        pil: emitter ``(value, params, rng) -> value`` for the portable backend, or None.
+        random: whether the op draws random numbers (never merged by CSE).
+        devices: the placements DALI offers for it.
+        dali_name: DALI operator name(s) for ``feedfast plan``.
+        host: runs on the host after the DALI graph (generic ops on raw bytes).
+    """
+
+    name: str
+    doc: str
+    params: tuple[Param, ...]
+    infer: Callable[[Signature, dict[str, Any]], Signature]
+    dali: Callable[..., Any] | None = None
+    pil: Callable[..., Any] | None = None
+    random: bool = False
+    devices: tuple[str, ...] = ("cpu", "gpu")
+    dali_name: str = ""
+    host: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def param(self, name: str) -> Param | None:
+        """The parameter called ``name``, or None."""
+        return next((p for p in self.params if p.name == name), None)
+
+
+def as_hw(size: int | Sequence[int]) -> tuple[int, int]:
+    """A ``size`` parameter as (height, width)."""
+    if isinstance(size, int):
+        return size, size
+    return int(size[0]), int(size[1])
+
+
+def require(sig: Signature, *, kind: Sequence[str], op: str, dtype: str | None = None) -> None:
+    """Raise SignatureError unless ``sig`` is of one of ``kind`` (and ``dtype``)."""
+    if sig.kind not in kind:
+        wants = " or ".join(kind)
+        raise SignatureError(
+            f"`{op}` needs {wants} input but gets {sig.kind} ({sig.describe()})"
+            + (": put `decode` first" if "image" in kind and sig.kind == "encoded" else "")
+            + (": it must come before `normalize`" if sig.kind == "tensor" and "image" in kind else "")
+        )
+    if dtype and sig.dtype != dtype:
+        raise SignatureError(f"`{op}` needs {dtype} input but gets {sig.dtype}")

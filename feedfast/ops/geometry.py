@@ -1,0 +1,273 @@
+"""Image ops that decode, crop, resize, flip and rotate."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from feedfast.ops import _dali as d
+from feedfast.ops.base import OpDef, Param, Signature, SignatureError, as_hw, require
+
+_INTERP = Param("interpolation", "str", "linear", "resampling filter", choices=d.INTERPOLATIONS)
+_SIZE = Param("size", "size", 224, "output size: an integer (square) or [height, width]", low=1, high=16384)
+
+
+def _decode_infer(sig: Signature, p: dict[str, Any]) -> Signature:
+    require(sig, kind=("encoded",), op="decode")
+    channels = 1 if p["color"] == "gray" else 3
+    return Signature("image", (None, None, channels), "uint8", "HWC", sig.device)
+
+
+def _decode_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
+    t = d.types()
+    out = t.GRAY if p["color"] == "gray" else t.RGB
+    return d.fn().decoders.image(x, device=ctx.decoder_device, output_type=out, **ctx.decoder_args)
+
+
+def _decode_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+    return img.convert("L" if p["color"] == "gray" else "RGB")
+
+
+DECODE = OpDef(
+    "decode",
+    "decode JPEG, PNG, GIF, TIFF, BMP, WebP bytes to HWC uint8 pixels (nvJPEG on GPU)",
+    (Param("color", "str", "rgb", "output colour space", choices=("rgb", "gray")),),
+    _decode_infer,
+    dali=_decode_dali,
+    pil=_decode_pil,
+    devices=("cpu", "mixed"),
+    dali_name="decoders.image",
+)
+
+
+def _image_infer_sized(op: str):  # type: ignore[no-untyped-def]
+    def infer(sig: Signature, p: dict[str, Any]) -> Signature:
+        require(sig, kind=("image",), op=op)
+        h, w = as_hw(p["size"])
+        return sig.with_(shape=(h, w, sig.shape[2]))
+
+    return infer
+
+
+def _rrc_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
+    h, w = as_hw(p["size"])
+    return d.fn().random_resized_crop(
+        x, device=ctx.device, size=[h, w], random_area=list(p["scale"]),
+        random_aspect_ratio=list(p["ratio"]), interp_type=d.interp(p["interpolation"]),
+    )
+
+
+def _rrc_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+    from feedfast.baseline import pil_ops
+
+    return pil_ops.random_resized_crop(
+        img, p["size"], scale=tuple(p["scale"]), ratio=tuple(p["ratio"]), rng=rng,
+        interpolation=_pil_interp(p["interpolation"]),
+    )
+
+
+def _check_range(name: str, r: Any, low: float) -> None:
+    if r[0] <= low or r[0] > r[1]:
+        raise SignatureError(f"`{name}` must satisfy {low:g} < low <= high, got {list(r)}")
+
+
+def _rrc_infer(sig: Signature, p: dict[str, Any]) -> Signature:
+    _check_range("scale", p["scale"], 0.0)
+    _check_range("ratio", p["ratio"], 0.0)
+    return _image_infer_sized("random_resized_crop")(sig, p)
+
+
+RANDOM_RESIZED_CROP = OpDef(
+    "random_resized_crop",
+    "crop a random area and aspect ratio, then resize (torchvision RandomResizedCrop)",
+    (
+        _SIZE,
+        Param("scale", "range", (0.08, 1.0), "area of the crop as a fraction of the image", low=0, high=1),
+        Param("ratio", "range", (3 / 4, 4 / 3), "aspect ratio (width/height) range", low=0, high=100),
+        _INTERP,
+    ),
+    _rrc_infer,
+    dali=_rrc_dali,
+    pil=_rrc_pil,
+    random=True,
+    dali_name="random_resized_crop",
+)
+
+
+def _resize_infer(sig: Signature, p: dict[str, Any]) -> Signature:
+    require(sig, kind=("image",), op="resize")
+    if isinstance(p["size"], int):
+        return sig.with_(shape=(None, None, sig.shape[2]))
+    h, w = as_hw(p["size"])
+    return sig.with_(shape=(h, w, sig.shape[2]))
+
+
+def _resize_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
+    kw: dict[str, Any] = {"interp_type": d.interp(p["interpolation"]), "antialias": True}
+    if isinstance(p["size"], int):
+        kw["resize_shorter"] = float(p["size"])
+    else:
+        h, w = as_hw(p["size"])
+        kw.update(resize_x=float(w), resize_y=float(h))
+    return d.fn().resize(x, device=ctx.device, **kw)
+
+
+def _resize_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+    from feedfast.baseline import pil_ops
+
+    if isinstance(p["size"], int):
+        return pil_ops.resize_shorter(img, p["size"], _pil_interp(p["interpolation"]))
+    h, w = as_hw(p["size"])
+    return img.resize((w, h), _pil_interp(p["interpolation"]))
+
+
+RESIZE = OpDef(
+    "resize",
+    "resize: an integer resizes the shorter side keeping aspect ratio; [h, w] is exact",
+    (Param("size", "size", 256, "shorter side, or [height, width]", low=1, high=16384), _INTERP),
+    _resize_infer,
+    dali=_resize_dali,
+    pil=_resize_pil,
+    dali_name="resize",
+)
+
+
+def _center_crop_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
+    h, w = as_hw(p["size"])
+    return d.fn().crop(x, device=ctx.device, crop=[float(h), float(w)], out_of_bounds_policy="pad")
+
+
+def _center_crop_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+    from feedfast.baseline import pil_ops
+
+    return pil_ops.center_crop(img, p["size"])
+
+
+CENTER_CROP = OpDef(
+    "center_crop",
+    "crop the centre (zero padding when the image is smaller)",
+    (_SIZE,),
+    _image_infer_sized("center_crop"),
+    dali=_center_crop_dali,
+    pil=_center_crop_pil,
+    dali_name="crop",
+)
+
+
+def _random_crop_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
+    h, w = as_hw(p["size"])
+    return d.fn().crop(
+        x, device=ctx.device, crop=[float(h), float(w)], out_of_bounds_policy="pad",
+        crop_pos_x=d.uniform(0.0, 1.0), crop_pos_y=d.uniform(0.0, 1.0),
+    )
+
+
+def _random_crop_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+    h, w = as_hw(p["size"])
+    left = int(round(rng.random() * max(img.width - w, 0)))
+    top = int(round(rng.random() * max(img.height - h, 0)))
+    return img.crop((left, top, left + w, top + h))
+
+
+RANDOM_CROP = OpDef(
+    "random_crop",
+    "crop a window of fixed size at a random position (zero padding when too small)",
+    (_SIZE,),
+    _image_infer_sized("random_crop"),
+    dali=_random_crop_dali,
+    pil=_random_crop_pil,
+    random=True,
+    dali_name="crop",
+)
+
+
+def _flip_infer(sig: Signature, p: dict[str, Any]) -> Signature:
+    require(sig, kind=("image",), op="flip")
+    return sig
+
+
+def _flip_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
+    return d.fn().flip(x, device=ctx.device, horizontal=d.coin(p["horizontal"]), vertical=d.coin(p["vertical"]))
+
+
+def _flip_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+    from PIL import Image
+
+    if rng.random() < p["horizontal"]:
+        img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    if rng.random() < p["vertical"]:
+        img = img.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
+    return img
+
+
+FLIP = OpDef(
+    "flip",
+    "flip horizontally and/or vertically, each with a probability",
+    (
+        Param("horizontal", "float", 0.5, "probability of a left-right flip", low=0, high=1),
+        Param("vertical", "float", 0.0, "probability of a top-bottom flip", low=0, high=1),
+    ),
+    _flip_infer,
+    dali=_flip_dali,
+    pil=_flip_pil,
+    random=True,
+    dali_name="flip",
+)
+
+
+def _rotate_infer(sig: Signature, p: dict[str, Any]) -> Signature:
+    require(sig, kind=("image",), op="rotate")
+    return sig
+
+
+def _rotate_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
+    lo, hi = p["angle"]
+    return d.fn().rotate(
+        x, device=ctx.device, angle=d.uniform(lo, hi), keep_size=True,
+        fill_value=float(p["fill"]), interp_type=d.interp(p["interpolation"]),
+    )
+
+
+def _rotate_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+    lo, hi = p["angle"]
+    fill = int(p["fill"])
+    return img.rotate(rng.uniform(lo, hi), resample=_pil_interp(p["interpolation"]),
+                      fillcolor=(fill,) * len(img.getbands()))
+
+
+ROTATE = OpDef(
+    "rotate",
+    "rotate by a random angle in degrees (counter-clockwise), keeping the size",
+    (
+        Param("angle", "angle", (-10.0, 10.0), "degrees: a means [-a, a]; or [low, high]", low=-360, high=360),
+        Param("fill", "float", 0.0, "value of the uncovered corners", low=0, high=255),
+        _INTERP,
+    ),
+    _rotate_infer,
+    dali=_rotate_dali,
+    pil=_rotate_pil,
+    random=True,
+    dali_name="rotate",
+)
+
+
+def _pil_interp(name: str) -> Any:
+    from PIL import Image
+
+    r = Image.Resampling
+    return {"linear": r.BILINEAR, "cubic": r.BICUBIC, "nearest": r.NEAREST,
+            "lanczos": r.LANCZOS, "triangular": r.BILINEAR}[name]
+
+
+def fused_decode_rrc_dali(ctx: Any, decode_p: dict[str, Any], p: dict[str, Any], x: Any) -> Any:
+    """Decode only a random region, then resize it: one ROI decode instead of a full one."""
+    t = d.types()
+    h, w = as_hw(p["size"])
+    out = t.GRAY if decode_p["color"] == "gray" else t.RGB
+    crop = d.fn().decoders.image_random_crop(
+        x, device=ctx.decoder_device, output_type=out, random_area=list(p["scale"]),
+        random_aspect_ratio=list(p["ratio"]), num_attempts=10, **ctx.decoder_args,
+    )
+    rdev = "gpu" if ctx.decoder_device == "mixed" else "cpu"
+    return d.fn().resize(crop, device=rdev, size=[h, w], interp_type=d.interp(p["interpolation"]))
+

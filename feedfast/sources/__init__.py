@@ -1,0 +1,1 @@
+"""Where samples come from: shard lists, tar indexes, epoch assignment, synthetic shards."""

@@ -1,0 +1,85 @@
+"""Pure functions deciding which samples each rank reads in each epoch.
+
+The shards of an epoch are concatenated in that epoch's order and cut into ``world``
+contiguous ranges exactly as DALI's readers cut them: rank ``r`` reads samples
+``[r * N // world, (r + 1) * N // world)``. Every rank runs the same number of steps, so
+DDP never waits at the end of an epoch:
+
+=============  ===========================  ====================================
+last_batch     steps per epoch              batch ``j`` on every rank holds
+=============  ===========================  ====================================
+``partial``    ceil(max_r n_r / B)          as many samples as the largest rank's
+                                            batch ``j``; ranks with fewer real
+                                            samples fill with padding
+``pad``        ceil(max_r n_r / B)          B samples, padding at the end
+``drop``       floor(min_r n_r / B)         B real samples; the rest are dropped
+=============  ===========================  ====================================
+
+Example: 7 samples, 1 rank, batch 2: ``partial`` gives 2, 2, 2, 1 (no padding);
+``pad`` gives 2, 2, 2, 2 with 1 padded; ``drop`` gives 2, 2, 2 and drops 1.
+With 9 samples on 2 ranks (4 and 5), batch 2, ``partial``: rank 0 yields 2, 2, 1
+where its last sample is padding; rank 1 yields 2, 2, 1, all real.
+Padding repeats the rank's last sample and always sits at the end of a batch.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """What one rank does in one epoch."""
+
+    shard_order: tuple[int, ...]
+    rank_samples: int
+    steps: int
+    batch_sizes: tuple[int, ...]
+    valid: tuple[int, ...]
+
+    @property
+    def padded(self) -> int:
+        """How many padded (repeated) samples this rank yields this epoch."""
+        return sum(self.batch_sizes) - sum(self.valid)
+
+    @property
+    def dropped(self) -> int:
+        """How many of this rank's samples ``drop`` leaves out this epoch."""
+        return self.rank_samples - sum(self.valid)
+
+
+def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool) -> tuple[int, ...]:
+    """The epoch's shard order: a permutation fixed by (seed, epoch), or the given order."""
+    order = list(range(num_shards))
+    if shuffle:
+        random.Random(f"feedfast-shards/{seed}/{epoch}").shuffle(order)
+    return tuple(order)
+
+
+def rank_range(total: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank ``rank``'s half-open range of the epoch's concatenated samples (DALI's rule)."""
+    return rank * total // world, (rank + 1) * total // world
+
+
+def plan_epoch(
+    sizes: list[int], *, batch_size: int, rank: int, world: int, last_batch: str,
+    seed: int = 0, epoch: int = 0, shuffle_shards: bool = False,
+) -> EpochPlan:
+    """Rank ``rank``'s epoch: shard order, its sample count, steps and per-step sizes."""
+    total = sum(sizes)
+    counts = [b - a for a, b in (rank_range(total, r, world) for r in range(world))]
+    mine, biggest = counts[rank], max(counts)
+    b = batch_size
+    if last_batch == "drop":
+        steps = min(counts) // b
+        sizes_out = valid = tuple([b] * steps)
+    else:
+        steps = -(-biggest // b)
+        valid = tuple(max(0, min(b, mine - j * b)) for j in range(steps))
+        if last_batch == "pad":
+            sizes_out = tuple([b] * steps)
+        else:
+            sizes_out = tuple(max(1, min(b, biggest - j * b)) for j in range(steps))
+    order = shard_order(len(sizes), seed=seed, epoch=epoch, shuffle=shuffle_shards)
+    return EpochPlan(order, mine, steps, sizes_out, valid)

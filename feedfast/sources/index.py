@@ -1,0 +1,230 @@
+"""Tar indexes for DALI's webdataset reader, built in Python and safe for PAX tars.
+
+DALI's own tar parser misreads PAX and GNU long-name members (empty components, DALI
+issues #3640 and #5440). Python's :mod:`tarfile` reads those headers correctly, so feedfast
+writes the index itself, in the format DALI's ``wds2idx`` writes::
+
+    v1.2 <number of samples>
+    <ext> <data offset> <size> <member name> [<ext> <offset> <size> <name> ...]
+
+one line per sample, the components of a sample being consecutive members that share the
+basename up to the first dot of the file name. An index lives next to its shard
+(``train-0000.tar`` -> ``train-0000.idx``) when that folder is writable, otherwise in
+feedfast's cache folder under a name derived from the shard's path, size and mtime. It is
+reused while it is newer than the shard and its last member still fits inside the shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tarfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from feedfast.errors import ShardError
+
+INDEX_VERSION = "v1.2"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One regular file inside a tar: its sample key, extension, data offset and size."""
+
+    key: str
+    ext: str
+    offset: int
+    size: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample of a shard: its key and its components in tar order."""
+
+    key: str
+    members: tuple[Member, ...]
+
+    @property
+    def exts(self) -> tuple[str, ...]:
+        """The component extensions of this sample, in tar order."""
+        return tuple(m.ext for m in self.members)
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """Split a member name into (key, extension) at the first dot of its base name.
+
+    >>> split_name("a/b.c/n01440764_10026.seg.png")
+    ('a/b.c/n01440764_10026', 'seg.png')
+    """
+    slash = name.rfind("/") + 1
+    dot = name.find(".", slash)
+    if dot < 0:
+        return name, ""
+    return name[:dot], name[dot + 1 :]
+
+
+def scan_tar(path: str | os.PathLike[str]) -> list[Sample]:
+    """Read a tar's headers and group its regular files into samples.
+
+    Args:
+        path: a local tar file.
+
+    Returns:
+        The samples in tar order.
+
+    Raises:
+        ShardError: the file is missing, unreadable, not a tar, or truncated.
+    """
+    path = os.fspath(path)
+    try:
+        file_size = os.path.getsize(path)
+        with tarfile.open(path, mode="r:") as tar:
+            members = [_member(m) for m in _regular_members(tar, path)]
+    except FileNotFoundError as exc:
+        raise ShardError(f"shard not found: {path!r}") from exc
+    except PermissionError as exc:
+        raise ShardError(f"shard not readable: {path!r} ({exc.strerror})") from exc
+    except IsADirectoryError as exc:
+        raise ShardError(f"shard is a directory, not a tar file: {path!r}") from exc
+    except tarfile.ReadError as exc:
+        raise ShardError(f"shard is not a readable tar file: {path!r} ({exc})") from exc
+    for m in members:
+        if m.offset + m.size > file_size:
+            raise ShardError(
+                f"shard is truncated: {path!r}: member {m.name!r} needs bytes up to "
+                f"{m.offset + m.size} but the file has {file_size}"
+            )
+    return group_members(members)
+
+
+def _regular_members(tar: tarfile.TarFile, path: str) -> list[tarfile.TarInfo]:
+    try:
+        return [m for m in tar if m.isreg()]
+    except (tarfile.ReadError, EOFError) as exc:
+        raise ShardError(f"shard is truncated or corrupt: {path!r} ({exc})") from exc
+
+
+def _member(info: tarfile.TarInfo) -> Member:
+    key, ext = split_name(info.name)
+    return Member(key=key, ext=ext, offset=info.offset_data, size=info.size, name=info.name)
+
+
+def group_members(members: list[Member]) -> list[Sample]:
+    """Group consecutive members sharing a key into samples (WebDataset's rule)."""
+    samples: list[Sample] = []
+    current: list[Member] = []
+    for m in members:
+        if not m.key or m.key.endswith("/"):
+            continue
+        if current and current[0].key != m.key:
+            samples.append(Sample(current[0].key, tuple(current)))
+            current = []
+        current.append(m)
+    if current:
+        samples.append(Sample(current[0].key, tuple(current)))
+    return samples
+
+
+def format_index(samples: list[Sample]) -> str:
+    """Render samples as a DALI ``v1.2`` index (whitespace in names is %-escaped)."""
+    lines = [f"{INDEX_VERSION} {len(samples)}"]
+    for s in samples:
+        fields = []
+        for m in s.members:
+            name = m.name.replace("%", "%25").replace(" ", "%20").replace("\n", "%0A")
+            ext = m.ext.replace(" ", "_")
+            fields.append(f"{ext} {m.offset} {m.size} {name}")
+        lines.append(" ".join(fields))
+    return "\n".join(lines) + "\n"
+
+
+def parse_index(text: str) -> list[Sample]:
+    """Parse a ``v1.2`` index back into samples (the inverse of :func:`format_index`)."""
+    rows = text.splitlines()
+    if not rows or not rows[0].startswith(INDEX_VERSION + " "):
+        raise ShardError(f"not a {INDEX_VERSION} webdataset index")
+    samples = []
+    for row in rows[1:]:
+        f = row.split(" ")
+        members = []
+        for i in range(0, len(f) - 3, 4):
+            name = f[i + 3].replace("%20", " ").replace("%0A", "\n").replace("%25", "%")
+            key, _ = split_name(name)
+            members.append(Member(key, f[i], int(f[i + 1]), int(f[i + 2]), name))
+        if members:
+            samples.append(Sample(members[0].key, tuple(members)))
+    return samples
+
+
+def default_index_path(shard: str | os.PathLike[str]) -> Path:
+    """Where the index of a local shard lives when its folder is writable."""
+    p = Path(shard)
+    stem = p.name[: -len(".tar")] if p.name.endswith(".tar") else p.name
+    return p.with_name(stem + ".idx")
+
+
+def cached_index_path(shard: str | os.PathLike[str], cache_dir: Path) -> Path:
+    """The cache-folder location of a shard's index, keyed by path, size and mtime."""
+    st = os.stat(shard)
+    digest = hashlib.sha1(f"{os.path.abspath(shard)}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return cache_dir / "index" / f"{Path(shard).stem}-{digest.hexdigest()[:16]}.idx"
+
+
+def _fresh_samples(shard: str | os.PathLike[str], index: Path) -> list[Sample] | None:
+    """The samples of an existing index that still describes the shard, else None.
+
+    Fresh means: the index is at least as new as the shard and its last member still
+    fits inside the shard.
+    """
+    try:
+        ist, sst = index.stat(), os.stat(shard)
+    except OSError:
+        return None
+    if ist.st_mtime_ns < sst.st_mtime_ns:
+        return None
+    try:
+        samples = parse_index(index.read_text(encoding="utf-8"))
+    except (ShardError, ValueError, UnicodeDecodeError, OSError):
+        return None
+    ends = [m.offset + m.size for s in samples for m in s.members]
+    return samples if ends and max(ends) <= sst.st_size else None
+
+
+def write_index(shard: str | os.PathLike[str], index: Path, samples: list[Sample] | None = None) -> Path:
+    """Scan ``shard`` (unless ``samples`` are given) and write its index atomically."""
+    samples = scan_tar(shard) if samples is None else samples
+    if not samples:
+        raise ShardError(f"shard holds no samples: {os.fspath(shard)!r}")
+    index.parent.mkdir(parents=True, exist_ok=True)
+    tmp = index.with_name(f".{index.name}.{os.getpid()}.tmp")
+    tmp.write_text(format_index(samples), encoding="utf-8")
+    os.replace(tmp, index)
+    return index
+
+
+def load_index(shard: str | os.PathLike[str], cache_dir: Path) -> tuple[Path, list[Sample]]:
+    """Return a fresh index of a local shard and its samples, building it if needed.
+
+    Looks next to the shard, then in ``cache_dir``; builds next to the shard when that
+    folder is writable, else in ``cache_dir``.
+
+    Raises:
+        ShardError: the shard is missing, unreadable, not a tar, truncated or empty.
+    """
+    if not os.path.isfile(shard):
+        what = "is not a file" if os.path.exists(shard) else "not found"
+        raise ShardError(f"shard {what}: {os.fspath(shard)!r}")
+    for candidate in (default_index_path(shard), cached_index_path(shard, cache_dir)):
+        samples = _fresh_samples(shard, candidate)
+        if samples is not None:
+            return candidate, samples
+    samples = scan_tar(shard)
+    beside = default_index_path(shard)
+    if os.access(beside.parent, os.W_OK):
+        try:
+            return write_index(shard, beside, samples), samples
+        except OSError as exc:  # e.g. a read-only mount that reports W_OK
+            warnings.warn(f"cannot write index next to {beside.parent}: {exc}; using the cache")
+    return write_index(shard, cached_index_path(shard, cache_dir), samples), samples

@@ -1,0 +1,169 @@
+"""Loading a spec from YAML, TOML, JSON or a dict, with ``--set`` overrides, into a Spec."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from feedfast.errors import SpecError
+from feedfast.ops.registry import OPS, suggest
+from feedfast.spec import model as m
+from feedfast.spec.params import check_params
+
+TOP_KEYS = ("version", "name", "source", "pipeline", "outputs", "batch", "shuffle", "device", "seed")
+SpecLike = "str | os.PathLike[str] | Mapping[str, Any] | m.Spec"
+
+
+def load_spec(spec: Any, overrides: Sequence[str] = ()) -> m.Spec:
+    """Load and validate a spec.
+
+    Args:
+        spec: a path to a ``.yaml``/``.yml``/``.toml``/``.json`` file, a mapping, or a Spec.
+        overrides: ``key.path=value`` strings, e.g. ``pipeline.image[1].size=192``; the
+            value is read as YAML.
+
+    Raises:
+        SpecError: the file is missing or unparsable, or the spec is invalid.
+    """
+    if isinstance(spec, m.Spec) and not overrides:
+        return spec
+    if isinstance(spec, m.Spec):
+        raw, file = spec.to_dict(), spec.file
+    elif isinstance(spec, Mapping):
+        raw, file = copy.deepcopy(dict(spec)), "<dict>"
+    elif isinstance(spec, (str, os.PathLike)):
+        raw, file = read_file(Path(spec)), str(spec)
+    else:
+        raise SpecError("a spec must be a file path, a mapping or a Spec", value=type(spec).__name__)
+    for item in overrides:
+        apply_override(raw, item, file=file)
+    return build_spec(raw, file=file)
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    """Parse a spec file by its extension; errors name the file."""
+    if not path.is_file():
+        raise SpecError("spec file not found" if not path.exists() else "spec path is not a file",
+                        file=str(path), fix="give the path of a .yaml, .toml or .json spec, e.g. pipelines/imagenet-train.yaml")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # each parser has its own error family; all mean "unparsable"
+        raise SpecError(f"cannot parse the file: {exc}".replace("\n", " "), file=str(path)) from exc
+    if not isinstance(data, dict):
+        raise SpecError("the top level must be a mapping", file=str(path), value=type(data).__name__,
+                        fix="start the file with keys such as `pipeline:` and `outputs:`")
+    return data
+
+
+_STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def apply_override(raw: dict[str, Any], item: str, *, file: str) -> None:
+    """Apply one ``a.b[2].c=value`` override to raw spec data in place.
+
+    Inside a pipeline entry written as ``- op: {params}``, a key that is not the op's name
+    addresses a parameter: ``pipeline.image[1].size=192``.
+    """
+    import yaml
+
+    if "=" not in item:
+        raise SpecError("an override must look like key.path=value", file=file, value=item,
+                        fix="e.g. --set pipeline.image[1].size=192")
+    path, text = item.split("=", 1)
+    steps = [int(i) if i else k for k, i in _STEP.findall(path.strip())]
+    if not steps:
+        raise SpecError("empty key path in override", file=file, value=item)
+    value = yaml.safe_load(text)
+    node: Any = raw
+    for n, step in enumerate(steps[:-1]):
+        node = _descend(node, step, path, file)
+    _assign(node, steps[-1], value, path, file)
+
+
+def _descend(node: Any, step: str | int, path: str, file: str) -> Any:
+    node = _op_params(node, step)
+    if isinstance(step, int):
+        if not isinstance(node, list) or step >= len(node):
+            raise SpecError("override index out of range", file=file, key=path, value=step)
+        return node[step]
+    if not isinstance(node, dict):
+        raise SpecError("override path goes through a value that is not a mapping", file=file, key=path)
+    return node.setdefault(step, {})
+
+
+def _op_params(node: Any, step: str | int) -> Any:
+    """Inside ``{op: params}``, a key other than the op name addresses the params."""
+    if isinstance(node, dict) and len(node) == 1 and isinstance(step, str):
+        (name, params), = node.items()
+        if name in OPS and step != name:
+            if params is None:
+                node[name] = params = {}
+            return params
+    return node
+
+
+def _assign(node: Any, step: str | int, value: Any, path: str, file: str) -> None:
+    node = _op_params(node, step)
+    if isinstance(step, int):
+        if not isinstance(node, list) or step >= len(node):
+            raise SpecError("override index out of range", file=file, key=path, value=step)
+        node[step] = value
+    elif isinstance(node, dict):
+        node[step] = value
+    else:
+        raise SpecError("override path ends inside a value that is not a mapping", file=file, key=path)
+
+
+def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
+    """Validate raw spec data and build the typed Spec."""
+    from feedfast.spec.sections import (
+        parse_batch, parse_components, parse_fields, parse_outputs, parse_scalar, parse_shuffle,
+    )
+
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise SpecError("unknown key", file=file, key=str(key), value=key, allowed=", ".join(TOP_KEYS),
+                            fix=suggest(str(key), TOP_KEYS) or f"remove `{key}`")
+    version = parse_scalar(raw, "version", int, 1, file, choices=(1,))
+    components, missing, on_error = parse_components(raw.get("source"), file)
+    fields = parse_fields(raw.get("pipeline"), components, file)
+    outputs, form = parse_outputs(raw.get("outputs"), fields, file)
+    size, last = parse_batch(raw.get("batch"), file)
+    buffer, shards = parse_shuffle(raw.get("shuffle"), file)
+    return m.Spec(
+        name=parse_scalar(raw, "name", str, Path(file).stem if file != "<dict>" else "spec", file),
+        components=components, fields=fields, outputs=outputs, output_form=form,
+        missing=missing, on_error=on_error, batch_size=size, last_batch=last,
+        device=parse_scalar(raw, "device", str, "auto", file, choices=m.DEVICES),
+        seed=parse_scalar(raw, "seed", int, 0, file), shuffle_buffer=buffer,
+        shuffle_shards=shards, version=version, file=file,
+    )
+
+
+def op_entry(entry: Any, key: str, file: str) -> tuple[str, Any]:
+    """Split a pipeline entry (``"decode"`` or ``{"resize": {...}}``) into name and params."""
+    if isinstance(entry, str):
+        name, params = entry, None
+    elif isinstance(entry, dict) and len(entry) == 1:
+        (name, params), = entry.items()
+    else:
+        raise SpecError("a pipeline step must be an op name or a one-key mapping {op: {params}}",
+                        file=file, key=key, value=entry, fix="e.g. `- resize: {size: 256}`")
+    if name not in OPS:
+        raise SpecError("unknown op", file=file, key=key, value=name, allowed=", ".join(OPS),
+                        fix=suggest(str(name)) or "see `feedfast plan --ops` for the list")
+    return str(name), check_params(OPS[str(name)], params, file=file, key=key)

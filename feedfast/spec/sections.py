@@ -1,0 +1,175 @@
+"""Validation of each section of a spec: source, pipeline, outputs, batch, shuffle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from feedfast.errors import SpecError
+from feedfast.ops.base import Signature, SignatureError
+from feedfast.ops.registry import OPS, suggest
+from feedfast.spec import model as m
+
+DEFAULT_COMPONENTS = {
+    "image": {"ext": "jpg;jpeg;png", "kind": "image"},
+    "label": {"ext": "cls", "kind": "label"},
+}
+
+
+def parse_scalar(raw: dict[str, Any], key: str, typ: type, default: Any, file: str,
+                 choices: tuple[Any, ...] = ()) -> Any:
+    """A top-level scalar setting, type- and choice-checked."""
+    v = raw.get(key, default)
+    if not isinstance(v, typ) or isinstance(v, bool) and typ is not bool or (choices and v not in choices):
+        allowed = ("one of " + ", ".join(map(repr, choices))) if choices else f"a {typ.__name__}"
+        raise SpecError(f"bad value for `{key}`", file=file, key=key, value=v, allowed=allowed,
+                        fix=f"the default is {default!r}")
+    return v
+
+
+def _mapping(v: Any, key: str, file: str, example: str) -> dict[str, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise SpecError("must be a mapping", file=file, key=key, value=v, fix=f"e.g. {example}")
+    return v
+
+
+def _no_unknown(d: dict[str, Any], allowed: tuple[str, ...], key: str, file: str) -> None:
+    for k in d:
+        if k not in allowed:
+            raise SpecError("unknown key", file=file, key=f"{key}.{k}", value=k, allowed=", ".join(allowed),
+                            fix=suggest(str(k), allowed) or f"remove `{k}`")
+
+
+def _choice(d: dict[str, Any], k: str, choices: tuple[str, ...], default: str, key: str, file: str) -> str:
+    v = d.get(k, default)
+    if v not in choices:
+        raise SpecError(f"bad value for `{k}`", file=file, key=f"{key}.{k}", value=v,
+                        allowed="one of " + ", ".join(choices), fix=suggest(str(v), choices) or f"the default is {default!r}")
+    return str(v)
+
+
+def parse_components(v: Any, file: str) -> tuple[dict[str, m.Component], str, str]:
+    """The ``source`` section: components, the missing-component policy, the error policy."""
+    src = _mapping(v, "source", file, "{components: {image: {ext: jpg, kind: image}}}")
+    _no_unknown(src, ("components", "missing", "on_error"), "source", file)
+    comps_raw = _mapping(src.get("components", DEFAULT_COMPONENTS), "source.components", file,
+                         "{image: {ext: jpg, kind: image}}")
+    if not comps_raw:
+        raise SpecError("no components", file=file, key="source.components", fix="declare at least one component")
+    comps = {}
+    for name, c in comps_raw.items():
+        key = f"source.components.{name}"
+        c = _mapping(c, key, file, "{ext: jpg, kind: image}")
+        _no_unknown(c, ("ext", "kind"), key, file)
+        kind = _choice(c, "kind", m.COMPONENT_KINDS, "bytes", key, file)
+        ext = c.get("ext", name)
+        if not isinstance(ext, str) or not ext or " " in ext:
+            raise SpecError("bad extension list", file=file, key=f"{key}.ext", value=ext,
+                            allowed="extensions separated by ';' (e.g. 'jpg;jpeg;png')")
+        comps[str(name)] = m.Component(str(name), ext.lower().lstrip("."), kind)  # type: ignore[arg-type]
+    missing = _choice(src, "missing", m.MISSING_POLICIES, "error", "source", file)
+    on_error = _choice(src, "on_error", m.ON_ERROR_POLICIES, "raise", "source", file)
+    return comps, missing, on_error
+
+
+def parse_fields(v: Any, comps: dict[str, m.Component], file: str) -> dict[str, m.FieldPipeline]:
+    """The ``pipeline`` section: one op list per output field, each checked end to end."""
+    from feedfast.spec.load import op_entry
+
+    pipes = _mapping(v, "pipeline", file, "{image: [decode, ...]}")
+    if not pipes:
+        raise SpecError("no pipeline", file=file, key="pipeline", fix="add e.g. `pipeline: {image: [decode, ...]}`")
+    fields = {}
+    for name, body in pipes.items():
+        key = f"pipeline.{name}"
+        source, ops_raw = str(name), body
+        if isinstance(body, dict):
+            _no_unknown(body, ("from", "ops"), key, file)
+            source, ops_raw = str(body.get("from", name)), body.get("ops")
+            key_ops = f"{key}.ops"
+        else:
+            key_ops = key
+        if source not in comps:
+            raise SpecError("the field reads a component that is not declared", file=file, key=f"{key}.from",
+                            value=source, allowed=", ".join(comps), fix=suggest(source, list(comps)) or
+                            "declare it under source.components or set `from:`")
+        if not isinstance(ops_raw, list) or not ops_raw:
+            raise SpecError("a field pipeline must be a non-empty list of ops", file=file, key=key_ops,
+                            value=ops_raw, fix="e.g. `[decode, {resize: {size: 256}}]`; use `bytes` for raw data")
+        ops = tuple(m.OpCall(*op_entry(e, f"{key_ops}[{i}]", file), key=f"{key_ops}[{i}]") for i, e in enumerate(ops_raw))
+        field = m.FieldPipeline(str(name), source, ops, key)
+        infer_field(field, comps[source], file)
+        fields[str(name)] = field
+    return fields
+
+
+def source_signature(comp: m.Component) -> Signature:
+    """The signature of a component's raw bytes as the reader yields them."""
+    return Signature("encoded" if comp.kind == "image" else "bytes", (None,), "uint8", "", "cpu")
+
+
+def infer_field(field: m.FieldPipeline, comp: m.Component, file: str) -> list[Signature]:
+    """Each op's output signature along a field; a SpecError at the first impossible step."""
+    sig, sigs = source_signature(comp), []
+    for call in field.ops:
+        op = OPS[call.op]
+        if sig.device == "host" and not op.host:
+            raise SpecError(f"`{call.op}` cannot follow a host op", file=file, key=call.key, value=call.op,
+                            fix="image ops come before `normalize`/generic ops")
+        try:
+            sig = op.infer(sig, call.params)
+        except SignatureError as exc:
+            raise SpecError(f"impossible chain: {exc}", file=file, key=call.key, value=call.op) from None
+        sigs.append(sig)
+    if sig.kind in ("image", "tensor") and None in sig.shape:
+        raise SpecError("images in a batch must share one size", file=file, key=field.key,
+                        value=sig.describe(), fix="end the field with a fixed-size op (center_crop, "
+                        "random_resized_crop, or resize with [h, w])")
+    if sig.kind == "encoded":
+        raise SpecError("the field yields undecoded image bytes", file=file, key=field.key,
+                        fix="add `decode`, or use the `bytes` op to get raw bytes on purpose")
+    return sigs
+
+
+def parse_outputs(v: Any, fields: dict[str, m.FieldPipeline], file: str) -> tuple[tuple[str, ...], str]:
+    """The ``outputs`` section: a list (tuple batches) or a mapping (dict batches)."""
+    if v is None:
+        return tuple(fields), "tuple"
+    names = list(v) if isinstance(v, (list, dict)) else None
+    if not names or not all(isinstance(n, str) for n in names):
+        raise SpecError("outputs must be a non-empty list of field names", file=file, key="outputs",
+                        value=v, allowed=", ".join(fields))
+    for i, n in enumerate(names):
+        if n not in fields:
+            raise SpecError("output names a field that the pipeline does not define", file=file,
+                            key=f"outputs[{i}]", value=n, allowed=", ".join(fields),
+                            fix=suggest(n, list(fields)) or f"add `pipeline.{n}`")
+    if len(set(names)) != len(names):
+        raise SpecError("an output is listed twice", file=file, key="outputs", value=names)
+    return tuple(names), "dict" if isinstance(v, dict) else "tuple"
+
+
+def parse_batch(v: Any, file: str) -> tuple[int, m.LastBatch]:
+    """The ``batch`` section: size and last-batch policy."""
+    b = _mapping(v, "batch", file, "{size: 64, last_batch: partial}")
+    _no_unknown(b, ("size", "last_batch"), "batch", file)
+    size = b.get("size", 64)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise SpecError("bad batch size", file=file, key="batch.size", value=size, allowed="an integer >= 1")
+    last = _choice(b, "last_batch", m.LAST_BATCH_POLICIES, "partial", "batch", file)
+    return size, last  # type: ignore[return-value]
+
+
+def parse_shuffle(v: Any, file: str) -> tuple[int, bool]:
+    """The ``shuffle`` section: sample buffer size and per-epoch shard order."""
+    if isinstance(v, bool):
+        return (1024 if v else 0), v
+    s = _mapping(v, "shuffle", file, "{buffer: 1024, shards: true}")
+    _no_unknown(s, ("buffer", "shards"), "shuffle", file)
+    buf, shards = s.get("buffer", 0), s.get("shards", False)
+    if not isinstance(buf, int) or isinstance(buf, bool) or buf < 0:
+        raise SpecError("bad shuffle buffer", file=file, key="shuffle.buffer", value=buf, allowed="an integer >= 0")
+    if not isinstance(shards, bool):
+        raise SpecError("bad value", file=file, key="shuffle.shards", value=shards, allowed="true or false")
+    return buf, shards
