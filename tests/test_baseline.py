@@ -1,0 +1,264 @@
+"""Tests for feedfast.baseline: torchvision-equivalent PIL ops and the torch DataLoader recipe."""
+
+from __future__ import annotations
+
+import pathlib
+import random
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from feedfast.baseline import IMAGENET_MEAN, IMAGENET_STD, TorchRecipe, make_torch_loader
+from feedfast.baseline import pil_ops
+from feedfast.errors import UserError
+from feedfast.sources.synth import synth_shards
+
+TINY = {"min_side": 40, "max_side": 64, "num_classes": 10**9}
+
+
+def _image(width: int, height: int, seed: int = 0) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
+
+
+def _labels_in(paths: list[pathlib.Path]) -> list[int]:
+    labels = []
+    for path in paths:
+        with tarfile.open(path) as tar:
+            for info in tar.getmembers():
+                if info.name.endswith(".cls"):
+                    handle = tar.extractfile(info)
+                    assert handle is not None
+                    labels.append(int(handle.read()))
+    return labels
+
+
+# --- pil_ops ---------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(
+    w=st.integers(1, 40), h=st.integers(1, 40), tw=st.integers(1, 48), th=st.integers(1, 48)
+)
+def test_center_crop_matches_numpy(w: int, h: int, tw: int, th: int) -> None:
+    arr = np.arange(h * w * 3, dtype=np.uint32).reshape(h, w, 3) % 251 + 1
+    img = Image.fromarray(arr.astype(np.uint8), "RGB")
+    # Independent model of torchvision: zero-pad (floor half before), then round-half-even offsets.
+    pad_t, pad_l = max(th - h, 0) // 2, max(tw - w, 0) // 2
+    canvas = np.zeros((max(h, th), max(w, tw), 3), dtype=np.uint8)
+    canvas[pad_t : pad_t + h, pad_l : pad_l + w] = arr
+    top = int(np.round((canvas.shape[0] - th) / 2.0))
+    left = int(np.round((canvas.shape[1] - tw) / 2.0))
+    expected = canvas[top : top + th, left : left + tw]
+    got = np.asarray(pil_ops.center_crop(img, (th, tw)))
+    assert got.shape == (th, tw, 3)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_center_crop_rounds_half_to_even_like_torchvision() -> None:
+    arr = np.arange(7, dtype=np.uint8)[None, :].repeat(2, axis=0)
+    img = Image.fromarray(arr, "L")
+    # (7 - 4) / 2 = 1.5 -> round() gives 2; (7 - 2) / 2 = 2.5 -> 2.
+    assert np.asarray(pil_ops.center_crop(img, (2, 4)))[0].tolist() == [2, 3, 4, 5]
+    assert np.asarray(pil_ops.center_crop(img, (2, 2)))[0].tolist() == [2, 3]
+
+
+@pytest.mark.parametrize(
+    "size_in,size_out",
+    [
+        ((500, 375), (341, 256)),
+        ((375, 500), (256, 341)),
+        ((300, 300), (256, 256)),
+        ((257, 1000), (256, 996)),
+    ],
+)
+def test_resize_shorter_torchvision_rule(
+    size_in: tuple[int, int], size_out: tuple[int, int]
+) -> None:
+    assert pil_ops.resize_shorter(_image(*size_in), 256).size == size_out
+
+
+def test_resize_shorter_same_size_is_noop() -> None:
+    img = _image(256, 300)
+    assert pil_ops.resize_shorter(img, 256) is img
+
+
+def _fallback(width: int, height: int, ratio: tuple[float, float]) -> tuple[int, int, int, int]:
+    in_ratio = width / height
+    w, h = width, height
+    if in_ratio < ratio[0]:
+        h = max(1, int(round(width / ratio[0])))
+    elif in_ratio > ratio[1]:
+        w = max(1, int(round(height * ratio[1])))
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(
+    width=st.integers(1, 2000),
+    height=st.integers(1, 2000),
+    scale=st.tuples(st.floats(0.01, 1.0), st.floats(0.01, 1.0)).map(sorted),
+    ratio=st.tuples(st.floats(0.2, 5.0), st.floats(0.2, 5.0)).map(sorted),
+    seed=st.integers(0, 2**32),
+)
+def test_random_resized_crop_params_inside_and_in_bounds(
+    width: int, height: int, scale: list[float], ratio: list[float], seed: int
+) -> None:
+    rng = random.Random(seed)
+    top, left, h, w = pil_ops.random_resized_crop_params(width, height, scale, ratio, rng)
+    assert 0 <= top and 0 <= left and 1 <= h and 1 <= w
+    assert top + h <= height and left + w <= width
+    if (top, left, h, w) == _fallback(width, height, (ratio[0], ratio[1])):
+        return
+    # w = round(sqrt(A * r)), h = round(sqrt(A / r)): undo the rounding as intervals.
+    area = width * height
+    assert (w - 0.5) * (h - 0.5) <= scale[1] * area * (1 + 1e-9)
+    assert (w + 0.5) * (h + 0.5) >= scale[0] * area * (1 - 1e-9)
+    assert (w - 0.5) / (h + 0.5) <= ratio[1] * (1 + 1e-9)
+    assert (w + 0.5) / max(h - 0.5, 1e-9) >= ratio[0] * (1 - 1e-9)
+
+
+def test_random_resized_crop_params_central_fallback() -> None:
+    # Every attempt needs h >= ~24 > 10, so torchvision falls back to a central 4/3 crop.
+    scale, ratio = (0.08, 1.0), (3 / 4, 4 / 3)
+    params = pil_ops.random_resized_crop_params(1000, 10, scale, ratio, random.Random(0))
+    assert params == (0, 493, 10, 13)
+    params = pil_ops.random_resized_crop_params(10, 1000, scale, ratio, random.Random(0))
+    assert params == (493, 0, 13, 10)
+
+
+@pytest.mark.parametrize(
+    "scale,ratio", [((0.5, 0.1), (0.75, 1.33)), ((0.1, 1.0), (0.0, 1.0)), ((0.1,), (1, 1))]
+)
+def test_random_resized_crop_params_rejects_bad_ranges(scale: tuple, ratio: tuple) -> None:
+    with pytest.raises(UserError, match="must be a pair"):
+        pil_ops.random_resized_crop_params(10, 10, scale, ratio, random.Random(0))
+
+
+def test_random_resized_crop_size_and_determinism() -> None:
+    img = _image(120, 90)
+    a = pil_ops.random_resized_crop(img, 32, rng=random.Random(7))
+    b = pil_ops.random_resized_crop(img, 32, rng=random.Random(7))
+    assert a.size == (32, 32) and a.tobytes() == b.tobytes()
+    assert pil_ops.random_resized_crop(img, (20, 30), rng=random.Random(7)).size == (30, 20)
+
+
+def test_hflip_and_to_tensor_match_numpy() -> None:
+    img = _image(13, 9)
+    arr = np.asarray(img)
+    np.testing.assert_array_equal(np.asarray(pil_ops.hflip(img)), arr[:, ::-1])
+    t = pil_ops.to_tensor(img)
+    assert t.dtype == torch.float32 and t.shape == (3, 9, 13) and t.is_contiguous()
+    np.testing.assert_allclose(t.numpy(), arr.transpose(2, 0, 1) / 255.0, rtol=1e-6)
+    assert pil_ops.to_tensor(img.convert("L")).shape == (1, 9, 13)
+    with pytest.raises(UserError, match="8-bit"):
+        pil_ops.to_tensor(img.convert("F"))
+
+
+def test_normalize_in_place() -> None:
+    t = torch.rand(2, 3, 4, 5)
+    mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    expected = (t - mean) / std
+    out = pil_ops.normalize(t, IMAGENET_MEAN, IMAGENET_STD)
+    assert out is t
+    torch.testing.assert_close(t, expected)
+    with pytest.raises(UserError, match="non-zero"):
+        pil_ops.normalize(torch.rand(3, 2, 2), (0, 0, 0), (1, 0, 1))
+    with pytest.raises(UserError, match="3 values"):
+        pil_ops.normalize(torch.rand(3, 2, 2), (0, 0), (1, 1))
+
+
+# --- TorchRecipe and make_torch_loader ---------------------------------------------------
+
+
+def test_recipe_describe_and_validation() -> None:
+    assert TorchRecipe().describe()[:2] == [
+        "RandomResizedCrop(224, scale=(0.08, 1.0), ratio=(0.75, 1.3333333333333333))",
+        "RandomHorizontalFlip(p=0.5)",
+    ]
+    val = TorchRecipe(train=False).describe()
+    assert val[:3] == ["Resize(256)", "CenterCrop(224)", "ToTensor()"]
+    for bad in ({"size": 0}, {"flip_p": 1.5}, {"scale": (0.9, 0.1)}, {"std": (1.0, 0.0, 1.0)}):
+        with pytest.raises(UserError, match="got"):
+            TorchRecipe(**bad)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def shard_sets(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[pathlib.Path]]:
+    """Tiny shard sets with 1, 2 and 3 shards (fewer than, equal to, more than 2 workers)."""
+    root = tmp_path_factory.mktemp("baseline")
+    return {
+        1: synth_shards(root / "one", samples=7, per_shard=7, seed=1, **TINY),
+        2: synth_shards(root / "two", samples=9, per_shard=5, seed=2, **TINY),
+        3: synth_shards(root / "three", samples=11, per_shard=4, seed=3, **TINY),
+    }
+
+
+@pytest.mark.parametrize("num_shards", [1, 2, 3])
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("train", [True, False])
+def test_every_sample_exactly_once(
+    shard_sets: dict[int, list[pathlib.Path]], num_shards: int, num_workers: int, train: bool
+) -> None:
+    paths = shard_sets[num_shards]
+    loader = make_torch_loader(
+        [str(p) for p in paths],
+        batch_size=3,
+        num_workers=num_workers,
+        train=train,
+        size=24,
+        resize=28,
+    )
+    delivered = []
+    for images, labels in loader:
+        assert images.dtype == torch.float32 and images.shape[1:] == (3, 24, 24)
+        assert labels.dtype == torch.int64 and labels.shape == (images.shape[0],)
+        assert images.shape[0] <= 3
+        delivered += labels.tolist()
+    expected = _labels_in(paths)
+    assert len(set(expected)) == len(expected)  # labels identify samples (num_classes = 1e9)
+    assert sorted(delivered) == sorted(expected)
+
+
+def test_values_within_normalized_range(shard_sets: dict[int, list[pathlib.Path]]) -> None:
+    loader = make_torch_loader(shard_sets[2], batch_size=4, num_workers=0, size=24)
+    images = torch.cat([batch[0] for batch in loader])
+    low = (0 - torch.tensor(IMAGENET_MEAN)) / torch.tensor(IMAGENET_STD)
+    high = (1 - torch.tensor(IMAGENET_MEAN)) / torch.tensor(IMAGENET_STD)
+    per_channel = images.transpose(0, 1).reshape(3, -1)
+    assert torch.all(per_channel.min(dim=1).values >= low - 1e-5)
+    assert torch.all(per_channel.max(dim=1).values <= high + 1e-5)
+    assert per_channel.std() > 0.1
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_train_augmentation_reproducible_for_seed(
+    shard_sets: dict[int, list[pathlib.Path]], num_workers: int
+) -> None:
+    def run(seed: int) -> torch.Tensor:
+        loader = make_torch_loader(
+            shard_sets[3], batch_size=4, num_workers=num_workers, size=16, seed=seed
+        )
+        return torch.cat([images for images, _ in loader])
+
+    first = run(0)
+    assert torch.equal(first, run(0))
+    assert not torch.equal(first, run(1))
+
+
+@pytest.mark.parametrize(
+    "override,name",
+    [({"shards": []}, "shards"), ({"shards": "a.tar"}, "shards"), ({"batch_size": 0}, "batch_size"),
+     ({"num_workers": -1}, "num_workers"), ({"size": 0}, "size"), ({"seed": -2}, "seed")],
+)
+def test_make_torch_loader_rejects_bad_arguments(override: dict, name: str) -> None:
+    args = {"shards": ["a.tar"], "batch_size": 2, "num_workers": 0, **override}
+    shards = args.pop("shards")
+    with pytest.raises(UserError, match=name):
+        make_torch_loader(shards, **args)
+
