@@ -1,0 +1,44 @@
+# feedfast: `make demo` and `make test` each work as the first command on a fresh clone.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+PYTHON ?= python3
+# A CPU build of torch where there is no NVIDIA driver; override with TORCH_SPEC=torch (CUDA build).
+TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
+EXTRAS ?= cuda12,simd,dev
+STAMP  := $(VENV)/.feedfast-installed
+
+.PHONY: setup demo test bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH_SPEC)"
+	@# pillow-simd builds from source and needs the libjpeg and zlib headers
+	@if [ ! -f /usr/include/jpeglib.h ] || [ ! -f /usr/include/zlib.h ]; then \
+	  echo "installing libjpeg and zlib headers for pillow-simd"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q libjpeg-dev zlib1g-dev; fi
+	$(PIP) install -q -e ".[$(EXTRAS)]"
+	@# matplotlib (stall-meter plots) without its Pillow dependency, which would replace pillow-simd's PIL
+	$(PIP) install -q --no-deps matplotlib contourpy cycler fonttools kiwisolver pyparsing python-dateutil
+	$(PY) -c "import PIL, nvidia.dali, torch, feedfast; print('feedfast ready: PIL', PIL.__version__, '| DALI', nvidia.dali.__version__, '| torch', torch.__version__)"
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/feedfast bench
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(VENV)/bin/feedfast bench --compare torch --batches 60 --warmup 5 --json bench.json
+
+lint: setup
+	$(VENV)/bin/ruff check feedfast tests
+	$(VENV)/bin/mypy feedfast
+
+clean:
+	rm -rf $(VENV) build *.egg-info

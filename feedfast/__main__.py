@@ -1,0 +1,5 @@
+"""``python -m feedfast``."""
+
+from feedfast.cli.main import main
+
+raise SystemExit(main())

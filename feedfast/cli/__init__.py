@@ -1,0 +1,1 @@
+"""The command line: ``feedfast bench | plan | shards``."""

@@ -1,0 +1,64 @@
+"""What every command shares: finding specs, the demo dataset, JSON output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from feedfast import _env
+from feedfast.errors import UserError
+
+REPO_PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+DEMO = {"samples": 1024, "per_shard": 128, "seed": 0}
+
+
+def find_spec(name: str) -> Path:
+    """A spec path: as given, or a shipped pipeline by name (``imagenet-train``)."""
+    p = Path(name)
+    if p.exists():
+        return p
+    for cand in (REPO_PIPELINES / name, REPO_PIPELINES / f"{name}.yaml"):
+        if cand.is_file():
+            return cand
+    shipped = ", ".join(sorted(x.stem for x in REPO_PIPELINES.glob("*.yaml"))) or "none found"
+    raise UserError(f"spec not found: {name!r} (a file path, or a shipped pipeline: {shipped})")
+
+
+def demo_shards(quiet: bool = False) -> str:
+    """The demo dataset's shard pattern, generating it once in the cache folder."""
+    from feedfast.sources.index import load_index
+    from feedfast.sources.synth import synth_shards
+
+    n, k, seed = DEMO["samples"], DEMO["per_shard"], DEMO["seed"]
+    out = _env.cache_dir() / f"demo-{n}-{k}-{seed}"
+    count = -(-n // k)
+    pattern = str(out / f"train-{{0000..{count - 1:04d}}}.tar")
+    done = out / "COMPLETE"
+    if not done.exists():
+        if not quiet:
+            print(f"generating the demo dataset ({n} photo-like JPEGs, {count} shards) in {out} ...",
+                  file=sys.stderr)
+        paths = synth_shards(out, samples=n, per_shard=k, seed=seed)
+        for p in paths:
+            load_index(p, _env.cache_dir())
+        done.write_text("ok\n")
+    return pattern
+
+
+def write_json(path: str | None, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path`` (``-`` for stdout); nothing when path is None."""
+    if path is None:
+        return
+    text = json.dumps(data, indent=2, sort_keys=True, default=str)
+    if path == "-":
+        print(text)
+    else:
+        Path(path).write_text(text + "\n", encoding="utf-8")
+
+
+def table(rows: list[tuple[str, Any]]) -> str:
+    """Two aligned columns."""
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

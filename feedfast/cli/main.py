@@ -1,0 +1,57 @@
+"""The ``feedfast`` command: exit 0 on success, 2 on a user error, 1 on an internal failure."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from typing import Sequence
+
+from feedfast.errors import FeedfastError, UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        print(f"feedfast: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    from feedfast.cli import bench, plan, shards
+
+    p = _Parser(prog="feedfast", description="Keep the GPU fed: DALI pipelines over WebDataset shards.",
+                epilog="run `feedfast COMMAND --help` for examples")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    bench.add_parser(sub)
+    plan.add_parser(sub)
+    shards.add_parser(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status."""
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except UserError as exc:
+        print(f"feedfast: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("feedfast: interrupted", file=sys.stderr)
+        return 130
+    except FeedfastError as exc:
+        print(f"feedfast: failed: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - the CLI's last line: report, exit 1
+        if os.environ.get("FEEDFAST_DEBUG"):
+            traceback.print_exc()
+        print(f"feedfast: internal error: {type(exc).__name__}: {exc} (set FEEDFAST_DEBUG=1 for a traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

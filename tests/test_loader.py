@@ -1,0 +1,150 @@
+"""feedfast.DataLoader on real JPEG shards through DALI on the CPU."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from collections import Counter
+
+import pytest
+import torch
+
+import feedfast
+from feedfast.errors import UserError
+from tests.helpers import keys_of_epoch
+
+
+def _labels(shards: list[str]) -> dict[str, int]:
+    out = {}
+    for p in shards:
+        with tarfile.open(p) as t:
+            for m in t:
+                if m.name.endswith(".cls"):
+                    out[m.name[:-4]] = int(t.extractfile(m).read())  # type: ignore[union-attr]
+    return out
+
+
+def _loader(spec: dict, shards: list[str], **kw: object) -> feedfast.DataLoader:
+    kw.setdefault("num_workers", 2)
+    return feedfast.DataLoader(spec, shards=shards, **kw)
+
+
+def test_batches_have_declared_shapes_dtypes_and_true_labels(small_spec: dict, shards: list[str]) -> None:
+    truth = _labels(shards)
+    loader = _loader(small_spec, shards)
+    sizes = []
+    for images, labels in loader:
+        assert images.dtype == torch.float32 and images.shape[1:] == (3, 32, 32)
+        assert labels.dtype == torch.int64
+        keys = [k for _, k in loader.last_origins]
+        assert labels.tolist() == [truth[k] for k in keys]
+        assert -2.2 < float(images.min()) and float(images.max()) < 2.7  # ImageNet-normalized range
+        sizes.append(images.shape[0])
+    assert sizes == [4, 4, 4, 4, 4, 3] and len(loader) == 6
+    assert loader.stats() == {"delivered": 23, "skipped": 0, "padded": 0, "dropped": 0, "batches": 6}
+
+
+def test_every_sample_once_per_shuffled_epoch_and_orders_differ(small_spec: dict, shards: list[str]) -> None:
+    loader = _loader(small_spec, shards, shuffle=True)
+    epochs = [keys_of_epoch(loader) for _ in range(2)]
+    truth = set(_labels(shards))
+    for keys in epochs:
+        assert Counter(keys) == Counter(truth)
+    assert epochs[0] != epochs[1] and loader.epoch == 2
+
+
+def test_same_seed_same_batches_other_seed_other_augmentation(small_spec: dict, shards: list[str]) -> None:
+    a = [x.clone() for x, _ in _loader(small_spec, shards)]
+    b = [x.clone() for x, _ in _loader(small_spec, shards)]
+    c = [x.clone() for x, _ in _loader(small_spec, shards, seed=99)]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
+@pytest.mark.parametrize("policy,sizes,padded,dropped", [
+    ("partial", [4, 4, 4, 4, 4, 3], 0, 0), ("pad", [4] * 6, 1, 0), ("drop", [4] * 5, 0, 3),
+])
+def test_last_batch_policies(small_spec: dict, shards: list[str], policy: str, sizes: list[int], padded: int,
+                             dropped: int) -> None:
+    loader = _loader(small_spec, shards, last_batch=policy)
+    assert [x.shape[0] for x, _ in loader] == sizes and len(loader) == len(sizes)
+    s = loader.stats()
+    assert (s["padded"], s["dropped"], s["delivered"] + s["dropped"]) == (padded, dropped, 23)
+
+
+def test_break_reiterate_and_set_epoch(small_spec: dict, shards: list[str]) -> None:
+    loader = _loader(small_spec, shards, shuffle=True)
+    first = None
+    for i, _ in enumerate(loader):
+        first = first or list(loader.last_origins)
+        if i == 1:
+            break
+    assert loader.epoch == 0  # an interrupted epoch starts over on the next iter()
+    again = next(iter(loader))
+    assert loader.last_origins == first and again[0].shape[0] == 4
+    loader.set_epoch(5)
+    keys5 = keys_of_epoch(loader)
+    loader.set_epoch(5)
+    assert keys_of_epoch(loader) == keys5 and loader.epoch == 6
+
+
+def test_state_dict_resumes_mid_epoch_and_across_the_epoch_boundary(small_spec: dict, shards: list[str]) -> None:
+    def run(loader: feedfast.DataLoader, epochs: int) -> list[tuple[torch.Tensor, list[str]]]:
+        out = []
+        for _ in range(epochs):
+            out += [(x.clone(), [k for _, k in loader.last_origins]) for x, _ in loader]
+        return out
+
+    full = run(_loader(small_spec, shards, shuffle=True), 2)
+    part = _loader(small_spec, shards, shuffle=True)
+    it = iter(part)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(part.state_dict()))
+    part.close()
+    resumed = _loader(small_spec, shards, shuffle=True)
+    resumed.load_state_dict(state)
+    rest = run(resumed, 2)  # the rest of epoch 0, then all of epoch 1
+    assert len(rest) == len(full) - 3
+    for (x, kx), (y, ky) in zip(full[3:], rest):
+        assert kx == ky and torch.equal(x, y)
+
+
+def test_close_and_context_manager(small_spec: dict, shards: list[str]) -> None:
+    with _loader(small_spec, shards) as loader:
+        next(iter(loader))
+        assert loader._pipe is not None
+    assert loader._pipe is None
+    assert sum(1 for _ in loader) == 6  # usable again after close
+
+
+def test_dict_outputs_and_torch_arguments(shards: list[str], small_spec: dict) -> None:
+    small_spec["outputs"] = {"image": "image", "label": "label"}
+    batch = next(iter(_loader(small_spec, shards, drop_last=True, prefetch_factor=1, persistent_workers=True)))
+    assert set(batch) == {"image", "label"}
+    with pytest.raises(UserError, match="collate_fn"):
+        _loader(small_spec, shards, collate_fn=lambda b: b)
+    with pytest.raises(UserError, match="unknown argument `bogus`"):
+        _loader(small_spec, shards, bogus=1)
+    with pytest.raises(UserError, match="no full batch"):
+        _loader(small_spec, shards, batch_size=30, drop_last=True)
+
+
+def test_tiny_cnn_trains_on_the_loader(small_spec: dict, shards: list[str]) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(8, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    small_spec["pipeline"]["image"] = ["decode", {"resize": {"size": [32, 32]}}, "normalize"]
+    loader = _loader(small_spec, shards)
+    images, labels = next(iter(loader))
+    losses = []
+    for _ in range(25):  # fit one fixed batch: the loss must fall
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    for images, labels in loader:  # and a full epoch runs through the same loop
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
