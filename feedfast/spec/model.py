@@ -84,10 +84,10 @@ class Spec:
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain data, in the same shape a YAML file has."""
-        pipeline = {
-            f.name: {"from": f.source, "ops": [{o.op: dict(o.params)} for o in f.ops]}
-            for f in self.fields.values()
-        }
+        pipeline: dict[str, Any] = {}
+        for f in self.fields.values():
+            ops = [{o.op: dict(o.params)} for o in f.ops]
+            pipeline[f.name] = ops if f.source == f.name else {"from": f.source, "ops": ops}
         return {
             "version": self.version,
             "name": self.name,
