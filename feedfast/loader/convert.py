@@ -12,7 +12,7 @@ import torch
 from feedfast.errors import SampleError
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.registry import OPS
-from feedfast.sources.index import split_name
+from feedfast.sources.index import split_name, unescape_name
 
 _INFO = re.compile(r"^(.*?):(\d+):(.*)$", re.S)
 TORCH_DTYPES = {
@@ -25,7 +25,7 @@ def sample_origin(source_info: str) -> tuple[str, str]:
     m = _INFO.match(source_info)
     if not m:
         return source_info, "?"
-    return m.group(1), split_name(m.group(3))[0]
+    return m.group(1), split_name(unescape_name(m.group(3)))[0]
 
 
 def origins(tl: Any, n: int) -> list[tuple[str, str]]:

@@ -101,9 +101,25 @@ def scan_tar(path: str | os.PathLike[str]) -> list[Sample]:
 
 def _regular_members(tar: tarfile.TarFile, path: str) -> list[tarfile.TarInfo]:
     try:
-        return [m for m in tar if m.isreg()]
+        members = [m for m in tar if m.isreg()]
     except (tarfile.ReadError, EOFError) as exc:
         raise ShardError(f"shard is truncated or corrupt: {path!r} ({exc})") from exc
+    _check_end(tar, path)
+    return members
+
+
+def _check_end(tar: tarfile.TarFile, path: str) -> None:
+    """tarfile stops quietly at a partial header; bytes after the last member must be zeros."""
+    fileobj = tar.fileobj
+    if fileobj is None:
+        return
+    fileobj.seek(tar.offset)
+    tail = fileobj.read(512)
+    if tail.strip(b"\0"):
+        raise ShardError(
+            f"shard is truncated or corrupt: {path!r}: {len(tail)} unreadable bytes at offset "
+            f"{tar.offset} where the next member header or the end-of-archive blocks should be"
+        )
 
 
 def _member(info: tarfile.TarInfo) -> Member:
@@ -127,13 +143,23 @@ def group_members(members: list[Member]) -> list[Sample]:
     return samples
 
 
+def escape_name(name: str) -> str:
+    """A member name with the index format's separators %-escaped (``%``, space, newline)."""
+    return name.replace("%", "%25").replace(" ", "%20").replace("\n", "%0A")
+
+
+def unescape_name(name: str) -> str:
+    """The inverse of :func:`escape_name`."""
+    return name.replace("%20", " ").replace("%0A", "\n").replace("%25", "%")
+
+
 def format_index(samples: list[Sample]) -> str:
     """Render samples as a DALI ``v1.2`` index (whitespace in names is %-escaped)."""
     lines = [f"{INDEX_VERSION} {len(samples)}"]
     for s in samples:
         fields = []
         for m in s.members:
-            name = m.name.replace("%", "%25").replace(" ", "%20").replace("\n", "%0A")
+            name = escape_name(m.name)
             ext = m.ext.replace(" ", "_")
             fields.append(f"{ext} {m.offset} {m.size} {name}")
         lines.append(" ".join(fields))
@@ -150,7 +176,7 @@ def parse_index(text: str) -> list[Sample]:
         f = row.split(" ")
         members = []
         for i in range(0, len(f) - 3, 4):
-            name = f[i + 3].replace("%20", " ").replace("%0A", "\n").replace("%25", "%")
+            name = unescape_name(f[i + 3])
             key, _ = split_name(name)
             members.append(Member(key, f[i], int(f[i + 1]), int(f[i + 2]), name))
         if members:

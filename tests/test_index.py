@@ -1,0 +1,232 @@
+"""Tar indexes: PAX and GNU long names, DALI reading through our index, reuse and errors."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tarfile
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+import feedfast
+from feedfast.errors import ShardError
+from feedfast.sources.index import (
+    Member, Sample, cached_index_path, default_index_path, format_index, load_index, parse_index, scan_tar,
+)
+
+LABEL_SPEC = {"pipeline": {"label": ["label"]}, "source": {"components": {"label": {"ext": "cls", "kind": "label"}}}}
+LONG_DIR = "deep/" + "d" * 120 + "/"
+KEYS = [
+    "plain-000",
+    LONG_DIR + "long-" + "x" * 130,          # > 100 chars: PAX path record / GNU ././@LongLink
+    "ünïcødé/naïve-名前-001",                  # non-ASCII: PAX stores it as UTF-8
+    LONG_DIR + "ünïcødé-" + "y" * 110,
+    "plain-004",
+]
+
+
+def write_tar(path: Path, keys: list[str], fmt: int, *, extra: bytes = b"") -> dict[str, bytes]:
+    """A tar of samples ``key.txt`` (some payload) then ``key.cls`` (the sample's position)."""
+    contents: dict[str, bytes] = {}
+    with tarfile.open(path, "w", format=fmt, encoding="utf-8") as tar:
+        for i, key in enumerate(keys):
+            for ext, data in (("txt", f"payload of {key}\n".encode() * (i + 1) + extra), ("cls", str(i).encode())):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+                contents[info.name] = data
+    return contents
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT], ids=["pax", "gnu"])
+def test_scan_tar_long_and_non_ascii_names(tmp_path: Path, fmt: int) -> None:
+    shard = tmp_path / "s.tar"
+    contents = write_tar(shard, KEYS, fmt)
+    samples = scan_tar(shard)
+    assert [s.key for s in samples] == KEYS
+    assert all(s.exts == ("txt", "cls") for s in samples)
+    raw = shard.read_bytes()
+    for s in samples:
+        for m in s.members:
+            assert m.name == f"{m.key}.{m.ext}"
+            assert raw[m.offset: m.offset + m.size] == contents[m.name]
+            assert m.offset % 512 == 0
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT], ids=["pax", "gnu"])
+def test_dali_reads_long_names_through_our_index(tmp_path: Path, fmt: int) -> None:
+    shard = tmp_path / "s.tar"
+    write_tar(shard, KEYS, fmt)
+    loader = feedfast.DataLoader(LABEL_SPEC, shards=[str(shard)], batch_size=2, shuffle=False, num_workers=1,
+                                 rank=0, world_size=1)
+    labels, keys = [], []
+    for (batch,) in loader:
+        labels += batch[: loader.last_valid].tolist()
+        keys += [k for _, k in loader.last_origins[: loader.last_valid]]
+    assert labels == list(range(len(KEYS)))
+    assert keys == KEYS
+
+
+def test_origin_key_of_a_name_with_a_space(tmp_path: Path) -> None:
+    shard = tmp_path / "s.tar"
+    write_tar(shard, ["a b", "100%"], tarfile.PAX_FORMAT)
+    loader = feedfast.DataLoader(LABEL_SPEC, shards=[str(shard)], batch_size=2, shuffle=False, num_workers=1,
+                                 rank=0, world_size=1)
+    (batch,) = next(iter(loader))
+    assert batch.tolist() == [0, 1]
+    assert [k for _, k in loader.last_origins] == ["a b", "100%"]
+
+
+def test_format_parse_round_trip_with_awkward_names() -> None:
+    names = ["a b.jpg", "100%.cls", "x/y z%20w.seg.png", "new\nline.txt", "名前.jpg"]
+    samples = [Sample(n.split(".")[0], (Member(n.split(".")[0], n.split(".", 1)[1], 512 * (i + 1), 10 + i, n),))
+               for i, n in enumerate(names)]
+    text = format_index(samples)
+    assert text.startswith(f"v1.2 {len(samples)}\n")
+    assert all(len(row.split(" ")) == 4 for row in text.splitlines()[1:])
+    assert parse_index(text) == samples
+
+
+def test_round_trip_of_a_scanned_tar(tmp_path: Path) -> None:
+    shard = tmp_path / "s.tar"
+    write_tar(shard, KEYS, tarfile.PAX_FORMAT)
+    samples = scan_tar(shard)
+    assert parse_index(format_index(samples)) == samples
+
+
+def test_parse_index_rejects_other_text() -> None:
+    with pytest.raises(ShardError):
+        parse_index("v1.1 3\n")
+    with pytest.raises(ShardError):
+        parse_index("")
+
+
+def test_index_beside_shard_is_reused(tmp_path: Path) -> None:
+    shard = tmp_path / "train-0000.tar"
+    write_tar(shard, KEYS, tarfile.PAX_FORMAT)
+    where, samples = load_index(shard, tmp_path / "cache")
+    assert where == default_index_path(shard) == tmp_path / "train-0000.idx"
+    before = where.stat().st_mtime_ns
+    os.utime(where, ns=(before + 10**9, before + 10**9))  # an unmistakable mtime to compare against
+    again, samples2 = load_index(shard, tmp_path / "cache")
+    assert again == where and samples2 == samples
+    assert where.stat().st_mtime_ns == before + 10**9
+    assert not (tmp_path / "cache").exists()
+
+
+def test_modified_shard_is_reindexed(tmp_path: Path) -> None:
+    shard = tmp_path / "s.tar"
+    write_tar(shard, KEYS, tarfile.PAX_FORMAT)
+    where, old = load_index(shard, tmp_path / "cache")
+    stale = where.stat().st_mtime_ns - 100 * 10**9
+    os.utime(where, ns=(stale, stale))  # the index predates the rewrite below
+    write_tar(shard, ["new-a", "new-b"], tarfile.PAX_FORMAT, extra=b"z" * 5000)
+    again, new = load_index(shard, tmp_path / "cache")
+    assert again == where
+    assert [s.key for s in old] == KEYS
+    assert [s.key for s in new] == ["new-a", "new-b"] == [s.key for s in parse_index(where.read_text())]
+    assert where.stat().st_mtime_ns >= shard.stat().st_mtime_ns
+
+
+def test_shrunk_shard_with_an_old_mtime_is_reindexed(tmp_path: Path) -> None:
+    shard = tmp_path / "s.tar"
+    write_tar(shard, KEYS, tarfile.PAX_FORMAT)
+    where, _ = load_index(shard, tmp_path / "cache")
+    write_tar(shard, ["only"], tarfile.USTAR_FORMAT)
+    t = where.stat().st_mtime_ns - 10**9  # older than the index: only the size check can notice
+    os.utime(shard, ns=(t, t))
+    _, new = load_index(shard, tmp_path / "cache")
+    assert [s.key for s in new] == ["only"]
+
+
+def test_read_only_folder_indexes_into_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    shard = folder / "s.tar"
+    write_tar(shard, KEYS, tarfile.PAX_FORMAT)
+    cache = tmp_path / "cache"
+    folder.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    try:
+        if os.access(folder, os.W_OK):  # root ignores permissions: pretend the folder is read-only
+            real = os.access
+            monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if Path(p) == folder else real(p, mode))
+        where, samples = load_index(shard, cache)
+        assert where == cached_index_path(shard, cache) and where.parent == cache / "index"
+        assert not default_index_path(shard).exists()
+        assert parse_index(where.read_text()) == samples
+        stamp = where.stat().st_mtime_ns
+        again, samples2 = load_index(shard, cache)
+        assert again == where and samples2 == samples and where.stat().st_mtime_ns == stamp
+    finally:
+        folder.chmod(0o755)
+
+
+def _valid_tar(path: Path) -> None:
+    write_tar(path, KEYS, tarfile.PAX_FORMAT, extra=b"q" * 3000)
+
+
+def test_missing_shard(tmp_path: Path) -> None:
+    with pytest.raises(ShardError, match="not found"):
+        load_index(tmp_path / "nope.tar", tmp_path / "cache")
+    with pytest.raises(ShardError, match="not found"):
+        scan_tar(tmp_path / "nope.tar")
+
+
+def test_directory_shard(tmp_path: Path) -> None:
+    (tmp_path / "dir.tar").mkdir()
+    with pytest.raises(ShardError, match="not a file"):
+        load_index(tmp_path / "dir.tar", tmp_path / "cache")
+    with pytest.raises(ShardError, match="directory"):
+        scan_tar(tmp_path / "dir.tar")
+
+
+def test_not_a_tar(tmp_path: Path) -> None:
+    shard = tmp_path / "noise.tar"
+    shard.write_bytes(bytes((i * 197 + 13) % 251 for i in range(4096)))
+    with pytest.raises(ShardError, match="not a readable tar"):
+        load_index(shard, tmp_path / "cache")
+    assert not default_index_path(shard).exists()
+
+
+def _cut_copy(tmp_path: Path, cut_at: Callable[[list[Sample]], int]) -> Path:
+    """A copy of a valid tar cut at ``cut_at(its samples)`` bytes."""
+    good = tmp_path / "good.tar"
+    _valid_tar(good)
+    shard = tmp_path / "cut.tar"
+    shard.write_bytes(good.read_bytes()[: cut_at(scan_tar(good))])
+    return shard
+
+
+@pytest.mark.parametrize("sample", [-1, 1], ids=["plain-name", "pax-long-name"])
+def test_tar_cut_inside_member_data(tmp_path: Path, sample: int) -> None:
+    shard = _cut_copy(tmp_path, lambda s: s[sample].members[0].offset + s[sample].members[0].size // 2)
+    with pytest.raises(ShardError, match="truncated"):
+        scan_tar(shard)
+    with pytest.raises(ShardError, match="truncated"):
+        load_index(shard, tmp_path / "cache")
+    assert not default_index_path(shard).exists()
+
+
+def test_tar_cut_inside_a_member_header(tmp_path: Path) -> None:
+    shard = _cut_copy(tmp_path, lambda s: s[-1].members[0].offset - 512 + 100)
+    with pytest.raises(ShardError, match="truncated"):
+        load_index(shard, tmp_path / "cache")
+
+
+@pytest.mark.parametrize("kind", ["end-of-archive only", "zero bytes", "directories only"])
+def test_empty_shard(tmp_path: Path, kind: str) -> None:
+    shard = tmp_path / "empty.tar"
+    if kind == "zero bytes":
+        shard.write_bytes(b"")
+    else:
+        with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as tar:
+            if kind == "directories only":
+                info = tarfile.TarInfo("some/dir")
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+    with pytest.raises(ShardError):
+        load_index(shard, tmp_path / "cache")
+    assert not default_index_path(shard).exists()
