@@ -1,0 +1,115 @@
+"""Reports of a meter's summary: a flat dict for loggers, JSON, and a text table."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+_ROWS = (
+    ("steps", "steps", "{:d}"),
+    ("samples", "samples", "{:d}"),
+    ("wall_s", "wall (s)", "{:.2f}"),
+    ("stall_fraction", "stall fraction", "{:.1%}"),
+    ("host_stall_fraction", "host-wait fraction", "{:.1%}"),
+    ("wait_p50_ms", "wait p50 (ms)", "{:.2f}"),
+    ("wait_p95_ms", "wait p95 (ms)", "{:.2f}"),
+    ("wait_max_ms", "wait max (ms)", "{:.2f}"),
+    ("step_p50_ms", "step p50 (ms)", "{:.2f}"),
+    ("samples_per_s", "samples/s", "{:,.1f}"),
+    ("required_samples_per_s", "needed samples/s", "{:,.1f}"),
+    ("verdict", "verdict", "{}"),
+)
+_USAGE = (
+    ("cpu_util", "cpu_util_max", "CPU, process tree (%)"),
+    ("gpu_util", "gpu_util_max", "GPU utilization (%)"),
+    ("gpu_sm_active", "gpu_sm_active_max", "GPU SM active (%)"),
+    ("gpu_mem_mb", "gpu_mem_max_mb", "GPU memory (MiB)"),
+)
+
+
+def flatten(summary: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """The numeric figures of a summary as one flat dict, for loggers.
+
+    Nested dicts join their keys with ``/`` (``window/stall_fraction``), list items take
+    their index (``cpu_per_core/0``); strings, booleans, None and NaN are left out, so
+    the result suits TensorBoard ``add_scalars``, W&B ``log`` and Lightning ``log_dict``.
+
+    Args:
+        summary: A dict from :meth:`StallMeter.summary`.
+        prefix: Put before every key, e.g. ``"data/"``.
+    """
+    flat: dict[str, float] = {}
+    for key, value in summary.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}/"))
+        elif isinstance(value, list):
+            flat.update(flatten({str(i): v for i, v in enumerate(value)}, f"{name}/"))
+        elif _is_number(value):
+            flat[name] = value
+    return flat
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return not (isinstance(value, float) and math.isnan(value))
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def to_json(summary: dict[str, Any], path: str | Path | None = None) -> str:
+    """The summary as JSON (NaN and infinities become null), written to ``path`` if given.
+
+    Returns:
+        The JSON text.
+    """
+    text = json.dumps(_json_safe(summary), indent=2, sort_keys=True)
+    if path is not None:
+        Path(path).write_text(text + "\n", encoding="utf-8")
+    return text
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None:
+        return "-"
+    return fmt.format(value)
+
+
+def table(summary: dict[str, Any]) -> str:
+    """A printable table of the run and the rolling window, then resource use.
+
+    Returns:
+        Lines of text, no trailing newline.
+    """
+    window = summary.get("window") or {}
+    head = ("", "run", f"last {window.get('size', '?')} steps")
+    rows = [head]
+    for key, label, fmt in _ROWS:
+        rows.append((label, _cell(summary.get(key), fmt), _cell(window.get(key), fmt)))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    widths[0] = max(widths[0], *(len(label) for _, _, label in _USAGE))
+    lines = [f"StallMeter ({summary.get('basis')}: {summary.get('basis_note')})"]
+    for row in rows:
+        lines.append(f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:>{widths[2]}}")
+    lines.append("")
+    for mean_key, max_key, label in _USAGE:
+        mean, peak = summary.get(mean_key), summary.get(max_key)
+        shown = "unavailable" if mean is None else f"mean {mean:.1f}, max {peak:.1f}"
+        lines.append(f"{label:<{widths[0]}}  {shown}")
+    for name, status in (summary.get("samplers") or {}).items():
+        if status != "ok":
+            lines.append(f"sampler {name}: {status}")
+    if summary.get("pending_events"):
+        lines.append(f"{summary['pending_events']} recent step(s) await their GPU events")
+    return "\n".join(lines)
