@@ -41,7 +41,7 @@ def test_batches_have_declared_shapes_dtypes_and_true_labels(small_spec: dict, s
         assert -2.2 < float(images.min()) and float(images.max()) < 2.7  # ImageNet-normalized range
         sizes.append(images.shape[0])
     assert sizes == [4, 4, 4, 4, 4, 3] and len(loader) == 6
-    assert loader.stats() == {"delivered": 23, "skipped": 0, "padded": 0, "dropped": 0, "batches": 6}
+    assert loader.stats() == {"delivered": 23, "skipped": 0, "padded": 0, "dropped": 0, "batches": 6, "converted": 0}
 
 
 def test_every_sample_once_per_shuffled_epoch_and_orders_differ(small_spec: dict, shards: list[str]) -> None:

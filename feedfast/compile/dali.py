@@ -54,7 +54,8 @@ def emit(plan: Plan, reader: ReaderConfig) -> tuple[list[Any], DaliOutputs]:
     exts = [plan.nodes[i].params["ext"] for i in range(len(plan.components))]
     raw = d.fn().readers.webdataset(
         paths=reader.paths, index_paths=reader.index_paths, ext=exts,
-        missing_component_behavior={"error": "error", "skip": "skip", "empty": "empty"}[reader.missing],
+        # samples left out are already out of the (filtered) index: anything else missing is an error
+        missing_component_behavior="empty" if reader.missing == "empty" else "error",
         shard_id=reader.shard_id, num_shards=reader.num_shards, pad_last_batch=True,
         stick_to_shard=reader.stick_to_shard, case_sensitive_extensions=False, random_shuffle=reader.shuffle_buffer > 0,
         initial_fill=max(reader.shuffle_buffer, 1), name=READER_NAME,

@@ -18,6 +18,7 @@ from feedfast.loader.options import check_torch_kwargs
 from feedfast.loader.prefetch import PinnedRing
 from feedfast.sources.assign import EpochPlan, plan_epoch
 from feedfast.sources.dataset import ShardSet, open_shards
+from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 from feedfast.spec.load import load_spec
 
 STATE_VERSION = 1
@@ -49,6 +50,9 @@ class DataLoader:
         rank, world_size: default from torch.distributed, else RANK/WORLD_SIZE.
         overrides: ``key.path=value`` spec overrides.
         cache_dir: where indexes go when a shard's folder is read-only.
+        on_error: ``raise`` (default: the spec's) or ``skip``: check images once and leave
+            undecodable ones out, counted (see :mod:`feedfast.sources.validate`).
+        max_pixels: images with more pixels are bad (default 89,478,485, PIL's limit).
         **torch_kwargs: other torch DataLoader arguments; see :mod:`feedfast.loader.options`.
 
     Batches are a tuple (spec ``outputs`` as a list) or a dict (as a mapping) of tensors.
@@ -62,7 +66,7 @@ class DataLoader:
         device: str | torch.device = "cpu", placement: str | None = None, last_batch: str | None = None,
         rank: int | None = None, world_size: int | None = None, overrides: Sequence[str] = (),
         cache_dir: str | os.PathLike[str] | None = None, pin_memory_device: str | None = None,
-        **torch_kwargs: Any,
+        on_error: str | None = None, max_pixels: int | None = None, **torch_kwargs: Any,
     ) -> None:
         check_torch_kwargs(torch_kwargs)
         self.spec = _settle_spec(load_spec(spec, overrides), batch_size, shuffle, drop_last, last_batch, seed)
@@ -76,11 +80,17 @@ class DataLoader:
         consumer = "cuda" if self.device.type == "cuda" else "cpu"
         self.plan: Plan = build_plan(self.spec, device=placement, consumer=consumer)
         self.device_id = (self.device.index or 0) if self.plan.placement == "gpu" else None
-        self.shards: ShardSet = open_shards(shards, self.spec, Path(cache_dir) if cache_dir else _env.cache_dir())
+        if on_error is not None and on_error not in ("raise", "skip"):
+            raise UserError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.spec = self.spec.replace(on_error=on_error) if on_error else self.spec
+        self.shards: ShardSet = open_shards(
+            shards, self.spec, Path(cache_dir) if cache_dir else _env.cache_dir(),
+            max_pixels=_positive("max_pixels", max_pixels) if max_pixels is not None else DEFAULT_MAX_PIXELS,
+        )
         self._check_size()
         self.ring = PinnedRing(self.device, depth=self.prefetch + 1, pin=pin_memory)
         self.epoch, self._resume = 0, None
-        self._stats = {"delivered": 0, "skipped": len(self.shards.missing), "padded": 0, "dropped": 0, "batches": 0}
+        self._stats = {"delivered": 0, "skipped": len(self.shards.skipped), "padded": 0, "dropped": 0, "batches": 0}
         self.last_origins: list[tuple[str, str]] = []
         self.last_valid = 0
         self._step = 0
@@ -130,7 +140,7 @@ class DataLoader:
         rng = random.Random(f"{self.spec.seed}/{epoch}/{self.rank}/{start}")
         self._step = start
         try:
-            for batch in run_epoch(self._pipe, omap, self.plan, ep, start, self.ring, rng):
+            for batch in run_epoch(self._pipe, omap, self.plan, ep, start, self.ring, rng, self.shards):
                 self._step += 1
                 self._count(batch, ep)
                 yield self._shape(batch.fields)
@@ -152,8 +162,18 @@ class DataLoader:
         return tuple(fields[name] for name in self.spec.outputs)
 
     def stats(self) -> dict[str, int]:
-        """Counts so far: ``delivered``, ``skipped``, ``padded``, ``dropped``, ``batches``."""
-        return dict(self._stats)
+        """Counts so far: ``delivered``, ``skipped``, ``padded``, ``dropped``, ``batches``.
+
+        ``skipped`` counts samples left out of the dataset once (missing components under
+        ``missing: skip``, undecodable images under ``on_error: skip``); ``converted``
+        counts images re-encoded for DALI (they are delivered). Samples read per epoch =
+        delivered + dropped, with padding counted apart.
+        """
+        return {**self._stats, "converted": len(self.shards.converted)}
+
+    def skipped_samples(self) -> list[dict[str, str]]:
+        """Every sample left out, with its shard, key and reason."""
+        return [{"shard": s, "key": k, "reason": r} for s, k, r in self.shards.skipped]
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-safe state to resume from: epoch, step, seed, and DALI's checkpoint."""
@@ -173,7 +193,7 @@ class DataLoader:
                             f"{state['seed']}/{state['rank']}/{state['world_size']} vs "
                             f"{self.spec.seed}/{self.rank}/{self.world}")
         self.epoch = int(state["epoch"])
-        self._stats = dict(state["stats"])
+        self._stats = {k: v for k, v in state["stats"].items() if k != "converted"}
         self._resume = (int(state["step"]), _decode(state["dali"])) if state["dali"] else None
 
     def close(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -10,12 +11,15 @@ import torch
 
 from feedfast.compile.dali import ReaderConfig, build_pipeline
 from feedfast.compile.plan import Plan
-from feedfast.errors import BackendError, FeedfastError
+from feedfast.errors import BackendError, FeedfastError, SampleError
 from feedfast.loader import convert
 from feedfast.loader.prefetch import PinnedRing
 from feedfast.ops.color import normalize_tensor
 from feedfast.sources.assign import EpochPlan
 from feedfast.sources.dataset import ShardSet
+from feedfast.sources.validate import DEFAULT_MAX_PIXELS
+
+_FAILED = re.compile(r"Failed to decode sample #\d+ : ([^\n|]+)")
 
 
 @dataclass
@@ -58,15 +62,33 @@ def _first_line(exc: BaseException) -> str:
     return next((ln for ln in lines if "Error" in ln or "error" in ln), lines[0] if lines else repr(exc))
 
 
+def diagnose(exc: RuntimeError, plan: Plan, step: int, shards: ShardSet) -> FeedfastError:
+    """Turn a DALI failure into an error naming the shard and sample where possible."""
+    from feedfast.loader.convert import sample_origin
+    from feedfast.sources.checked import find_bad_image
+
+    text = str(exc)
+    hint = "set on_error='skip' (spec `source: {on_error: skip}`) to leave undecodable samples out"
+    m = _FAILED.search(text)
+    if m:
+        shard, key = sample_origin(m.group(1).strip())
+        return SampleError("DALI could not decode a sample", shard=shard, key=key, reason=f"{_first_line(exc)}; {hint}")
+    exts = [{e.lower() for e in c.ext.split(";")} for c in plan.spec.components.values() if c.kind == "image"]
+    found = find_bad_image(list(shards.paths), list(shards.index_paths), exts, DEFAULT_MAX_PIXELS) if exts else None
+    if found:
+        return SampleError("DALI could not decode a sample", shard=found[0], key=found[1], reason=f"{found[2]}; {hint}")
+    return FeedfastError(f"DALI pipeline failed at epoch step {step}: {_first_line(exc)}")
+
+
 def run_epoch(pipe: Any, omap: Any, plan: Plan, ep: EpochPlan, start: int, ring: PinnedRing,
-              rng: random.Random) -> Iterator[Batch]:
+              rng: random.Random, shards: ShardSet) -> Iterator[Batch]:
     """Yield this rank's batches of the epoch from step ``start`` on."""
     raw_at = len(omap.fields)
     for step in range(start, ep.steps):
         try:
             outs = pipe.run()
         except RuntimeError as exc:
-            raise FeedfastError(f"DALI pipeline failed at epoch step {step}: {_first_line(exc)}") from exc
+            raise diagnose(exc, plan, step, shards) from exc
         size, valid = ep.batch_sizes[step], ep.valid[step]
         where = convert.origins(outs[raw_at], size)
         yield Batch(_fields(outs, omap, plan, size, ring, rng, where), where, valid)

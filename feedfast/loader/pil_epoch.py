@@ -1,0 +1,244 @@
+"""One epoch of one rank through the portable backend: PIL in torch DataLoader workers.
+
+It yields the same :class:`~feedfast.loader.epoch.Batch` objects as the DALI path's
+``run_epoch`` with the same sample assignment: the shards concatenated in
+``ep.shard_order`` (each shard's usable samples in tar order, ``missing: skip`` samples left
+out as :func:`~feedfast.sources.dataset.open_shards` leaves them out), this rank's
+contiguous range from :func:`~feedfast.sources.assign.rank_range`, steps, batch sizes and
+valid counts from ``ep``, and padding that repeats the rank's last sample at the end of a
+batch. With 7 samples on 1 rank in batches of 2, ``pad`` yields ``[s0 s1] [s2 s3] [s4 s5]
+[s6 s6]`` (valid 2, 2, 2, 1).
+
+What differs from DALI, by design:
+
+- shuffling (``shuffle.buffer > 0``) is a full shuffle of the rank's range by
+  ``random.Random(f"{seed}/{epoch}/{rank}")`` rather than DALI's buffer shuffle; the
+  guarantees are the same: every sample exactly once per epoch, deterministic for
+  (seed, epoch, rank), and padding repeats the last sample of the shuffled order;
+- augmentation draws from a ``random.Random`` per sample, seeded by (seed, epoch, the
+  sample's position in the epoch's concatenated order): results do not depend on the
+  number of workers or ranks, and a padded copy equals its original exactly;
+- a component with several matching members takes the first in tar order (as DALI's reader
+  does); a missing one under ``missing: empty`` arrives as ``b""``.
+
+Each batch is built by one worker process (``workers=0``: in this process). A failure in a
+worker is re-raised here as the feedfast error it was (``SampleError`` names shard and key).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, NamedTuple
+
+import numpy as np
+import torch
+
+from feedfast.compile.pil import PilProgram, compile_pil
+from feedfast.compile.plan import Plan
+from feedfast.errors import BackendError, SampleError, ShardError
+from feedfast.loader import convert
+from feedfast.loader.epoch import Batch
+from feedfast.ops.base import Signature
+from feedfast.ops.generic import DecodeFailure
+from feedfast.sources.assign import EpochPlan, rank_range
+from feedfast.sources.dataset import ShardSet
+from feedfast.sources.index import Sample, parse_index
+from feedfast.spec.model import Spec
+
+
+class SampleRef(NamedTuple):
+    """Where one sample's bytes are: shard, key, (offset, size) per component, epoch position."""
+
+    shard: int
+    key: str
+    members: tuple[tuple[int, int] | None, ...]
+    position: int
+
+
+def epoch_samples(spec: Spec, program: PilProgram, shards: ShardSet, order: tuple[int, ...]) -> list[SampleRef]:
+    """The epoch's usable samples, shards concatenated in ``order``, each shard in tar order.
+
+    Raises:
+        ShardError: an index cannot be read, or no longer gives the counts ``shards`` holds.
+    """
+    every = [frozenset(c.ext.split(";")) for c in spec.components.values()]
+    refs: list[SampleRef] = []
+    for i in order:
+        usable = [s for s in _index(shards.index_paths[i])
+                  if spec.missing == "empty" or all(_pick(s, e) for e in every)]
+        if len(usable) != shards.sizes[i]:
+            raise ShardError(f"the index of {shards.paths[i]!r} now lists {len(usable)} usable samples, "
+                             f"not {shards.sizes[i]}: the shard changed since it was opened; open it again")
+        for s in usable:
+            members = tuple(None if m is None else (m.offset, m.size) for m in (_pick(s, e) for e in program.exts))
+            refs.append(SampleRef(i, s.key, members, len(refs)))
+    return refs
+
+
+def _index(path: str) -> list[Sample]:
+    try:
+        return parse_index(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ShardError(f"cannot read the index {path!r}: {exc}") from exc
+
+
+def _pick(sample: Sample, exts: frozenset[str]) -> Any:
+    """The first member of ``sample`` in tar order whose extension is in ``exts`` (any case)."""
+    return next((m for m in sample.members if m.ext.lower() in exts), None)
+
+
+def rank_order(refs: list[SampleRef], *, rank: int, world: int, shuffle: bool, seed: int,
+               epoch: int) -> list[SampleRef]:
+    """This rank's samples in the order it reads them."""
+    lo, hi = rank_range(len(refs), rank, world)
+    mine = refs[lo:hi]
+    if shuffle:
+        random.Random(f"{seed}/{epoch}/{rank}").shuffle(mine)
+    return mine
+
+
+def step_samples(ep: EpochPlan, step: int, batch_size: int) -> list[int]:
+    """Indexes into the rank's ordered samples for batch ``step``; padding repeats the last."""
+    first = step * batch_size
+    return [min(first + k, ep.rank_samples - 1) for k in range(ep.batch_sizes[step])]
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """A worker's failure, as plain data, re-raised in the main process."""
+
+    kind: str
+    message: str
+    shard: str = ""
+    key: str = ""
+    reason: str = ""
+
+    def error(self) -> Exception:
+        if self.kind == "sample":
+            return SampleError(self.message, shard=self.shard, key=self.key, reason=self.reason)
+        if self.kind == "shard":
+            return ShardError(self.message)
+        return BackendError(self.message)
+
+
+class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Map-style dataset of one rank's epoch: item ``i`` is the whole batch of step ``start + i``."""
+
+    def __init__(self, program: PilProgram, paths: tuple[str, ...], samples: list[SampleRef], ep: EpochPlan, *,
+                 batch_size: int, seed: int, epoch: int, start: int) -> None:
+        self.program, self.paths, self.samples, self.ep = program, paths, samples, ep
+        self.batch_size, self.seed, self.epoch, self.start = batch_size, seed, epoch, start
+        self._fds: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return self.ep.steps - self.start
+
+    def __getitem__(self, i: int) -> Batch | _Failure:
+        step = self.start + i
+        refs = [self.samples[j] for j in step_samples(self.ep, step, self.batch_size)]
+        per_sample = []
+        for ref in refs:
+            out = self._sample(ref)
+            if isinstance(out, _Failure):
+                return out
+            per_sample.append(out)
+        fields = {name: _collate([s[name] for s in per_sample], sig) for name, sig in self.program.signatures.items()}
+        return Batch(fields, [(self.paths[r.shard], r.key) for r in refs], self.ep.valid[step])
+
+    def _sample(self, ref: SampleRef) -> dict[str, Any] | _Failure:
+        shard = self.paths[ref.shard]
+        try:
+            raw = [b"" if m is None else self._read(ref.shard, *m) for m in ref.members]
+            return self.program.run(raw, random.Random(f"feedfast-pil/{self.seed}/{self.epoch}/{ref.position}"))
+        except DecodeFailure as exc:
+            return _Failure("sample", "the PIL backend could not process a sample", shard, ref.key, str(exc))
+        except ShardError as exc:
+            return _Failure("shard", str(exc))
+        except Exception as exc:  # noqa: BLE001 - any other failure crosses the process boundary as data
+            return _Failure("backend", f"PIL backend failed on shard {shard!r}, sample {ref.key!r}: "
+                            f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+
+    def _read(self, shard: int, offset: int, size: int) -> bytes:
+        path = self.paths[shard]
+        try:
+            if shard not in self._fds:
+                self._fds[shard] = os.open(path, os.O_RDONLY)
+            data = os.pread(self._fds[shard], size, offset)
+        except OSError as exc:
+            raise ShardError(f"cannot read shard {path!r}: {exc}") from exc
+        if len(data) != size:
+            raise ShardError(f"shard is truncated: {path!r} ends before byte {offset + size}")
+        return data
+
+    def close(self) -> None:
+        """Close the shard files this process opened."""
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fds": {}}
+
+
+def _collate(values: list[Any], sig: Signature) -> Any:
+    """A batch of one field: images and tensors stacked (a list when the declared shape varies)."""
+    if sig.kind == "image":
+        values = [_pixels(v) for v in values]
+    if sig.kind in ("image", "tensor"):
+        return values if None in sig.shape else torch.stack(values)
+    return convert.collate(values, sig.kind)
+
+
+def _pixels(img: Any) -> torch.Tensor:
+    arr = np.asarray(img, dtype=np.uint8)
+    return torch.from_numpy(arr[:, :, None] if arr.ndim == 2 else arr.copy())
+
+
+def _identity(item: Any) -> Any:
+    return item
+
+
+def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
+                  workers: int, seed: int, epoch: int, start: int = 0, prefetch_factor: int = 2) -> Iterator[Batch]:
+    """Yield this rank's batches of the epoch from step ``start`` on, computed with PIL.
+
+    Args:
+        plan: the loader's plan; its spec is recompiled for this backend (unfused, CPU).
+        shards: the opened shards (sizes after the missing-component policy).
+        ep: this rank's epoch plan (shard order, steps, batch sizes, valid counts).
+        rank, world: this rank and the world size.
+        batch_size: the spec's batch size (the stride of steps in the rank's samples).
+        workers: DataLoader worker processes; 0 builds batches in this process.
+        seed, epoch: fix the shuffle and every sample's augmentation.
+        start: the first step to yield (resume).
+        prefetch_factor: batches each worker prepares ahead.
+
+    Raises:
+        BackendError: an op has no PIL form (before any data is read), or a worker failed.
+        SampleError: a sample could not be decoded; names the shard and key.
+        ShardError: a shard or its index cannot be read.
+    """
+    spec = plan.spec
+    program = compile_pil(spec)
+    order = rank_order(epoch_samples(spec, program, shards, ep.shard_order), rank=rank, world=world,
+                       shuffle=spec.shuffle_buffer > 0, seed=seed, epoch=epoch)
+    if len(order) != ep.rank_samples:
+        raise BackendError(f"rank {rank} has {len(order)} samples but its epoch plan expects {ep.rank_samples}")
+    data = EpochBatches(program, shards.paths, order, ep, batch_size=batch_size, seed=seed, epoch=epoch, start=start)
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=None, shuffle=False, num_workers=workers, collate_fn=_identity,
+        prefetch_factor=prefetch_factor if workers > 0 else None,
+    )
+    batches = iter(loader)
+    try:
+        for item in batches:
+            if isinstance(item, _Failure):
+                raise item.error()
+            yield item
+    finally:
+        del batches  # stops the workers
+        data.close()
