@@ -10,6 +10,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from feedfast.errors import ShardError
 from feedfast.sources.index import Sample, format_index, load_index
 from feedfast.sources.validate import SNIFF_BYTES, probe_image, to_png
 
@@ -31,6 +32,16 @@ def _digest(path: str, *extra: object) -> str:
     st = os.stat(path)
     text = "|".join(map(str, (os.path.abspath(path), st.st_size, st.st_mtime_ns, *extra)))
     return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def open_shard(path: str) -> io.BufferedReader:
+    """Open a shard for reading members; OS errors become a ShardError naming it."""
+    try:
+        return open(path, "rb")
+    except FileNotFoundError as exc:
+        raise ShardError(f"shard not found: {path!r}") from exc
+    except OSError as exc:
+        raise ShardError(f"shard not readable: {path!r} ({exc.strerror})") from exc
 
 
 def read_member(f: io.BufferedReader, offset: int, size: int) -> bytes:
@@ -57,7 +68,7 @@ def _verdicts(path: str, samples: list[Sample], image_exts: list[set[str]], max_
     if cached.is_file():
         return json.loads(cached.read_text(encoding="utf-8"))
     result: dict[str, dict[str, str]] = {"bad": {}, "convert": {}}
-    with open(path, "rb") as f:
+    with open_shard(path) as f:
         for s in samples:
             for off, size, name in image_members(s, image_exts):
                 data = read_member(f, off, size if decode else min(size, SNIFF_BYTES))
@@ -99,7 +110,7 @@ def _write_side_shard(src: str, out: Path, samples: list[Sample], image_exts: li
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
     images = {name for s in samples for _, _, name in image_members(s, image_exts)}
-    with open(src, "rb") as f, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+    with open_shard(src) as f, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
         for s in samples:
             for m in s.members:
                 data = read_member(f, m.offset, m.size)
@@ -121,7 +132,7 @@ def find_bad_image(paths: list[str], index_paths: list[str], image_exts: list[se
 
     for path, idx in zip(paths, index_paths):
         samples = parse_index(Path(idx).read_text(encoding="utf-8"))
-        with open(path, "rb") as f:
+        with open_shard(path) as f:
             for s in samples:
                 for off, size, name in image_members(s, image_exts):
                     v = probe_image(read_member(f, off, size), max_pixels=max_pixels)
