@@ -65,7 +65,10 @@ def emit(plan: Plan, reader: ReaderConfig) -> tuple[list[Any], DaliOutputs]:
     for n in plan.nodes[len(plan.components):]:
         if n.device == "host" or n.deferred:
             continue
-        values[n.id] = emit_node(n, values[n.inputs[0]])
+        x = values[n.inputs[0]]
+        if n.device == "gpu" and plan.nodes[n.inputs[0]].device in ("cpu", "host"):
+            x = x.gpu()  # a per-op override: decoded on the CPU, augmented on the GPU
+        values[n.id] = emit_node(n, x)
     fields, outs, deferred = [], [], {}
     for name, nid in plan.outputs.items():
         node = plan.nodes[nid]
@@ -106,11 +109,12 @@ def _crop_mirror_normalize(ctx: EmitContext, params: dict[str, Any], x: Any) -> 
 
     norm = params["normalize"]
     h, w = as_hw(params["center_crop"]["size"])
+    pos_x, pos_y = d.center_positions(x, h, w)
     mirror = d.coin(params["flip"]["horizontal"]) if "flip" in params else 0
     return d.fn().crop_mirror_normalize(
         x, device=ctx.device, dtype=_dali_dtype(norm["dtype"]), output_layout=norm["layout"],
         mean=[m * 255.0 for m in norm["mean"]], std=[s * 255.0 for s in norm["std"]],
-        crop=[float(h), float(w)], out_of_bounds_policy="pad", mirror=mirror,
+        crop=[float(h), float(w)], crop_pos_x=pos_x, crop_pos_y=pos_y, out_of_bounds_policy="pad", mirror=mirror,
     )
 
 

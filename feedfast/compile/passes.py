@@ -12,23 +12,36 @@
 from __future__ import annotations
 
 from feedfast.compile.plan import Node, Plan
+from feedfast.errors import SpecError
 from feedfast.ops.registry import OPS
 
 
 def place(plan: Plan, placement: str) -> None:
-    """Assign each node a device for ``placement`` (``cpu`` or ``gpu``)."""
+    """Assign each node a device for ``placement`` (``cpu`` or ``gpu``), honouring per-op overrides.
+
+    Data moves from the CPU to the GPU once: an op forced onto the CPU after one on the GPU
+    is a SpecError, and a forced GPU op needs a GPU placement or CUDA (``auto``).
+    """
     plan.placement = placement  # type: ignore[assignment]
-    on_gpu: set[int] = set()
     for n in plan.nodes:
         if n.op == "read" or OPS[n.op].host:
             continue
-        if placement == "gpu":
+        src = plan.nodes[n.inputs[0]]
+        want = placement if n.override == "auto" else n.override
+        if n.override == "auto" and src.device in ("gpu", "mixed"):
+            want = "gpu"  # data already on the GPU stays there
+        if want == "cpu" and src.device in ("gpu", "mixed"):
+            raise SpecError("an op cannot run on the CPU after one on the GPU (data moves to the GPU once)",
+                            file=plan.spec.file, key=f"{n.key}.device", value=want,
+                            fix="place the earlier ops on the CPU too, or this one on the GPU")
+        if want == "gpu" and placement == "cpu" and n.override == "gpu":
+            plan.placement = "gpu"  # type: ignore[assignment] - a GPU op needs a GPU pipeline
+        if want == "gpu":
             n.device = "mixed" if n.op == "decode" else "gpu"
-            on_gpu.add(n.id)
         else:
             n.device = "cpu"
         n.sig = n.sig.with_(device="gpu" if n.device in ("gpu", "mixed") else "cpu")
-    plan.passes.append(f"placement:{placement}")
+    plan.passes.append(f"placement:{plan.placement}")
 
 
 def cheap_transfer(plan: Plan, consumer: str) -> None:
@@ -45,7 +58,10 @@ def cheap_transfer(plan: Plan, consumer: str) -> None:
 
 
 def _only_child(plan: Plan, parent: Node, child: Node) -> bool:
-    return [c.id for c in plan.consumers(parent.id)] == [child.id] and parent.id not in plan.outputs.values()
+    """``child`` is ``parent``'s only reader, on the same side of the PCIe bus."""
+    same_side = (parent.device in ("gpu", "mixed")) == (child.device in ("gpu", "mixed"))
+    return (same_side and [c.id for c in plan.consumers(parent.id)] == [child.id]
+            and parent.id not in plan.outputs.values())
 
 
 def fuse(plan: Plan) -> None:

@@ -42,6 +42,7 @@ class Node:
     dali_op: str = ""
     deferred: bool = False
     key: str = ""
+    override: str = "auto"
 
     def to_dict(self) -> dict[str, Any]:
         """The node as JSON-safe data."""
@@ -110,12 +111,13 @@ def lower(spec: Spec) -> Plan:
         cur = used.index(f.source)
         for call, sig in zip(f.ops, sigs):
             op = OPS[call.op]
-            memo_key = (call.op, repr(sorted(call.params.items())), cur)
+            memo_key = (call.op, repr(sorted(call.params.items())) + call.device, cur)
             if not op.random and memo_key in memo:
                 cur = memo[memo_key]
                 continue
             node = Node(len(nodes), call.op, dict(call.params), (cur,), sig,
-                        device="host" if op.host else "cpu", dali_op=op.dali_name, key=call.key)
+                        device="host" if op.host else "cpu", dali_op=op.dali_name, key=call.key,
+                        override=call.device)
             nodes.append(node)
             memo[memo_key] = cur = node.id
         outputs[f.name] = cur

@@ -2,8 +2,9 @@
 
 It yields the same :class:`~feedfast.loader.epoch.Batch` objects as the DALI path's
 ``run_epoch`` with the same sample assignment: the shards concatenated in
-``ep.shard_order`` (each shard's usable samples in tar order, ``missing: skip`` samples left
-out as :func:`~feedfast.sources.dataset.open_shards` leaves them out), this rank's
+``ep.shard_order``, each shard's samples in the order of the index DALI is given
+(``ShardSet.index_paths``: already filtered by :func:`~feedfast.sources.dataset.open_shards`
+for ``missing: skip`` and ``on_error: skip``, side shards of re-encoded images included), this rank's
 contiguous range from :func:`~feedfast.sources.assign.rank_range`, steps, batch sizes and
 valid counts from ``ep``, and padding that repeats the rank's last sample at the end of a
 batch. With 7 samples on 1 rank in batches of 2, ``pad`` yields ``[s0 s1] [s2 s3] [s4 s5]
@@ -47,7 +48,6 @@ from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, rank_range
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.index import Sample, parse_index
-from feedfast.spec.model import Spec
 
 
 class SampleRef(NamedTuple):
@@ -59,21 +59,19 @@ class SampleRef(NamedTuple):
     position: int
 
 
-def epoch_samples(spec: Spec, program: PilProgram, shards: ShardSet, order: tuple[int, ...]) -> list[SampleRef]:
-    """The epoch's usable samples, shards concatenated in ``order``, each shard in tar order.
+def epoch_samples(program: PilProgram, shards: ShardSet, order: tuple[int, ...]) -> list[SampleRef]:
+    """The epoch's samples: the shards' indexes concatenated in ``order``, each in index order.
 
     Raises:
         ShardError: an index cannot be read, or no longer gives the counts ``shards`` holds.
     """
-    every = [frozenset(c.ext.split(";")) for c in spec.components.values()]
     refs: list[SampleRef] = []
     for i in order:
-        usable = [s for s in _index(shards.index_paths[i])
-                  if spec.missing == "empty" or all(_pick(s, e) for e in every)]
-        if len(usable) != shards.sizes[i]:
-            raise ShardError(f"the index of {shards.paths[i]!r} now lists {len(usable)} usable samples, "
-                             f"not {shards.sizes[i]}: the shard changed since it was opened; open it again")
-        for s in usable:
+        samples = _index(shards.index_paths[i])
+        if len(samples) != shards.sizes[i]:
+            raise ShardError(f"the index {shards.index_paths[i]!r} of {shards.paths[i]!r} now lists {len(samples)} "
+                             f"samples, not {shards.sizes[i]}: the shard changed since it was opened; open it again")
+        for s in samples:
             members = tuple(None if m is None else (m.offset, m.size) for m in (_pick(s, e) for e in program.exts))
             refs.append(SampleRef(i, s.key, members, len(refs)))
     return refs
@@ -135,7 +133,7 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         self._fds: dict[int, int] = {}
 
     def __len__(self) -> int:
-        return self.ep.steps - self.start
+        return max(0, self.ep.steps - self.start)
 
     def __getitem__(self, i: int) -> Batch | _Failure:
         step = self.start + i
@@ -185,17 +183,17 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 
 def _collate(values: list[Any], sig: Signature) -> Any:
-    """A batch of one field: images and tensors stacked (a list when the declared shape varies)."""
+    """A batch of one field: images and tensors stacked (specs declare them fixed-size), host values collated."""
     if sig.kind == "image":
-        values = [_pixels(v) for v in values]
-    if sig.kind in ("image", "tensor"):
-        return values if None in sig.shape else torch.stack(values)
+        return torch.stack([_pixels(v) for v in values])
+    if sig.kind == "tensor":
+        return torch.stack(values)
     return convert.collate(values, sig.kind)
 
 
 def _pixels(img: Any) -> torch.Tensor:
-    arr = np.asarray(img, dtype=np.uint8)
-    return torch.from_numpy(arr[:, :, None] if arr.ndim == 2 else arr.copy())
+    arr = np.array(img, dtype=np.uint8)  # a writable copy, HW or HWC
+    return torch.from_numpy(arr[:, :, None] if arr.ndim == 2 else arr)
 
 
 def _identity(item: Any) -> Any:
@@ -208,7 +206,7 @@ def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
 
     Args:
         plan: the loader's plan; its spec is recompiled for this backend (unfused, CPU).
-        shards: the opened shards (sizes after the missing-component policy).
+        shards: the opened shards: the (filtered) indexes and sizes ``open_shards`` gives DALI.
         ep: this rank's epoch plan (shard order, steps, batch sizes, valid counts).
         rank, world: this rank and the world size.
         batch_size: the spec's batch size (the stride of steps in the rank's samples).
@@ -218,13 +216,15 @@ def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
         prefetch_factor: batches each worker prepares ahead.
 
     Raises:
-        BackendError: an op has no PIL form (before any data is read), or a worker failed.
+        BackendError: an op has no PIL form (raised by the first ``next``, before any data is
+            read; call :func:`~feedfast.compile.pil.compile_pil` earlier to fail sooner), or a
+            worker failed.
         SampleError: a sample could not be decoded; names the shard and key.
         ShardError: a shard or its index cannot be read.
     """
     spec = plan.spec
     program = compile_pil(spec)
-    order = rank_order(epoch_samples(spec, program, shards, ep.shard_order), rank=rank, world=world,
+    order = rank_order(epoch_samples(program, shards, ep.shard_order), rank=rank, world=world,
                        shuffle=spec.shuffle_buffer > 0, seed=seed, epoch=epoch)
     if len(order) != ep.rank_samples:
         raise BackendError(f"rank {rank} has {len(order)} samples but its epoch plan expects {ep.rank_samples}")

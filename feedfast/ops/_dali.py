@@ -52,3 +52,42 @@ def coin(probability: float) -> Any:
 def dali_device(device: str) -> str:
     """DALI's ``device=`` for a node placed on ``device`` (decode's GPU form is ``mixed``)."""
     return "gpu" if device in ("gpu", "mixed") else "cpu"
+
+
+def shorter_side_sizes(x: Any, size: int) -> tuple[Any, Any]:
+    """Per-sample (width, height) resizing the shorter side to ``size``, torchvision's way.
+
+    torchvision keeps the shorter side at ``size`` exactly and truncates the longer one
+    (``int(size * long / short)``); DALI's ``resize_shorter`` rounds it instead, which
+    shifts a later centre crop by a pixel on about half the images.
+    """
+    import nvidia.dali.math as dmath
+
+    shape = fn().shapes(x, dtype=types().FLOAT)
+    h, w = shape[0], shape[1]
+    short = dmath.min(h, w)
+    return dmath.floor(w * float(size) / short), dmath.floor(h * float(size) / short)
+
+
+def center_positions(x: Any, crop_h: int, crop_w: int) -> tuple[Any, Any]:
+    """Per-sample ``crop_pos_x``/``crop_pos_y`` placing a centre crop where torchvision does.
+
+    torchvision's offset is ``round((extent - crop) / 2)`` with Python's round-half-to-even;
+    DALI rounds ``pos * (extent - crop)`` half away from zero. Giving DALI the exact offset
+    as a fraction makes both agree. A crop larger than the image stays centred (padded).
+    """
+    shape = fn().shapes(x, dtype=types().FLOAT)
+    return _center_pos(shape[1], float(crop_w)), _center_pos(shape[0], float(crop_h))
+
+
+def _center_pos(extent: Any, crop: float) -> Any:
+    import nvidia.dali.math as dmath
+
+    slack = extent - crop
+    half = slack * 0.5
+    low = dmath.floor(half)
+    frac = half - low
+    is_odd_low = (low - dmath.floor(low * 0.5) * 2.0) > 0.5
+    # round half to even: .5 goes up only when the lower neighbour is odd
+    offset = low + (frac > 0.5) + (frac == 0.5) * is_odd_low
+    return offset / dmath.max(slack, 1.0) * (slack > 0.0) + 0.5 * (slack <= 0.0)

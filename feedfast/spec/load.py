@@ -99,6 +99,8 @@ def _descend(node: Any, step: str | int, path: str, file: str) -> Any:
     if isinstance(step, int):
         if not isinstance(node, list) or step >= len(node):
             raise SpecError("override index out of range", file=file, key=path, value=step)
+        if isinstance(node[step], str) and node[step] in OPS:
+            node[step] = {node[step]: {}}  # `- decode` gains parameters: `- decode: {...}`
         return node[step]
     if not isinstance(node, dict):
         raise SpecError("override path goes through a value that is not a mapping", file=file, key=path)
@@ -154,8 +156,11 @@ def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
     )
 
 
-def op_entry(entry: Any, key: str, file: str) -> tuple[str, Any]:
-    """Split a pipeline entry (``"decode"`` or ``{"resize": {...}}``) into name and params."""
+def op_entry(entry: Any, key: str, file: str) -> tuple[str, Any, str]:
+    """Split a pipeline entry (``"decode"`` or ``{"resize": {...}}``) into name, params, device.
+
+    The reserved parameter ``device`` (``auto``, ``cpu`` or ``gpu``) overrides placement.
+    """
     if isinstance(entry, str):
         name, params = entry, None
     elif isinstance(entry, dict) and len(entry) == 1:
@@ -166,4 +171,14 @@ def op_entry(entry: Any, key: str, file: str) -> tuple[str, Any]:
     if name not in OPS:
         raise SpecError("unknown op", file=file, key=key, value=name, allowed=", ".join(OPS),
                         fix=suggest(str(name)) or "see `feedfast plan --ops` for the list")
-    return str(name), check_params(OPS[str(name)], params, file=file, key=key)
+    device = "auto"
+    if isinstance(params, dict) and "device" in params:
+        params = dict(params)
+        device = params.pop("device")
+        if device not in ("auto", "cpu", "gpu"):
+            raise SpecError("bad placement override", file=file, key=f"{key}.device", value=device,
+                            allowed="one of 'auto', 'cpu', 'gpu'", fix="omit `device` to follow the spec's placement")
+        if OPS[str(name)].host and device == "gpu":
+            raise SpecError(f"`{name}` runs on the host and cannot be placed on the GPU", file=file,
+                            key=f"{key}.device", value=device, fix="remove `device: gpu`")
+    return str(name), check_params(OPS[str(name)], params, file=file, key=key), device

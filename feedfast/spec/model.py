@@ -28,11 +28,15 @@ class Component:
 
 @dataclass(frozen=True)
 class OpCall:
-    """One op in a field pipeline, with every parameter filled in (defaults included)."""
+    """One op in a field pipeline, with every parameter filled in (defaults included).
+
+    ``device`` is ``auto`` (follow the pipeline's placement) or a per-op ``cpu``/``gpu``.
+    """
 
     op: str
     params: dict[str, Any]
-    key: str
+    device: str = "auto"
+    key: str = ""
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ class Spec:
         """The spec as plain data, in the same shape a YAML file has."""
         pipeline: dict[str, Any] = {}
         for f in self.fields.values():
-            ops = [{o.op: dict(o.params)} for o in f.ops]
+            ops = [{o.op: dict(o.params, **({"device": o.device} if o.device != "auto" else {}))} for o in f.ops]
             pipeline[f.name] = ops if f.source == f.name else {"from": f.source, "ops": ops}
         return {
             "version": self.version,
