@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from feedfast.compile import shapes
 from feedfast.compile.plan import Node, Plan
 from feedfast.errors import BackendError
 from feedfast.ops import _dali as d
@@ -20,6 +21,7 @@ class EmitContext:
     device: str
     decoder_device: str
     decoder_args: dict[str, Any] = field(default_factory=dict)
+    in_hw: tuple[Any, Any] | None = None
 
 
 @dataclass
@@ -62,13 +64,15 @@ def emit(plan: Plan, reader: ReaderConfig) -> tuple[list[Any], DaliOutputs]:
     )
     raw = raw if isinstance(raw, list) else [raw]
     values: dict[int, Any] = {i: raw[i] for i in range(len(plan.components))}
+    sizes: dict[int, Any] = {}
     for n in plan.nodes[len(plan.components):]:
         if n.device == "host" or n.deferred:
             continue
-        x = values[n.inputs[0]]
-        if n.device == "gpu" and plan.nodes[n.inputs[0]].device in ("cpu", "host"):
+        x, src = values[n.inputs[0]], n.inputs[0]
+        if n.device == "gpu" and plan.nodes[src].device in ("cpu", "host"):
             x = x.gpu()  # a per-op override: decoded on the CPU, augmented on the GPU
-        values[n.id] = emit_node(n, x)
+        values[n.id] = emit_node(n, x, sizes.get(src))
+        sizes[n.id] = shapes.out_hw(n, sizes.get(src), x if plan.nodes[src].op == "read" else None)
     fields, outs, deferred = [], [], {}
     for name, nid in plan.outputs.items():
         node = plan.nodes[nid]
@@ -82,13 +86,14 @@ def emit(plan: Plan, reader: ReaderConfig) -> tuple[list[Any], DaliOutputs]:
     return outs + raw, DaliOutputs(fields, list(plan.components), deferred)
 
 
-def emit_node(n: Node, x: Any) -> Any:
-    """One node as DALI ops."""
+def emit_node(n: Node, x: Any, in_hw: Any = None) -> Any:
+    """One node as DALI ops; ``in_hw`` is the input's per-sample (height, width) on the CPU."""
     from feedfast.ops import color, geometry
 
     ctx = EmitContext(
         device=d.dali_device(n.device),
         decoder_device="mixed" if n.device in ("mixed", "gpu") else "cpu",
+        in_hw=in_hw,
     )
     if n.op == "decode+random_resized_crop":
         return geometry.fused_decode_rrc_dali(ctx, n.params["decode"], n.params["random_resized_crop"], x)
@@ -109,7 +114,7 @@ def _crop_mirror_normalize(ctx: EmitContext, params: dict[str, Any], x: Any) -> 
 
     norm = params["normalize"]
     h, w = as_hw(params["center_crop"]["size"])
-    pos_x, pos_y = d.center_positions(x, h, w)
+    pos_x, pos_y = d.center_positions(ctx.in_hw, h, w)
     mirror = d.coin(params["flip"]["horizontal"]) if "flip" in params else 0
     return d.fn().crop_mirror_normalize(
         x, device=ctx.device, dtype=_dali_dtype(norm["dtype"]), output_layout=norm["layout"],

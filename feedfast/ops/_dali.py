@@ -54,35 +54,37 @@ def dali_device(device: str) -> str:
     return "gpu" if device in ("gpu", "mixed") else "cpu"
 
 
-def shorter_side_sizes(x: Any, size: int) -> tuple[Any, Any]:
+def shorter_side_sizes(hw: tuple[Any, Any], size: int) -> tuple[Any, Any]:
     """Per-sample (width, height) resizing the shorter side to ``size``, torchvision's way.
 
+    ``hw`` is the input's (height, width) as CPU nodes (see :mod:`feedfast.compile.shapes`).
     torchvision keeps the shorter side at ``size`` exactly and truncates the longer one
     (``int(size * long / short)``); DALI's ``resize_shorter`` rounds it instead, which
     shifts a later centre crop by a pixel on about half the images.
     """
     import nvidia.dali.math as dmath
 
-    shape = fn().shapes(x, dtype=types().FLOAT)
-    h, w = shape[0], shape[1]
+    h, w = hw
     short = dmath.min(h, w)
     return dmath.floor(w * float(size) / short), dmath.floor(h * float(size) / short)
 
 
-def center_positions(x: Any, crop_h: int, crop_w: int) -> tuple[Any, Any]:
+def center_positions(hw: tuple[Any, Any], crop_h: int, crop_w: int) -> tuple[Any, Any]:
     """Per-sample ``crop_pos_x``/``crop_pos_y`` placing a centre crop where torchvision does.
 
     torchvision's offset is ``round((extent - crop) / 2)`` with Python's round-half-to-even;
     DALI rounds ``pos * (extent - crop)`` half away from zero. Giving DALI the exact offset
     as a fraction makes both agree. A crop larger than the image stays centred (padded).
     """
-    shape = fn().shapes(x, dtype=types().FLOAT)
-    return _center_pos(shape[1], float(crop_w)), _center_pos(shape[0], float(crop_h))
+    return _center_pos(hw[1], float(crop_w)), _center_pos(hw[0], float(crop_h))
 
 
 def _center_pos(extent: Any, crop: float) -> Any:
     import nvidia.dali.math as dmath
 
+    if isinstance(extent, float):
+        slack_f = extent - crop
+        return 0.5 if slack_f <= 0 else round(slack_f / 2.0) / slack_f
     slack = extent - crop
     half = slack * 0.5
     low = dmath.floor(half)

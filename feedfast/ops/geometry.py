@@ -105,7 +105,7 @@ def _resize_infer(sig: Signature, p: dict[str, Any]) -> Signature:
 def _resize_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     kw: dict[str, Any] = {"interp_type": d.interp(p["interpolation"]), "antialias": True}
     if isinstance(p["size"], int):
-        kw["resize_x"], kw["resize_y"] = d.shorter_side_sizes(x, p["size"])
+        kw["resize_x"], kw["resize_y"] = d.shorter_side_sizes(ctx.in_hw, p["size"])
     else:
         h, w = as_hw(p["size"])
         kw.update(resize_x=float(w), resize_y=float(h))
@@ -134,7 +134,7 @@ RESIZE = OpDef(
 
 def _center_crop_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     h, w = as_hw(p["size"])
-    pos_x, pos_y = d.center_positions(x, h, w)
+    pos_x, pos_y = d.center_positions(ctx.in_hw, h, w)
     return d.fn().crop(x, device=ctx.device, crop=[float(h), float(w)], crop_pos_x=pos_x, crop_pos_y=pos_y,
                        out_of_bounds_policy="pad")
 
