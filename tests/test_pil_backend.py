@@ -257,3 +257,29 @@ def test_a_corrupt_jpeg_raises_sample_error_naming_shard_and_key(tmp_path: Path,
                            workers=workers, seed=0, epoch=0, start=0))
     assert (info.value.shard, info.value.key) == (path, "bad")
     assert "`decode` failed (pipeline.image[0])" in info.value.reason
+
+
+# --- through feedfast.DataLoader(backend="pil") ----------------------------------------------
+
+def test_dataloader_pil_backend_matches_dali_samples_and_resumes(small_spec: dict, shards: list[str]) -> None:
+    dali = feedfast.DataLoader(small_spec, shards=shards, num_workers=1)
+    pil = feedfast.DataLoader(small_spec, shards=shards, backend="pil", num_workers=0)
+    d_keys, p_batches = [], []
+    for _ in dali:
+        d_keys.append(list(dali.last_origins))
+    for images, labels in pil:
+        p_batches.append((images.clone(), labels.clone(), list(pil.last_origins)))
+        assert images.shape[1:] == (3, 32, 32) and labels.dtype == torch.int64
+    assert [b[2] for b in p_batches] == d_keys and len(pil) == len(dali)
+    assert pil.stats()["delivered"] == 23
+    again = feedfast.DataLoader(small_spec, shards=shards, backend="pil", num_workers=0)
+    it = iter(again)
+    next(it), next(it)
+    state = again.state_dict()
+    resumed = feedfast.DataLoader(small_spec, shards=shards, backend="pil", num_workers=0)
+    resumed.load_state_dict(state)
+    rest = [(x.clone(), list(resumed.last_origins)) for x, _ in resumed]
+    assert [r[1] for r in rest] == [b[2] for b in p_batches[2:]]
+    assert all(torch.equal(r[0], b[0]) for r, b in zip(rest, p_batches[2:]))
+    with pytest.raises(feedfast.UserError, match="backend"):
+        feedfast.DataLoader(small_spec, shards=shards, backend="opencv")

@@ -22,6 +22,7 @@ from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 from feedfast.spec.load import load_spec
 
 STATE_VERSION = 1
+_PIL_RUNNING = object()  # stands for "an epoch is open" on the PIL backend (no DALI pipeline)
 
 
 def _dist_rank() -> tuple[int, int]:
@@ -53,6 +54,9 @@ class DataLoader:
         on_error: ``raise`` (default: the spec's) or ``skip``: check images once and leave
             undecodable ones out, counted (see :mod:`feedfast.sources.validate`).
         max_pixels: images with more pixels are bad (default 89,478,485, PIL's limit).
+        backend: ``dali`` (default) or ``pil``: the portable backend, PIL in torch
+            DataLoader worker processes (``num_workers`` of them), for machines without
+            DALI; the same samples per rank and epoch, on the CPU.
         **torch_kwargs: other torch DataLoader arguments; see :mod:`feedfast.loader.options`.
 
     Batches are a tuple (spec ``outputs`` as a list) or a dict (as a mapping) of tensors.
@@ -66,7 +70,8 @@ class DataLoader:
         device: str | torch.device = "cpu", placement: str | None = None, last_batch: str | None = None,
         rank: int | None = None, world_size: int | None = None, overrides: Sequence[str] = (),
         cache_dir: str | os.PathLike[str] | None = None, pin_memory_device: str | None = None,
-        on_error: str | None = None, max_pixels: int | None = None, **torch_kwargs: Any,
+        on_error: str | None = None, max_pixels: int | None = None, backend: str = "dali",
+        **torch_kwargs: Any,
     ) -> None:
         check_torch_kwargs(torch_kwargs)
         self.spec = _settle_spec(load_spec(spec, overrides), batch_size, shuffle, drop_last, last_batch, seed)
@@ -77,7 +82,16 @@ class DataLoader:
         self.rank, self.world = (dr if rank is None else rank), (dw if world_size is None else world_size)
         if not 0 <= self.rank < self.world:
             raise UserError(f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world}")
+        if backend not in ("dali", "pil"):
+            raise UserError(f"backend must be 'dali' or 'pil', got {backend!r}")
+        self.backend = backend
         consumer = "cuda" if self.device.type == "cuda" else "cpu"
+        if backend == "pil":
+            from feedfast.compile.pil import compile_pil
+
+            compile_pil(self.spec)  # an op without a PIL form fails here, not mid-epoch
+            placement, consumer = "cpu", "cpu"
+        self.workers = 0 if num_workers is None and backend == "pil" else (num_workers or 0)
         self.plan: Plan = build_plan(self.spec, device=placement, consumer=consumer)
         self.device_id = (self.device.index or 0) if self.plan.placement == "gpu" else None
         if on_error is not None and on_error not in ("raise", "skip"):
@@ -129,18 +143,33 @@ class DataLoader:
             self._resume = None
         return self._iterate(self.epoch, start, checkpoint)
 
-    def _iterate(self, epoch: int, start: int, checkpoint: str | None) -> Iterator[Any]:
-        ep = self.epoch_plan(epoch)
-        self.close()
+    def _batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Any]:
+        if self.backend == "pil":
+            from feedfast.loader.pil_epoch import run_pil_epoch
+
+            self._pipe = _PIL_RUNNING
+            for batch in run_pil_epoch(self.plan, self.shards, ep, rank=self.rank, world=self.world,
+                                       batch_size=self.spec.batch_size, workers=self.workers, seed=self.spec.seed,
+                                       epoch=epoch, start=start, prefetch_factor=self.prefetch):
+                slot = self.ring.slot()
+                tensors = {k: v for k, v in batch.fields.items() if isinstance(v, torch.Tensor)}
+                batch.fields.update(self.ring.upload(slot, tensors))
+                yield batch
+            return
         self._pipe, omap = make_pipeline(
             self.plan, self.shards, ep, rank=self.rank, world=self.world, batch_size=self.spec.batch_size,
             threads=self.threads, device_id=self.device_id, seed=self.spec.seed, epoch=epoch,
             prefetch=self.prefetch, checkpoint=checkpoint,
         )
         rng = random.Random(f"{self.spec.seed}/{epoch}/{self.rank}/{start}")
+        yield from run_epoch(self._pipe, omap, self.plan, ep, start, self.ring, rng, self.shards)
+
+    def _iterate(self, epoch: int, start: int, checkpoint: str | None) -> Iterator[Any]:
+        ep = self.epoch_plan(epoch)
+        self.close()
         self._step = start
         try:
-            for batch in run_epoch(self._pipe, omap, self.plan, ep, start, self.ring, rng, self.shards):
+            for batch in self._batches(epoch, ep, start, checkpoint):
                 self._step += 1
                 self._count(batch, ep)
                 yield self._shape(batch.fields)
@@ -181,7 +210,8 @@ class DataLoader:
         return {
             "version": STATE_VERSION, "epoch": self.epoch, "step": self._step if mid else 0,
             "seed": self.spec.seed, "rank": self.rank, "world_size": self.world,
-            "dali": _encode(self._pipe.checkpoint()) if mid else None, "stats": self.stats(),
+            "dali": _encode(self._pipe.checkpoint()) if mid and self.backend == "dali" else None,
+            "stats": self.stats(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -194,7 +224,10 @@ class DataLoader:
                             f"{self.spec.seed}/{self.rank}/{self.world}")
         self.epoch = int(state["epoch"])
         self._stats = {k: v for k, v in state["stats"].items() if k != "converted"}
-        self._resume = (int(state["step"]), _decode(state["dali"])) if state["dali"] else None
+        if state["dali"]:
+            self._resume = (int(state["step"]), _decode(state["dali"]))
+        else:  # the PIL backend resumes from the step alone: its randomness is per sample
+            self._resume = (int(state["step"]), None) if state["step"] else None
 
     def close(self) -> None:
         """Release the DALI pipeline and its threads (iteration can start again later)."""
