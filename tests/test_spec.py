@@ -132,3 +132,15 @@ def test_one_image_feeds_two_views() -> None:
     }
     spec = load_spec(raw)
     assert spec.output_form == "dict" and spec.outputs == ("view1", "view2")
+
+
+def test_committed_spec_reference_matches_the_registry() -> None:
+    from feedfast.ops.registry import OPS
+    from feedfast.spec.reference import render_reference
+
+    page = (ROOT / "docs" / "spec-reference.md").read_text(encoding="utf-8")
+    assert page == render_reference(), "run: python -m feedfast.spec.reference > docs/spec-reference.md"
+    for name, op in OPS.items():
+        assert f"### `{name}`" in page
+        for p in op.params:
+            assert f"| `{p.name}` |" in page
