@@ -13,7 +13,7 @@ import torch
 from feedfast import _env
 from feedfast.compile.plan import Plan, build_plan
 from feedfast.errors import UserError
-from feedfast.loader.epoch import make_pipeline, run_epoch
+from feedfast.loader.epoch import make_pipeline, release_memory, run_epoch
 from feedfast.loader.options import check_torch_kwargs
 from feedfast.loader.prefetch import PinnedRing
 from feedfast.sources.assign import EpochPlan, plan_epoch
@@ -230,10 +230,12 @@ class DataLoader:
             self._resume = (int(state["step"]), None) if state["step"] else None
 
     def close(self) -> None:
-        """Release the DALI pipeline and its threads (iteration can start again later)."""
+        """Release the DALI pipeline, its threads and its pooled memory (iteration can start again)."""
         if self._pipe is not None:
             pipe, self._pipe = self._pipe, None
-            del pipe
+            if pipe is not _PIL_RUNNING:
+                del pipe
+                release_memory()
 
     def __enter__(self) -> "DataLoader":
         return self

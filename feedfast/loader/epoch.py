@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 import re
+import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -51,6 +53,38 @@ def make_pipeline(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
     except RuntimeError as exc:
         raise BackendError(f"DALI could not build the pipeline for {spec.file}: {_first_line(exc)}") from exc
     return pipe, omap
+
+
+def release_memory() -> None:
+    """Give back what a destroyed pipeline held: DALI's memory pools and the C heap's free pages.
+
+    A pipeline is built per epoch; without this, pooled and fragmented heap memory grows
+    resident size by a few hundred MB over the first epochs before it levels off.
+    """
+    import gc
+
+    gc.collect()
+    try:
+        from nvidia.dali import backend
+
+        backend.ReleaseUnusedMemory()
+    except (ImportError, AttributeError, RuntimeError) as exc:
+        warnings.warn(f"could not release DALI's unused memory: {exc}", stacklevel=2)
+    _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    """glibc's ``malloc_trim(0)``: return free heap pages to the OS (Linux/glibc only)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError):
+        return  # not glibc (musl has no malloc_trim): nothing to trim
 
 
 def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
