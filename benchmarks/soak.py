@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/soak.py [--epochs 20] [--shards PATTERN] [--json out.json]
 
-RSS is sampled after each epoch. Reported: growth (last minus first epoch), the growth of
+RSS is sampled after each epoch, once the loader closed that epoch's pipeline. Reported: growth (last minus first epoch), the growth of
 the median of the last five epochs over the median of epochs 1 to 5 (robust to batches in
 flight), and the least-squares slope in MB per epoch over epochs 1 onwards (a leak shows as
 a steady positive slope; epoch 0 holds DALI's one-time allocations).
@@ -37,8 +37,10 @@ def main() -> None:
         loader.set_epoch(epoch)
         for _ in loader:
             pass
+        pinned = loader.ring.pinned_bytes
+        loader.close()  # measure what stays between epochs, not the batches in flight
         rss.append(proc.memory_info().rss / 2**20)
-        print(f"epoch {epoch:3d}  rss {rss[-1]:8.1f} MB  pinned {loader.ring.pinned_bytes / 2**20:.1f} MB", flush=True)
+        print(f"epoch {epoch:3d}  rss {rss[-1]:8.1f} MB  pinned {pinned / 2**20:.1f} MB", flush=True)
     stats = loader.stats()
     tail = rss[1:] or rss
     xs = list(range(len(tail)))
