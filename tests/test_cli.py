@@ -29,6 +29,24 @@ def test_bench_writes_figures(shards: list[str], tmp_path: Path, capsys: pytest.
     assert "ratio feedfast/torch" in capsys.readouterr().out
 
 
+def test_bench_step_reports_stall_and_plots(shards: list[str], tmp_path: Path) -> None:
+    out, png = tmp_path / "b.json", tmp_path / "wait.png"
+    code = main(["bench", "imagenet-train", "--shards", ",".join(shards), "--batch-size", "4", "--batches", "3",
+                 "--warmup", "1", "--threads", "1", "--set", "pipeline.image[1].size=32", "--step-ms", "5",
+                 "--plot", str(png), "--json", str(out), "--quiet"])
+    assert code == 0
+    res = json.loads(out.read_text())
+    assert res["gpu_util"] is None or 0 <= res["gpu_util"] <= 100
+    assert isinstance(res["gpu_status"], str)
+    step = res["step"]
+    for key in ("step_ms", "stall_fraction", "verdict", "required_samples_per_s", "recommendation"):
+        assert key in step, key
+    assert step["step_ms"] == 5 and step["required_samples_per_s"] == pytest.approx(4 * 1000 / 5)
+    assert 0 <= step["stall_fraction"] <= 1 and step["verdict"].endswith("input-bound")
+    assert step["measured_step_ms"] >= 5.0 and isinstance(step["recommendation"], str) and step["recommendation"]
+    assert res["plot"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["bench", "no-such-spec.yaml"], "spec not found: 'no-such-spec.yaml'"),
     (["bench", "imagenet-train", "--shards", "/nope/train-{0000..0003}.tar"], "shard not found: '/nope/train-0000.tar'"),
@@ -36,6 +54,10 @@ def test_bench_writes_figures(shards: list[str], tmp_path: Path, capsys: pytest.
     (["bench", "imagenet-train", "--shards", "x.tar", "--batches", "0"], "--batches must be > 0"),
     (["plan", "imagenet-train", "--set", "pipeline.image[1].size=big"], "pipeline.image[1].size"),
     (["bench", "--batches", "many"], "invalid int value"),
+    (["bench", "--batches", "3", "--seconds", "2"], "argument --seconds: not allowed with argument --batches"),
+    (["bench", "imagenet-train", "--shards", "x.tar", "--step-ms", "-1"], "--step-ms must be > 0, got -1"),
+    (["bench", "imagenet-train", "--shards", "x.tar", "--plot", "/nope/dir/w.png"], "--plot '/nope/dir/w.png'"),
+    (["doctor", "--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_user_mistakes_exit_2_with_one_line(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
@@ -69,3 +91,13 @@ def test_shards_synth_index_inspect(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_console_script_runs_as_a_module() -> None:
     proc = subprocess.run([sys.executable, "-m", "feedfast", "--help"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0 and "bench" in proc.stdout and "plan" in proc.stdout
+    assert "analyze" in proc.stdout and "doctor" in proc.stdout
+
+
+@pytest.mark.parametrize("command", ["bench", "analyze", "doctor", "plan", "shards"])
+def test_every_command_has_help_with_examples(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert "examples:" in text and f"feedfast {command}" in text

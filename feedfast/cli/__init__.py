@@ -1,1 +1,1 @@
-"""The command line: ``feedfast bench | plan | shards``."""
+"""The command line: ``feedfast bench | analyze | plan | shards | doctor``."""

@@ -1,25 +1,35 @@
-"""``feedfast bench``: throughput of a spec on shards, optionally beside the torch recipe."""
+"""``feedfast bench``: throughput of a spec on shards, optionally beside the torch recipe.
+
+With ``--step-ms X`` the consumer simulates a model step of X ms (``time.sleep``, which frees
+the core as a GPU step does; see :mod:`feedfast.cli.measure`) and the run reports the stall
+that loader would cause at that compute rate and what would remove it.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
+import dataclasses
+import os
 import time
-from typing import Any, Iterable
+from typing import Any
 
-import psutil
-
-from feedfast.cli.common import demo_shards, find_spec, table, write_json
+from feedfast.cli.advice import step_recommendation
+from feedfast.cli.common import check_positive, cores, demo_shards, find_spec, gpu_cell, table, write_json
+from feedfast.cli.measure import RunPlan, forever, timed_run
 from feedfast.errors import UserError
 
 EXAMPLES = """examples:
   feedfast bench                                   # demo dataset, imagenet-train
   feedfast bench pipelines/imagenet-val.yaml --shards 'data/val-{0000..0063}.tar'
   feedfast bench imagenet-train --shards 'data/*.tar' --threads 2 --compare torch --json out.json
+  feedfast bench imagenet-train --step-ms 120 --seconds 20 --plot wait.png   # stall at 120 ms steps
 """
+
+RUN_KEYS = ("samples_per_s", "batches", "samples", "wall_s", "time_to_first_batch_s", "cpu_util", "peak_rss_mb")
 
 
 def add_parser(sub: Any) -> None:
+    """Register ``feedfast bench``."""
     p = sub.add_parser("bench", help="measure a pipeline's throughput", epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", nargs="?", default="imagenet-train", help="spec file or shipped pipeline name")
@@ -27,114 +37,103 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default=None, help="pipeline placement")
-    p.add_argument("--batches", type=int, default=30, help="batches to time after warm-up")
-    p.add_argument("--seconds", type=float, default=None, help="time this long instead of --batches")
-    p.add_argument("--warmup", type=int, default=3, help="batches before timing starts")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--batches", type=int, default=30, help="batches to time after warm-up (default 30)")
+    length.add_argument("--seconds", type=float, default=None, help="time this long instead of --batches")
+    p.add_argument("--warmup", type=int, default=3, help="batches taken before timing starts (default 3)")
+    p.add_argument("--step-ms", type=float, default=None,
+                   help="simulate a model step of this many ms per batch (sleep) and report the stall")
+    p.add_argument("--plot", default=None, metavar="PATH", help="write a PNG of per-batch wait time")
     p.add_argument("--compare", choices=("torch",), default=None, help="also run the torchvision-style recipe")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="spec override key=value")
-    p.add_argument("--json", dest="json_path", default=None, help="write figures as JSON (- for stdout)")
+    p.add_argument("--json", dest="json_path", default=None,
+                   help="write figures as JSON (- for stdout, instead of the table)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
-def _positive(name: str, v: float | None) -> None:
-    if v is not None and v <= 0:
-        raise UserError(f"--{name} must be > 0, got {v}")
-
-
-def measure(batches: Iterable[Any], *, warmup: int, count: int, seconds: float | None, quiet: bool,
-            label: str, started: float) -> dict[str, Any]:
-    """Time an iterable of (images, ...) batches; warm-up batches are not timed."""
-    from tqdm import tqdm
-
-    proc = psutil.Process()
-    proc.cpu_percent(None)
-    bar = tqdm(total=None if seconds else count, desc=label, unit="batch", disable=quiet, file=sys.stderr)
-    it = iter(batches)
-    first = None
-    samples = n = 0
-    t0 = time.perf_counter()
-    cpu0 = _tree_cpu(proc)
-    while True:
-        if seconds is None and n >= count or seconds is not None and n and time.perf_counter() - t0 >= seconds:
-            break
-        batch = next(it)
-        if first is None:
-            first = time.perf_counter() - started
-        if warmup > 0:
-            warmup -= 1
-            t0, cpu0 = time.perf_counter(), _tree_cpu(proc)
-            continue
-        n += 1
-        samples += int(batch[0].shape[0]) if isinstance(batch, (tuple, list)) else int(next(iter(batch.values())).shape[0])
-        bar.update(1)
-    wall = time.perf_counter() - t0
-    bar.close()
-    cpu = (_tree_cpu(proc) - cpu0) / wall / psutil.cpu_count() * 100 if wall > 0 else 0.0
-    return {"samples_per_s": samples / wall if wall else 0.0, "batches": n, "samples": samples, "wall_s": wall,
-            "time_to_first_batch_s": first, "cpu_util": round(cpu, 1),
-            "peak_rss_mb": round(_peak_rss_mb(proc), 1)}
-
-
-def _tree_cpu(proc: psutil.Process) -> float:
-    total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            continue
-    return total
-
-
-def _peak_rss_mb(proc: psutil.Process) -> float:
-    import resource
-
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return max(peak_kb, children) / 1024.0
-
-
-def _forever(loader: Any) -> Iterable[Any]:
-    while True:
-        yield from loader
+def check_args(args: argparse.Namespace) -> None:
+    """Reject out-of-range numbers and unwritable outputs before anything runs."""
+    for name in ("batches", "seconds", "batch_size", "threads", "step_ms"):
+        check_positive(name.replace("_", "-"), getattr(args, name))
+    if args.warmup < 0:
+        raise UserError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+        raise UserError(f"--plot {args.plot!r}: its folder does not exist")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark; print a table, write JSON."""
+    """Run the benchmark; print a table, write JSON (and a plot)."""
     import feedfast
-    from feedfast.sources.shardlist import resolve_shards
 
-    for name in ("batches", "seconds", "batch_size", "threads"):
-        _positive(name.replace("_", "-"), getattr(args, name))
+    check_args(args)
     spec_path = find_spec(args.spec)
     shards = args.shards or demo_shards(args.quiet)
     started = time.perf_counter()
     loader = feedfast.DataLoader(spec_path, shards=shards, batch_size=args.batch_size, num_workers=args.threads,
                                  placement=args.device, overrides=args.overrides)
-    res = measure(_forever(loader), warmup=args.warmup, count=args.batches, seconds=args.seconds,
-                  quiet=args.quiet, label="feedfast", started=started)
-    per_sample = loader.shards.bytes / max(loader.shards.total, 1)
-    res.update(mb_per_s=res["samples_per_s"] * per_sample / 1e6, **{k: v for k, v in loader.stats().items()
-               if k in ("skipped", "padded")}, spec=str(spec_path), placement=loader.plan.placement,
-               threads=loader.threads, batch_size=loader.spec.batch_size, shards=len(loader.shards.paths))
-    loader.close()
+    step_s = args.step_ms / 1e3 if args.step_ms else None
+    plan = RunPlan(warmup=args.warmup, count=args.batches, seconds=args.seconds, step_s=step_s,
+                   quiet=args.quiet, label="feedfast")
+    try:
+        figs, meter = timed_run(forever(loader), plan, started=started)
+    finally:
+        loader.close()
+    res = _result(figs, loader, spec_path)
+    if step_s is not None:
+        res["step"] = _step(figs, args.step_ms, loader)
+    if args.plot:
+        res["plot"] = str(meter.plot(args.plot))
     if args.compare == "torch":
-        res["compare"] = _compare_torch(loader, resolve_shards(shards), args)
+        res["compare"] = _compare_torch(loader, plan, args)
         res["compare"]["ratio"] = res["samples_per_s"] / max(res["compare"]["samples_per_s"], 1e-9)
-    _print(res)
+    if args.json_path != "-":  # JSON on stdout stays parseable
+        _print(res)
     write_json(args.json_path, res)
     return 0
 
 
-def _compare_torch(loader: Any, paths: list[str], args: argparse.Namespace) -> dict[str, Any]:
+def _result(figs: dict[str, Any], loader: Any, spec_path: Any) -> dict[str, Any]:
+    per_sample = loader.shards.bytes / max(loader.shards.total, 1)
+    stats = loader.stats()
+    res = {k: figs[k] for k in RUN_KEYS}
+    res.update(mb_per_s=figs["samples_per_s"] * per_sample / 1e6, skipped=stats["skipped"], padded=stats["padded"],
+               gpu_util=figs["gpu_util"], gpu_status=figs["gpu_status"], spec=str(spec_path),
+               placement=loader.plan.placement, threads=loader.threads, batch_size=loader.spec.batch_size,
+               shards=len(loader.shards.paths))
+    return res
+
+
+def _step(figs: dict[str, Any], step_ms: float, loader: Any) -> dict[str, Any]:
+    """The ``step`` object: the stall at this compute rate and what removes it."""
+    from feedfast._env import cuda_available
+
+    required = loader.spec.batch_size * 1e3 / step_ms
+    wait = figs["wait_ms_per_batch"]
+    measured = None if figs["batch_ms"] is None or wait is None else figs["batch_ms"] - wait
+    achieved = figs["samples_per_s"]
+    text, need = step_recommendation(stall_fraction=figs["stall_fraction"], threads=loader.threads, cores=cores(),
+                                     required=required, achieved=achieved, placement=loader.plan.placement,
+                                     cuda=cuda_available())
+    return {"step_ms": step_ms, "simulated_by": "time.sleep in the consumer loop (frees the core, like a GPU step)",
+            "stall_fraction": figs["stall_fraction"], "verdict": figs["verdict"],
+            "wait_ms_per_batch": figs["wait_ms_per_batch"], "measured_step_ms": measured,
+            "required_samples_per_s": required,
+            "achieved_samples_per_s": achieved, "threads": loader.threads, "threads_needed": need,
+            "cores": cores(), "recommendation": text}
+
+
+def _compare_torch(loader: Any, plan: RunPlan, args: argparse.Namespace) -> dict[str, Any]:
     from feedfast.baseline.torch_recipe import make_torch_loader
 
     params = _recipe_params(loader)
     started = time.perf_counter()
-    tl = make_torch_loader(paths, batch_size=loader.spec.batch_size, num_workers=loader.threads, **params)
-    out = measure(_forever(tl), warmup=args.warmup, count=args.batches, seconds=args.seconds,
-                  quiet=args.quiet, label="torch", started=started)
+    tl = make_torch_loader(list(loader.shards.paths), batch_size=loader.spec.batch_size,
+                           num_workers=loader.threads, **params)
+    figs, _ = timed_run(forever(tl), dataclasses.replace(plan, label="torch", gpu=False), started=started)
+    out = {k: figs[k] for k in RUN_KEYS}
+    if plan.step_s is not None:
+        out.update(stall_fraction=figs["stall_fraction"], verdict=figs["verdict"])
     out["recipe"] = "webdataset + PIL + RandomResizedCrop/flip or Resize/CenterCrop + Normalize, torch DataLoader"
     return out
 
@@ -160,10 +159,20 @@ def _print(res: dict[str, Any]) -> None:
         ("spec", res["spec"]), ("placement", f"{res['placement']} ({res['threads']} threads)"),
         ("samples/s", f"{res['samples_per_s']:.1f}"), ("MB/s read", f"{res['mb_per_s']:.1f}"),
         ("batches", res["batches"]), ("samples", res["samples"]),
-        ("time to first batch", f"{res['time_to_first_batch_s']:.2f} s"), ("CPU utilization", f"{res['cpu_util']:.0f} %"),
+        ("time to first batch", f"{res['time_to_first_batch_s']:.2f} s"),
+        ("CPU utilization", f"{res['cpu_util']:.0f} %"),
+        ("GPU utilization", gpu_cell(res["gpu_util"], res["gpu_status"])),
         ("peak RSS", f"{res['peak_rss_mb']:.0f} MB"), ("skipped / padded", f"{res['skipped']} / {res['padded']}"),
     ]
+    if "step" in res:
+        s = res["step"]
+        stall = "n/a" if s["stall_fraction"] is None else f"{s['stall_fraction'] * 100:.1f} % ({s['verdict']})"
+        rows += [(f"stall at {s['step_ms']:g} ms steps", stall),
+                 ("required samples/s", f"{s['required_samples_per_s']:.1f}"), ("to remove it", s["recommendation"])]
     if "compare" in res:
         c = res["compare"]
-        rows += [("torch recipe samples/s", f"{c['samples_per_s']:.1f}"), ("ratio feedfast/torch", f"{c['ratio']:.2f}x")]
+        rows += [("torch recipe samples/s", f"{c['samples_per_s']:.1f}"),
+                 ("ratio feedfast/torch", f"{c['ratio']:.2f}x")]
+    if "plot" in res:
+        rows.append(("plot", res["plot"]))
     print("feedfast bench\n" + table(rows))

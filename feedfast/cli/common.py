@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,26 @@ def demo_shards(quiet: bool = False) -> str:
             load_index(p, _env.cache_dir())
         done.write_text("ok\n")
     return pattern
+
+
+def check_positive(name: str, value: float | None) -> None:
+    """Raise ``UserError`` unless ``value`` is None or > 0; ``name`` is the option without dashes."""
+    if value is not None and value <= 0:
+        raise UserError(f"--{name} must be > 0, got {value:g}")
+
+
+def cores() -> int:
+    """CPU cores this process may run on (its affinity mask), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def gpu_cell(util: float | None, status: str) -> str:
+    """GPU utilization for a table: a percentage, or ``unavailable`` with the reason."""
+    if util is not None:
+        return f"{util:.0f} %"
+    return "unavailable" + (f" ({status.removeprefix('unavailable: ')})" if status else "")
 
 
 def write_json(path: str | None, data: dict[str, Any]) -> None:

@@ -1,4 +1,7 @@
-"""The ``feedfast`` command: exit 0 on success, 2 on a user error, 1 on an internal failure."""
+"""The ``feedfast`` command (bench, analyze, plan, shards, doctor).
+
+Exit 0 on success, 2 on a user error, 1 on an internal failure.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import argparse
 import os
 import sys
 import traceback
-from typing import Sequence
+from collections.abc import Sequence
 
 from feedfast.errors import FeedfastError, UserError
 
@@ -20,14 +23,16 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    from feedfast.cli import bench, plan, shards
+    from feedfast.cli import analyze, bench, doctor, plan, shards
 
     p = _Parser(prog="feedfast", description="Keep the GPU fed: DALI pipelines over WebDataset shards.",
                 epilog="run `feedfast COMMAND --help` for examples")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     bench.add_parser(sub)
+    analyze.add_parser(sub)
     plan.add_parser(sub)
     shards.add_parser(sub)
+    doctor.add_parser(sub)
     return p
 
 

@@ -1,0 +1,133 @@
+"""``feedfast doctor``: what this machine offers an input pipeline, and what would limit it.
+
+Versions, CUDA and GPUs, the hardware JPEG decoder, cores, memory, the cache folder, and a
+one-second PIL decode micro-benchmark that turns the core count into an image rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+from typing import Any
+
+from feedfast.cli import sysprobe
+from feedfast.cli.common import check_positive, table, write_json
+from feedfast.cli.measure import pil_decode_ms
+
+EXAMPLES = """examples:
+  feedfast doctor
+  feedfast doctor --json              # the report as JSON on stdout
+  feedfast doctor --json doctor.json  # ... or in a file
+"""
+
+BENCH_SIZE = (500, 375)
+"""The micro-benchmark's image: ImageNet's most common size."""
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``feedfast doctor``."""
+    p = sub.add_parser("doctor", help="check this machine: versions, GPU, decoders, cores, cache", epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Check this machine: versions, CUDA and GPUs, the hardware JPEG decoder, cores, "
+                                   "memory, the cache folder,\nand what would limit throughput (from a 1 s PIL decode "
+                                   "micro-benchmark).")
+    p.add_argument("--json", dest="json_path", nargs="?", const="-", default=None, metavar="PATH",
+                   help="write the report as JSON (to stdout without PATH)")
+    p.add_argument("--decode-seconds", type=float, default=1.0, help="length of the decode micro-benchmark (1 s)")
+    p.set_defaults(func=run)
+
+
+def sample_jpeg() -> bytes:
+    """A photo-like synthetic JPEG of :data:`BENCH_SIZE` at quality 90 (deterministic)."""
+    import numpy as np
+
+    from feedfast.sources.synth import make_image
+
+    buf = io.BytesIO()
+    make_image(np.random.default_rng(0), *BENCH_SIZE).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def decode_benchmark(jpeg: bytes, seconds: float, usable_cores: int) -> dict[str, Any]:
+    """Images per second one core decodes (PIL), and the linear estimate for ``usable_cores``."""
+    per_core = 1e3 / pil_decode_ms([jpeg], seconds=seconds)
+    return {"what": f"PIL decode micro-benchmark: {seconds:g} s decoding one synthetic {BENCH_SIZE[0]}x{BENCH_SIZE[1]} "
+                    f"JPEG (q90, {len(jpeg) / 1e3:.0f} kB) on 1 thread",
+            "img_per_s_per_core": per_core, "cores": usable_cores, "img_per_s": per_core * usable_cores}
+
+
+def collect(decode_seconds: float = 1.0) -> dict[str, Any]:
+    """The whole report as JSON-safe data."""
+    jpeg = sample_jpeg()
+    cuda = sysprobe.cuda()
+    cpu = sysprobe.cpu()
+    report = {
+        "versions": sysprobe.versions(), "cuda": cuda,
+        "hw_jpeg_decoder": sysprobe.hw_jpeg_decoder(cuda["available"], jpeg),
+        "cpu": cpu, "memory": sysprobe.memory(), "cache": sysprobe.cache_folder(),
+        "decode_benchmark": decode_benchmark(jpeg, decode_seconds, cpu["usable"]),
+    }
+    report["limits"] = limits(report)
+    return report
+
+
+def limits(r: dict[str, Any]) -> list[str]:
+    """What would limit throughput here, most important first."""
+    cpu, bench, cuda = r["cpu"], r["decode_benchmark"], r["cuda"]
+    out = [f"{cpu['usable']} core{'s' if cpu['usable'] != 1 else ''}: CPU decode tops out near "
+           f"{bench['img_per_s']:.0f} img/s ({bench['img_per_s_per_core']:.0f} img/s per core by the "
+           f"{BENCH_SIZE[0]}x{BENCH_SIZE[1]} PIL decode micro-benchmark, times {cpu['usable']} cores; "
+           "ROI decode and augmentation move it either way)"]
+    if not cuda["available"]:
+        out.append("no GPU: no GPU decode (nvJPEG) and no hardware JPEG decoder; pipelines run on the CPU")
+    elif not r["hw_jpeg_decoder"].startswith("yes"):
+        out.append(f"GPU decode runs on CUDA cores only (hardware JPEG decoder: {r['hw_jpeg_decoder']})")
+    if cpu["cgroup_quota"] is not None and cpu["cgroup_quota"] < cpu["affinity"]:
+        out.append(f"the cgroup allows {cpu['cgroup_quota']:g} cores of the {cpu['affinity']} visible: "
+                   "size --threads to the quota")
+    if str(r["versions"]["dali"]).startswith(sysprobe.NOT_INSTALLED):
+        out.append("DALI is not installed: feedfast cannot build its pipelines (pip install feedfast[cuda12])")
+    if not r["versions"]["pil"].get("simd"):
+        out.append("Pillow without SIMD: the PIL baseline (bench --compare torch) resizes slower; "
+                   "pip install pillow-simd")
+    if not r["cache"]["writable"]:
+        out.append(f"cache folder not writable ({r['cache']['reason']}): shard indexes are rebuilt on every run")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print (or write as JSON) the report."""
+    check_positive("decode-seconds", args.decode_seconds)
+    report = collect(args.decode_seconds)
+    if args.json_path is not None:
+        write_json(args.json_path, report)
+        if args.json_path == "-":
+            return 0
+    _print(report)
+    return 0
+
+
+def _print(r: dict[str, Any]) -> None:
+    v, c, cpu, mem, cache = r["versions"], r["cuda"], r["cpu"], r["memory"], r["cache"]
+    pil = v["pil"]
+    simd = "pillow-simd" if pil.get("simd") else f"not SIMD ({pil.get('distribution')})"
+    state = "writable" if cache["writable"] else f"NOT writable: {cache['reason']}"
+    gpus = ", ".join(c["gpus"]) if isinstance(c["gpus"], list) else c["gpus"]
+    shm = "n/a" if mem["shm_free_mb"] is None else f"{mem['shm_free_mb'] / 1e3:.1f} GB free"
+    rows = [
+        ("feedfast", v["feedfast"]), ("python", f"{v['python']} ({v['executable']})"), ("torch", v["torch"]),
+        ("DALI", v["dali"]), ("webdataset", v["webdataset"]),
+        ("PIL", f"{pil['version']}, {simd}, libjpeg-turbo {pil.get('libjpeg_turbo') or 'no'}"),
+        ("CUDA", f"{'available' if c['available'] else 'not available'} (torch CUDA {c['torch_cuda'] or 'none'})"),
+        ("driver", c["nvml"]["driver"] or f"none ({c['nvml']['status']})"), ("GPUs", gpus),
+        ("HW JPEG decoder", r["hw_jpeg_decoder"]),
+        ("CPU cores", f"{cpu['physical']} physical, {cpu['logical']} logical, {cpu['affinity']} in affinity, "
+                      f"cgroup quota {cpu['cgroup_quota'] if cpu['cgroup_quota'] is not None else 'none'}"),
+        ("memory", f"{mem['total_mb'] / 1e3:.1f} GB, {mem['available_mb'] / 1e3:.1f} GB available; /dev/shm {shm}"),
+        ("cache folder", f"{cache['path']} ({state})"),
+        ("decode", r["decode_benchmark"]["what"]),
+    ]
+    print("feedfast doctor\n" + table(rows))
+    print("what would limit throughput here:")
+    for line in r["limits"]:
+        print(f"  - {line}")

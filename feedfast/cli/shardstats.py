@@ -1,0 +1,105 @@
+"""What the shards hold, for ``feedfast analyze``: shard sizes and a sample of image sizes.
+
+Images are sampled evenly over shards and within each shard through the shard's index
+(so nothing is scanned), and only their headers are parsed for sizes. The sampled bytes
+are returned too, for a decode micro-benchmark.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from feedfast.sources.index import Member, parse_index
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """Sizes of the shards and of a sample of their images.
+
+    Attributes:
+        shards: how many shards.
+        total_mb: their total size, MB (10^6 bytes).
+        mean_shard_mb: mean shard size, MB.
+        images_sampled: images read for the figures below (0: the spec has no image component).
+        unreadable: sampled images PIL could not identify (left out of the figures).
+        mean_image_kb: mean encoded image size, kB (None without images).
+        mean_megapixels: mean decoded size, megapixels.
+        mean_short_side: mean shorter side, pixels.
+        sizes: (width, height) of each readable sampled image.
+    """
+
+    shards: int
+    total_mb: float
+    mean_shard_mb: float
+    images_sampled: int = 0
+    unreadable: int = 0
+    mean_image_kb: float | None = None
+    mean_megapixels: float | None = None
+    mean_short_side: float | None = None
+    sizes: tuple[tuple[int, int], ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-safe figures (without the per-image sizes)."""
+        return {k: v for k, v in self.__dict__.items() if k != "sizes"}
+
+
+def _spread(items: Sequence[Member], count: int) -> list[Member]:
+    """Up to ``count`` items evenly spaced over ``items``."""
+    if len(items) <= count:
+        return list(items)
+    return [items[i * len(items) // count] for i in range(count)]
+
+
+def sample_images(paths: Sequence[str], index_paths: Sequence[str], exts: set[str], limit: int) -> list[bytes]:
+    """Encoded images, up to about ``limit``, spread over shards and within them."""
+    picks = list(range(len(paths))) if len(paths) <= limit else [i * len(paths) // limit for i in range(limit)]
+    per_shard = math.ceil(limit / max(len(picks), 1))
+    out: list[bytes] = []
+    for i in picks:
+        with open(index_paths[i], encoding="utf-8") as f:
+            samples = parse_index(f.read())
+        members = [m for s in samples for m in s.members if m.ext.lower() in exts]
+        with open(paths[i], "rb") as shard:
+            for m in _spread(members, per_shard):
+                shard.seek(m.offset)
+                out.append(shard.read(m.size))
+    return out[:limit]
+
+
+def shard_stats(paths: Sequence[str], index_paths: Sequence[str], image_exts: set[str],
+                *, limit: int = 32) -> tuple[ShardStats, list[bytes]]:
+    """Shard and image size figures, and the sampled images' bytes.
+
+    Args:
+        paths: shard files.
+        index_paths: their index files (same order).
+        image_exts: extensions of the image component (lower case); empty: no images.
+        limit: about how many images to sample.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    sizes_b = [os.path.getsize(p) for p in paths]
+    total = sum(sizes_b) / 1e6
+    base = ShardStats(len(paths), total, total / max(len(paths), 1))
+    images = sample_images(paths, index_paths, image_exts, limit) if image_exts else []
+    dims, good, unreadable = [], [], 0
+    for data in images:
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                dims.append(img.size)
+        except UnidentifiedImageError:
+            unreadable += 1  # counted and reported in ShardStats.unreadable
+            continue
+        good.append(data)
+    if not dims:
+        return ShardStats(**{**base.__dict__, "images_sampled": len(images), "unreadable": unreadable}), good
+    return ShardStats(
+        len(paths), total, base.mean_shard_mb, len(images), unreadable,
+        mean_image_kb=sum(map(len, good)) / len(good) / 1e3,
+        mean_megapixels=sum(w * h for w, h in dims) / len(dims) / 1e6,
+        mean_short_side=sum(min(w, h) for w, h in dims) / len(dims), sizes=tuple(dims),
+    ), good
