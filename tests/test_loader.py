@@ -148,3 +148,37 @@ def test_tiny_cnn_trains_on_the_loader(small_spec: dict, shards: list[str]) -> N
     assert losses[-1] < 0.5 * losses[0]
     for images, labels in loader:  # and a full epoch runs through the same loop
         torch.nn.functional.cross_entropy(model(images), labels).backward()
+
+
+def test_state_at_the_last_batch_points_to_the_next_epoch(small_spec: dict, shards: list[str]) -> None:
+    loader = _loader(small_spec, shards, shuffle=True)
+    for _ in loader:
+        state = loader.state_dict()
+    assert (state["epoch"], state["step"], state["dali"]) == (1, 0, None)
+    nxt = [list(loader.last_origins) for _ in loader]
+    resumed = _loader(small_spec, shards, shuffle=True)
+    resumed.load_state_dict(state)
+    assert [list(resumed.last_origins) for _ in resumed] == nxt
+
+
+def test_set_epoch_after_load_state_dict_keeps_the_resume_point(small_spec: dict, shards: list[str]) -> None:
+    loader = _loader(small_spec, shards, shuffle=True)
+    full = [list(loader.last_origins) for _ in loader]
+    part = _loader(small_spec, shards, shuffle=True)
+    it = iter(part)
+    next(it), next(it)
+    state = part.state_dict()
+    resumed = _loader(small_spec, shards, shuffle=True)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(0)  # the usual top-of-epoch call
+    assert [list(resumed.last_origins) for _ in resumed] == full[2:]
+
+
+def test_set_epoch_between_iter_and_next_counts(small_spec: dict, shards: list[str]) -> None:
+    a = _loader(small_spec, shards, shuffle=True)
+    a.set_epoch(3)
+    want = [list(a.last_origins) for _ in a]
+    b = _loader(small_spec, shards, shuffle=True)
+    it = iter(b)
+    b.set_epoch(3)  # Lightning calls iter() before on_train_epoch_start
+    assert [list(b.last_origins) for _ in it] == want

@@ -13,7 +13,7 @@ import torch
 from feedfast import _env
 from feedfast.compile.plan import Plan, build_plan
 from feedfast.errors import UserError
-from feedfast.loader.epoch import make_pipeline, release_memory, run_epoch
+from feedfast.loader.epoch import EpochPipe, make_pipeline, release_memory, run_epoch
 from feedfast.loader.options import check_torch_kwargs
 from feedfast.loader.prefetch import PinnedRing
 from feedfast.sources.assign import EpochPlan, plan_epoch
@@ -109,6 +109,7 @@ class DataLoader:
         self.last_valid = 0
         self._step = 0
         self._pipe: Any = None
+        self._ahead: EpochPipe | None = None
 
     def _check_size(self) -> None:
         n, b, w = self.shards.total, self.spec.batch_size, self.world
@@ -131,17 +132,23 @@ class DataLoader:
         return self.epoch_plan().steps
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch the next iteration runs (shard order and augmentation follow it)."""
+        """Select the epoch the next iteration runs (shard order and augmentation follow it).
+
+        After ``load_state_dict``, setting the same epoch keeps the resume point, so the usual
+        ``for e in range(start, n): loader.set_epoch(e)`` loop resumes mid-epoch.
+        """
         if epoch < 0:
             raise UserError(f"epoch must be >= 0, got {epoch}")
-        self.epoch, self._resume = epoch, None
+        if epoch != self.epoch:
+            self._resume = None  # a resume point belongs to the epoch it was saved in
+        self.epoch = epoch
+        if self._ahead is not None and self._ahead.epoch != epoch:
+            ahead, self._ahead = self._ahead, None
+            _drop(ahead)
 
     def __iter__(self) -> Iterator[Any]:
-        start, checkpoint = 0, None
-        if self._resume is not None:
-            start, checkpoint = self._resume
-            self._resume = None
-        return self._iterate(self.epoch, start, checkpoint)
+        """Iterate one epoch: the one set by ``set_epoch``/``load_state_dict`` at the first ``next()``."""
+        return self._iterate()
 
     def _batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Any]:
         if self.backend == "pil":
@@ -156,27 +163,51 @@ class DataLoader:
                 batch.fields.update(self.ring.upload(slot, tensors))
                 yield batch
             return
-        self._pipe, omap = make_pipeline(
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and (ahead.epoch, start, checkpoint) == (epoch, 0, None):
+            self._pipe = ahead
+        else:
+            _drop(ahead)
+            self._pipe = self._build(epoch, ep, start, checkpoint)
+        rng = random.Random(f"{self.spec.seed}/{epoch}/{self.rank}/{start}")
+        for batch in run_epoch(self._pipe, self.plan, ep, self.ring, rng, self.shards):
+            if self._pipe.all_scheduled and self._ahead is None:
+                self._prepare(epoch + 1)
+            yield batch
+
+    def _build(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> EpochPipe:
+        return make_pipeline(
             self.plan, self.shards, ep, rank=self.rank, world=self.world, batch_size=self.spec.batch_size,
             threads=self.threads, device_id=self.device_id, seed=self.spec.seed, epoch=epoch,
-            prefetch=self.prefetch, checkpoint=checkpoint,
+            prefetch=self.prefetch, checkpoint=checkpoint, start=start,
         )
-        rng = random.Random(f"{self.spec.seed}/{epoch}/{self.rank}/{start}")
-        yield from run_epoch(self._pipe, omap, self.plan, ep, start, self.ring, rng, self.shards)
 
-    def _iterate(self, epoch: int, start: int, checkpoint: str | None) -> Iterator[Any]:
+    def _prepare(self, epoch: int) -> None:
+        """Build the next epoch's pipeline and start it while this epoch's last batches finish.
+
+        Training loops iterate epoch after epoch, so the next epoch's first batches are
+        decoded while the current epoch drains instead of after it. If the next iteration
+        asks for another epoch (``set_epoch``) or never comes, the prepared pipeline is
+        dropped; the cost is at most ``prefetch_factor`` batches of decoding.
+        """
+        self._ahead = self._build(epoch, self.epoch_plan(epoch), 0, None)
+        self._ahead.prefetch()
+
+    def _iterate(self) -> Iterator[Any]:
+        # runs at the first next(), like torch's DataLoader: a set_epoch after iter() counts
+        epoch, start, checkpoint = self.epoch, 0, None
+        if self._resume is not None:
+            (start, checkpoint), self._resume = self._resume, None
         ep = self.epoch_plan(epoch)
-        self.close()
+        self._close_current()
         self._step = start
-        try:
-            for batch in self._batches(epoch, ep, start, checkpoint):
-                self._step += 1
-                self._count(batch, ep)
-                yield self._shape(batch.fields)
-        finally:
-            if self._step >= ep.steps:
+        for batch in self._batches(epoch, ep, start, checkpoint):
+            self._step += 1
+            self._count(batch, ep)
+            if self._step == ep.steps:  # the epoch is complete once its last batch is out
                 self.epoch = epoch + 1
                 self._stats["dropped"] += ep.dropped
+            yield self._shape(batch.fields)
 
     def _count(self, batch: Any, ep: EpochPlan) -> None:
         size = len(batch.origins)
@@ -205,12 +236,15 @@ class DataLoader:
         return [{"shard": s, "key": k, "reason": r} for s, k, r in self.shards.skipped]
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-safe state to resume from: epoch, step, seed, and DALI's checkpoint."""
+        """JSON-safe state to resume from: epoch, step, seed, and DALI's checkpoint.
+
+        Taken after an epoch's last batch, it points at the start of the next epoch.
+        """
         mid = self._pipe is not None and 0 < self._step < self.epoch_plan().steps
         return {
             "version": STATE_VERSION, "epoch": self.epoch, "step": self._step if mid else 0,
             "seed": self.spec.seed, "rank": self.rank, "world_size": self.world,
-            "dali": _encode(self._pipe.checkpoint()) if mid and self.backend == "dali" else None,
+            "dali": _encode(self._pipe.pipe.checkpoint()) if mid and self.backend == "dali" else None,
             "stats": self.stats(),
         }
 
@@ -230,12 +264,15 @@ class DataLoader:
             self._resume = (int(state["step"]), None) if state["step"] else None
 
     def close(self) -> None:
-        """Release the DALI pipeline, its threads and its pooled memory (iteration can start again)."""
-        if self._pipe is not None:
-            pipe, self._pipe = self._pipe, None
-            if pipe is not _PIL_RUNNING:
-                del pipe
-                release_memory()
+        """Release the DALI pipelines, their threads and pooled memory (iteration can start again)."""
+        ahead, self._ahead = self._ahead, None
+        _drop(ahead)
+        self._close_current()
+
+    def _close_current(self) -> None:
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None and pipe is not _PIL_RUNNING:
+            _drop(pipe)
 
     def __enter__(self) -> "DataLoader":
         return self
@@ -248,6 +285,13 @@ class DataLoader:
             self.close()
         except Exception:  # noqa: BLE001 - never raise from a finalizer at interpreter exit
             return
+
+
+def _drop(ep_pipe: EpochPipe | None) -> None:
+    """Destroy a pipeline and give back its memory."""
+    if ep_pipe is not None:
+        pipe, ep_pipe.pipe = ep_pipe.pipe, None
+        release_memory(pipe)
 
 
 def _encode(checkpoint: str | bytes) -> str:

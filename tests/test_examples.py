@@ -1,0 +1,95 @@
+"""The examples run as a user runs them: as scripts, in subprocesses, on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+SMALL = ["--batch-size", "8", "--image-size", "64", "--workers", "2"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One FEEDFAST_CACHE for the module, so the demo set is generated once."""
+    return tmp_path_factory.mktemp("examples-cache")
+
+
+def _run(args: list[str], cache: Path, *, timeout: float, cwd: Path = ROOT) -> str:
+    """Run ``python args...`` with this checkout's feedfast; return stdout + stderr, failing on rc != 0."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, FEEDFAST_CACHE=str(cache), PYTHONPATH=path, PYTHONUNBUFFERED="1")
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{' '.join(args)} exited {proc.returncode}:\n{out[-4000:]}"
+    return out
+
+
+def _losses(out: str) -> list[float]:
+    return [float(v) for v in re.findall(r"step \d+/\d+ loss (\S+)", out)]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_train_resnet_on_the_demo_set_checkpoints_the_loader_and_resumes(cache: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "checkpoint.pt"
+    out = _run([str(EXAMPLES / "train_resnet.py"), "--steps", "3", *SMALL, "--checkpoint", str(ckpt)], cache,
+               timeout=120)
+    losses = _losses(out)
+    assert len(losses) == 3 and all(0 < v < 20 for v in losses), out
+    assert "generating 256 demo JPEGs" in out and "32 batches per epoch" in out
+    saved = torch.load(ckpt, map_location="cpu")
+    state = json.loads(saved["loader"])  # the loader's state travels as JSON text
+    assert saved["epoch"] == 1 and state["version"] == 1 and state["stats"]["batches"] == 3
+
+    out = _run([str(EXAMPLES / "train_resnet.py"), "--steps", "2", *SMALL, "--resume", str(ckpt)], cache,
+               timeout=120)
+    assert "resumed from" in out and "epoch 1 step 2/2" in out and "generating" not in out
+
+
+def test_train_resnet_on_given_shards(cache: Path, shards: list[str]) -> None:
+    out = _run([str(EXAMPLES / "train_resnet.py"), "--shards", ",".join(shards), "--epochs", "2", "--batch-size",
+                "8", "--image-size", "32", "--workers", "2", "--num-classes", "10"], cache, timeout=120)
+    assert len(_losses(out)) == 6 and "epoch 1 step 3/3" in out  # 23 samples in batches of 8: 3 steps, twice
+    assert "'delivered': 46" in out
+
+
+@pytest.mark.slow
+def test_train_resnet_with_torch_compile(cache: Path) -> None:
+    """torch.compile on the CPU: about 100 s cold on this project's 2-core machine, 20 s with a warm cache."""
+    out = _run([str(EXAMPLES / "train_resnet.py"), "--steps", "2", *SMALL, "--compile"], cache, timeout=600)
+    assert len(_losses(out)) == 2
+
+
+def test_ddp_on_two_gloo_ranks_gives_equal_batch_counts(cache: Path, shards: list[str]) -> None:
+    out = _run(["-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+                f"--master_port={_free_port()}", str(EXAMPLES / "ddp.py"), "--shards", ",".join(shards),
+                "--batch-size", "4", "--image-size", "32", "--workers", "1", "--device", "cpu",
+                "--num-classes", "10"], cache, timeout=180)
+    per_epoch = dict(re.findall(r"rank (\d)/2: (\d+) batches per epoch", out))
+    ran = dict(re.findall(r"rank (\d)/2: epoch 0 ran (\d+) steps", out))
+    assert per_epoch == {"0": "3", "1": "3"}, out  # 23 samples: 12 and 11 per rank, 3 batches of <= 4 each
+    assert ran == {"0": "3", "1": "3"}, out
+    assert "batches per epoch on every rank: [3, 3]" in out
+
+
+def test_lightning_example_exits_cleanly(cache: Path, shards: list[str], tmp_path: Path) -> None:
+    """Without Lightning installed it says how to install it; with it, it trains two steps."""
+    out = _run([str(EXAMPLES / "train_lightning.py"), "--shards", ",".join(shards), "--steps", "2", "--batch-size", "4",
+                "--image-size", "32"], cache, timeout=180, cwd=tmp_path)
+    if "pip install lightning" not in out:
+        assert (tmp_path / "lightning_logs").is_dir(), out
