@@ -8,7 +8,7 @@ TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.
 EXTRAS ?= cuda12,simd,dev
 STAMP  := $(VENV)/.feedfast-installed
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo test bench soak gpu-check lint clean
 
 setup: $(STAMP)
 
@@ -34,7 +34,10 @@ test: setup
 	$(PY) -m pytest -q
 
 bench: setup
-	$(VENV)/bin/feedfast bench --compare torch --batches 60 --warmup 5 --json bench.json
+	$(PY) benchmarks/run.py --out bench-results
+
+soak: setup
+	$(PY) benchmarks/soak.py --epochs 20 --json bench-results/soak.json
 
 lint: setup
 	$(VENV)/bin/ruff check feedfast tests

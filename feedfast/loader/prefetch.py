@@ -15,6 +15,8 @@ from typing import Any, Iterator
 
 import torch
 
+from feedfast.errors import UserError
+
 
 class NullStream:
     """A stand-in for ``torch.cuda.Stream`` on the CPU: ordering is program order."""
@@ -57,7 +59,7 @@ class PinnedRing:
 
     def __init__(self, device: str | torch.device = "cpu", depth: int = 2, pin: bool = True) -> None:
         if depth < 1:
-            raise ValueError(f"prefetch depth must be >= 1, got {depth}")
+            raise UserError(f"prefetch depth must be >= 1, got {depth}")
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.pin = pin and self.cuda
