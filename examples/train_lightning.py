@@ -53,7 +53,7 @@ except ImportError:  # a source checkout that is not pip-installed: use the repo
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import feedfast
 
-from train_resnet import REPO, demo_shards, make_model  # the sibling example
+from train_resnet import REPO, demo_shards, make_model  # the sibling example  # noqa: E402
 
 
 class ImageClassifier(LightningModule):

@@ -33,7 +33,7 @@ def corpus_members() -> list[tuple[str, bytes]]:
     good = _enc(rgb, "JPEG", quality=90)
     images = {
         "ok1": good, "cmyk": _enc(rgb.convert("CMYK"), "JPEG"), "gray": _enc(rgb.convert("L"), "JPEG"),
-        "png": _enc(rgb, "PNG"), "png16": _enc(Image.fromarray((np.asarray(rgb.convert("L")).astype("uint16") * 257)), "PNG"),
+        "png": _enc(rgb, "PNG"), "png16": _enc(Image.fromarray(np.asarray(rgb.convert("L")).astype("uint16") * 257), "PNG"),
         "pnga": _enc(rgb.convert("RGBA"), "PNG"), "gif": _enc(rgb.convert("P"), "GIF"),
         "trunc": good[: len(good) // 2], "garbage": b"<html>404 not found</html>", "zero": b"",
         "bomb": _enc(Image.new("L", (3000, 3000)), "PNG"), "ok2": _enc(_photo(1), "JPEG"),

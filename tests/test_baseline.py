@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from feedfast.baseline import IMAGENET_MEAN, IMAGENET_STD, TorchRecipe, make_torch_loader
-from feedfast.baseline import pil_ops
+from feedfast.baseline import IMAGENET_MEAN, IMAGENET_STD, TorchRecipe, make_torch_loader, pil_ops
 from feedfast.errors import UserError
 from feedfast.sources.synth import synth_shards
 

@@ -89,7 +89,7 @@ def test_images_decode_sizes_and_labels(shards: list[pathlib.Path]) -> None:
     labels = []
     for path in shards:
         members = _members(path)
-        for (jpg_info, jpg), (_, cls) in zip(members[::2], members[1::2]):
+        for (_, jpg), (_, cls) in zip(members[::2], members[1::2]):
             img = Image.open(io.BytesIO(jpg))
             img.load()
             assert img.format == "JPEG" and img.mode == "RGB"

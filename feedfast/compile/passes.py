@@ -35,7 +35,7 @@ def place(plan: Plan, placement: str) -> None:
                             file=plan.spec.file, key=f"{n.key}.device", value=want,
                             fix="place the earlier ops on the CPU too, or this one on the GPU")
         if want == "gpu" and placement == "cpu" and n.override == "gpu":
-            plan.placement = "gpu"  # type: ignore[assignment] - a GPU op needs a GPU pipeline
+            plan.placement = "gpu"  # a GPU op needs a GPU pipeline
         if want == "gpu":
             n.device = "mixed" if n.op == "decode" else "gpu"
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from feedfast.compile.plan import Node
+from feedfast.errors import BackendError
 from feedfast.ops import _dali as d
 from feedfast.ops.base import as_hw
 
@@ -36,6 +37,8 @@ def out_hw(n: Node, in_hw: HW | None, raw: Any | None) -> HW | None:
             return tuple(float(v) for v in as_hw(params["size"]))  # type: ignore[return-value]
     if n.op == "resize":
         if isinstance(n.params["size"], int):
+            if in_hw is None:
+                raise BackendError(f"`resize` ({n.key}) needs its input's size, which the plan lost")
             w, h = d.shorter_side_sizes(in_hw, n.params["size"])
             return h, w
         return tuple(float(v) for v in as_hw(n.params["size"]))  # type: ignore[return-value]

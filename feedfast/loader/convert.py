@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from feedfast.errors import SampleError
+from feedfast.errors import BackendError, SampleError
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.registry import OPS
 from feedfast.sources.index import split_name, unescape_name
@@ -68,8 +68,11 @@ def run_host_ops(plan_nodes: list[Any], node_id: int, raw: Any, n: int, rng: ran
     for i in range(n):
         v: Any = raw_bytes(raw, i)
         for node in chain:
+            host_fn = OPS[node.op].pil
+            if host_fn is None:
+                raise BackendError(f"host op `{node.op}` ({node.key}) has no implementation")
             try:
-                v = OPS[node.op].pil(v, node.params, rng)  # host ops share the portable form
+                v = host_fn(v, node.params, rng)  # host ops share the portable form
             except DecodeFailure as exc:
                 shard, key = where[i]
                 raise SampleError(f"`{node.op}` failed ({node.key})", shard=shard, key=key, reason=str(exc)) from None

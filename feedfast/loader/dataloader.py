@@ -103,7 +103,8 @@ class DataLoader:
         )
         self._check_size()
         self.ring = PinnedRing(self.device, depth=self.prefetch + 1, pin=pin_memory)
-        self.epoch, self._resume = 0, None
+        self.epoch = 0
+        self._resume: tuple[int, str | None] | None = None
         self._stats = {"delivered": 0, "skipped": len(self.shards.skipped), "padded": 0, "dropped": 0, "batches": 0}
         self.last_origins: list[tuple[str, str]] = []
         self.last_valid = 0

@@ -69,13 +69,15 @@ def shorter_side_sizes(hw: tuple[Any, Any], size: int) -> tuple[Any, Any]:
     return dmath.floor(w * float(size) / short), dmath.floor(h * float(size) / short)
 
 
-def center_positions(hw: tuple[Any, Any], crop_h: int, crop_w: int) -> tuple[Any, Any]:
+def center_positions(hw: tuple[Any, Any] | None, crop_h: int, crop_w: int) -> tuple[Any, Any]:
     """Per-sample ``crop_pos_x``/``crop_pos_y`` placing a centre crop where torchvision does.
 
     torchvision's offset is ``round((extent - crop) / 2)`` with Python's round-half-to-even;
     DALI rounds ``pos * (extent - crop)`` half away from zero. Giving DALI the exact offset
     as a fraction makes both agree. A crop larger than the image stays centred (padded).
     """
+    if hw is None:  # the plan always tracks image sizes; None means a planner bug
+        raise ValueError("centre crop needs the input's size")
     return _center_pos(hw[1], float(crop_w)), _center_pos(hw[0], float(crop_h))
 
 

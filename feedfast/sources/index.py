@@ -252,5 +252,5 @@ def load_index(shard: str | os.PathLike[str], cache_dir: Path) -> tuple[Path, li
         try:
             return write_index(shard, beside, samples), samples
         except OSError as exc:  # e.g. a read-only mount that reports W_OK
-            warnings.warn(f"cannot write index next to {beside.parent}: {exc}; using the cache")
+            warnings.warn(f"cannot write index next to {beside.parent}: {exc}; using the cache", stacklevel=2)
     return write_index(shard, cached_index_path(shard, cache_dir), samples), samples

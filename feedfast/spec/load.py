@@ -89,7 +89,7 @@ def apply_override(raw: dict[str, Any], item: str, *, file: str) -> None:
         raise SpecError("empty key path in override", file=file, value=item)
     value = yaml.safe_load(text)
     node: Any = raw
-    for n, step in enumerate(steps[:-1]):
+    for step in steps[:-1]:
         node = _descend(node, step, path, file)
     _assign(node, steps[-1], value, path, file)
 
@@ -133,7 +133,12 @@ def _assign(node: Any, step: str | int, value: Any, path: str, file: str) -> Non
 def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
     """Validate raw spec data and build the typed Spec."""
     from feedfast.spec.sections import (
-        parse_batch, parse_components, parse_fields, parse_outputs, parse_scalar, parse_shuffle,
+        parse_batch,
+        parse_components,
+        parse_fields,
+        parse_outputs,
+        parse_scalar,
+        parse_shuffle,
     )
 
     for key in raw:
@@ -148,7 +153,7 @@ def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
     buffer, shards = parse_shuffle(raw.get("shuffle"), file)
     return m.Spec(
         name=parse_scalar(raw, "name", str, Path(file).stem if file != "<dict>" else "spec", file),
-        components=components, fields=fields, outputs=outputs, output_form=form,
+        components=components, fields=fields, outputs=outputs, output_form="dict" if form == "dict" else "tuple",
         missing=missing, on_error=on_error, batch_size=size, last_batch=last,
         device=parse_scalar(raw, "device", str, "auto", file, choices=m.DEVICES),
         seed=parse_scalar(raw, "seed", int, 0, file), shuffle_buffer=buffer,
