@@ -45,3 +45,13 @@ lint: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# The GPU check (benchmarks/gpu_check.py). It needs no venv and no network, so on a GPU machine it runs on that
+# machine's own python; WHEELS=DIR installs DALI from a folder of wheels (or NAME.part-* pieces) when it is missing.
+# Without CUDA (or with DRY_RUN=1) it is the CPU dry run. Exit 1 when a section errored or the budget ran out.
+GPU_PY   ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_JSON ?= bench-results/gpu-check.json
+
+gpu-check:
+	@mkdir -p $(dir $(GPU_JSON))
+	$(GPU_PY) benchmarks/gpu_check.py $(if $(WHEELS),--wheels $(WHEELS)) $(if $(DRY_RUN),--dry-run) --json $(GPU_JSON)

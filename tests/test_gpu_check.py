@@ -1,0 +1,177 @@
+"""benchmarks/gpu_check.py: the dry run end to end, and its wheel set-up and bookkeeping in-process."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+SECTIONS = ["setup", "dataset", "loader_gpu", "loader_cpu_cuda", "loader_cpu_cpu", "stall", "nvml",
+            "train_feedfast", "train_torch"]
+
+
+@pytest.fixture(scope="module")
+def gc() -> ModuleType:
+    """The script, imported as a module."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def _wheel(folder: Path, name: str, files: dict[str, str]) -> Path:
+    """A minimal valid wheel ``name-1.0-py3-none-any.whl`` holding ``files``."""
+    info = f"{name}-1.0.dist-info"
+    members = {**files, f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+               f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = []
+    for path, text in members.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    members[f"{info}/RECORD"] = "\n".join(record + [f"{info}/RECORD,,"]) + "\n"
+    wheel = folder / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, text in members.items():
+            zf.writestr(path, text)
+    return wheel
+
+
+@pytest.mark.slow
+def test_dry_run_prints_one_table_and_records_every_section(tmp_path: Path) -> None:
+    out = tmp_path / "gpu-check.json"
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, FEEDFAST_CACHE=str(tmp_path / "cache"), PYTHONPATH=path, PYTHONUNBUFFERED="1")
+    env.pop("WHEELS", None)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--json", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:4] == ["what", "figure", "unit", "note"] and set(lines[1]) == {"-"}
+    assert "9 sections" in proc.stdout and "all ran" in proc.stdout
+
+    report = json.loads(out.read_text())
+    assert report["exit_code"] == 0 and report["environment"]["dry_run"] is True
+    sections = report["sections"]
+    assert list(sections) == SECTIONS
+    for name, sec in sections.items():
+        assert sec["status"] in ("ok", "skipped"), (name, sec["note"])
+        if sec["status"] == "ok":
+            assert any(row["figure"] is not None for row in sec["rows"]), name
+        else:
+            assert sec["note"].startswith("skipped: "), name
+    for name in ("loader_gpu", "loader_cpu_cuda"):
+        assert sections[name]["status"] == "skipped" and "dry run" in sections[name]["note"]
+    assert sections["loader_cpu_cpu"]["data"]["images_per_s"] > 0
+    stall = sections["stall"]["data"]
+    assert abs(stall["sleep_20ms"]["measured"] - 0.5) < 0.1 and stall["sleep_5ms"]["measured"] < 0.05
+    assert sections["nvml"]["status"] == "skipped" and "NVML" in sections["nvml"]["note"]
+    for name in ("train_feedfast", "train_torch"):
+        data = sections[name]["data"]
+        assert data["samples_per_s"] > 0 and data["stall_fraction"] is not None and data["verdict"]
+    rows = report["table"]
+    assert any(r["what"] == "loader GPU-placed -> cuda" and r["note"].startswith("skipped") for r in rows)
+
+
+def test_a_failing_section_is_recorded_in_one_line_and_the_run_goes_on(gc: ModuleType,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    ctx = gc.make_context(gc.parse_args(["--dry-run"]))
+
+    def boom(ctx: Any, sec: Any) -> None:
+        sec.add("measured before the failure", 1.5, "s")
+        raise ValueError("bad thing\nsecond line")
+
+    sec = gc.run_step(gc.Step("boom", "boom", boom), ctx)
+    assert sec.status == "error" and sec.note == "error: ValueError: bad thing"
+    assert "Traceback" in sec.data["traceback"] and "Traceback" in capsys.readouterr().err
+    rows = gc.table_rows([sec])
+    assert [r.figure for r in rows] == [1.5, None] and rows[-1].note == sec.note
+    ok = gc.run_step(gc.Step("next", "next", lambda c, s: s.add("figure", 2.0)), ctx)
+    assert ok.status == "ok" and ok.rows[0].figure == 2.0
+
+
+def test_a_spent_budget_skips_every_section_and_exits_1(gc: ModuleType, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out.json"
+    assert gc.main(["--dry-run", "--budget", "1e-9", "--json", str(out)]) == 1
+    report = json.loads(out.read_text())
+    assert report["exit_code"] == 1 and list(report["sections"]) == SECTIONS
+    for name, sec in report["sections"].items():
+        if name in ("loader_gpu", "loader_cpu_cuda"):  # a dry run skips these before looking at the clock
+            assert sec["status"] == "skipped" and "dry run" in sec["note"]
+        else:
+            assert sec["status"] == "over-budget" and sec["note"].startswith("skipped: time budget"), name
+    assert "problems in: setup" in capsys.readouterr().out
+
+
+def test_wheel_pieces_are_joined_installed_once_and_put_on_the_path(gc: ModuleType, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    build, folder, target = tmp_path / "build", tmp_path / "wheels", tmp_path / "site"
+    build.mkdir()
+    folder.mkdir()
+    wheel = _wheel(build, "ffgc_probe", {"ffgc_probe/__init__.py": "VALUE = 42\n"})
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(wheel, arcname=f"w/{wheel.name}")
+    data = buf.getvalue()
+    third = len(data) // 3 + 1
+    for i, suffix in enumerate(("aa", "ab", "ac")):
+        (folder / f"wheels.tar.part-{suffix}").write_bytes(data[i * third:(i + 1) * third])
+
+    done = gc.join_pieces(folder)
+    assert done[0].startswith("joined 3 pieces into wheels.tar") and done[1] == "unpacked 1 wheels from wheels.tar"
+    wheels = sorted(folder.glob("*.whl"))
+    assert [w.name for w in wheels] == [wheel.name]
+    assert "pip install --no-index --no-deps --target" in gc.install_wheels(wheels, target, timeout=120)
+    assert gc.install_wheels(wheels, target, timeout=120).startswith("already installed")
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "")
+    gc.activate(target)
+    try:
+        assert importlib.import_module("ffgc_probe").VALUE == 42
+    finally:
+        sys.modules.pop("ffgc_probe", None)
+    assert os.environ["PYTHONPATH"] == str(target)
+
+
+def test_unzip_fallback_installs_package_and_data_purelib_files(gc: ModuleType, tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path, "ffgc_unzip", {"ffgc_unzip/__init__.py": "A = 1\n",
+                                            "ffgc_unzip-1.0.data/purelib/ffgc_extra.py": "B = 2\n",
+                                            "ffgc_unzip-1.0.data/scripts/tool": "#!/bin/sh\n"})
+    gc.unzip_wheel(wheel, tmp_path / "site")
+    assert (tmp_path / "site" / "ffgc_unzip" / "__init__.py").read_text() == "A = 1\n"
+    assert (tmp_path / "site" / "ffgc_extra.py").read_text() == "B = 2\n"
+    assert not (tmp_path / "site" / "tool").exists()
+
+
+def test_activate_reaches_an_nvidia_folder_hidden_by_a_regular_nvidia_package(
+        gc: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    nvidia = pytest.importorskip("nvidia")
+    if not isinstance(getattr(nvidia, "__path__", None), list):
+        pytest.skip("nvidia is a namespace package here; nothing hides the target's folder")
+    (tmp_path / "nvidia" / "ffgc_part").mkdir(parents=True)
+    (tmp_path / "nvidia" / "ffgc_part" / "__init__.py").write_text("OK = True\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(nvidia, "__path__", list(nvidia.__path__))
+    monkeypatch.setenv("PYTHONPATH", "")
+    gc.activate(tmp_path)
+    try:
+        assert importlib.import_module("nvidia.ffgc_part").OK is True
+    finally:
+        sys.modules.pop("nvidia.ffgc_part", None)
