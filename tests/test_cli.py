@@ -101,3 +101,18 @@ def test_every_command_has_help_with_examples(command: str, capsys: pytest.Captu
     assert info.value.code == 0
     text = capsys.readouterr().out
     assert "examples:" in text and f"feedfast {command}" in text
+
+
+def test_bench_on_error_skip_counts_and_lists_bad_samples(tmp_path: Path) -> None:
+    from tests.corpus import BAD_KEYS, write_corpus
+
+    shard = write_corpus(tmp_path / "corpus")
+    out = tmp_path / "b.json"
+    argv = ["bench", str(ROOT / "pipelines/imagenet-train.yaml"), "--shards", str(shard), "--batch-size", "2",
+            "--batches", "2", "--warmup", "0", "--threads", "1", "--set", "pipeline.image[1].size=32",
+            "--set", "source.missing=skip", "--json", str(out), "--quiet"]
+    assert main(argv + ["--on-error", "raise"]) == 2  # the error names the shard and sample
+    assert main(argv + ["--on-error", "skip"]) == 0
+    res = json.loads(out.read_text())
+    keys = {s["key"] for s in res["skipped_samples"]}
+    assert set(BAD_KEYS) - {"bomb"} <= keys and res["skipped"] == len(keys) and res["converted"] == 1

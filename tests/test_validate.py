@@ -151,3 +151,38 @@ def test_no_hang_no_leaked_processes_or_shared_memory(shards: list[str], ending:
     assert after - before == set()
     children = subprocess.run(["pgrep", "-f", "tests.helpers import SMALL_SPEC"], capture_output=True, text=True)
     assert children.stdout.strip() == ""
+
+
+CTRL_C_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    import feedfast
+    from tests.helpers import SMALL_SPEC
+    loader = feedfast.DataLoader(SMALL_SPEC, shards={shards!r}, num_workers=2, backend={backend!r})
+    while True:
+        for _ in loader:
+            print("batch", flush=True)
+""")
+
+
+@pytest.mark.parametrize("backend", ["dali", "pil"])
+def test_ctrl_c_stops_cleanly(shards: list[str], backend: str) -> None:
+    import signal
+    import time
+
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    code = CTRL_C_SCRIPT.format(root=str(ROOT), shards=shards, backend=backend)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "batch"
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=20)
+        assert time.monotonic() - t0 < 20
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-1500:]
+    after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    assert after - before == set()

@@ -46,6 +46,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--plot", default=None, metavar="PATH", help="write a PNG of per-batch wait time")
     p.add_argument("--compare", choices=("torch",), default=None, help="also run the torchvision-style recipe")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="spec override key=value")
+    p.add_argument("--on-error", choices=("raise", "skip"), default=None,
+                   help="undecodable samples: stop with an error naming them, or skip and count them "
+                        "(default: the spec's source.on_error)")
+    p.add_argument("--backend", choices=("dali", "pil"), default="dali", help="pipeline backend (default dali)")
     p.add_argument("--json", dest="json_path", default=None,
                    help="write figures as JSON (- for stdout, instead of the table)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -71,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     shards = args.shards or demo_shards(args.quiet)
     started = time.perf_counter()
     loader = feedfast.DataLoader(spec_path, shards=shards, batch_size=args.batch_size, num_workers=args.threads,
-                                 placement=args.device, overrides=args.overrides)
+                                 placement=args.device, overrides=args.overrides, on_error=args.on_error,
+                                 backend=args.backend)
     step_s = args.step_ms / 1e3 if args.step_ms else None
     plan = RunPlan(warmup=args.warmup, count=args.batches, seconds=args.seconds, step_s=step_s,
                    quiet=args.quiet, label="feedfast")
@@ -100,7 +105,8 @@ def _result(figs: dict[str, Any], loader: Any, spec_path: Any) -> dict[str, Any]
     res.update(mb_per_s=figs["samples_per_s"] * per_sample / 1e6, skipped=stats["skipped"], padded=stats["padded"],
                gpu_util=figs["gpu_util"], gpu_status=figs["gpu_status"], spec=str(spec_path),
                placement=loader.plan.placement, threads=loader.threads, batch_size=loader.spec.batch_size,
-               shards=len(loader.shards.paths))
+               shards=len(loader.shards.paths), converted=stats["converted"],
+               skipped_samples=loader.skipped_samples()[:1000])  # shard, key, reason; first 1,000
     return res
 
 

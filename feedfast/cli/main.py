@@ -11,7 +11,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from feedfast.errors import FeedfastError, UserError
+from feedfast.errors import FeedfastError, SampleError, UserError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except UserError as exc:
+    except (UserError, SampleError) as exc:  # a mistake in what was given, data included
         print(f"feedfast: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
