@@ -10,6 +10,8 @@ from typing import Any
 from feedfast import _env
 
 EXAMPLES = """examples:
+  feedfast shards make imagenet/train data/train --shard-size 256MB
+  feedfast shards make labels.csv data/train --per-shard 1000
   feedfast shards synth data/demo --samples 2000 --per-shard 250
   feedfast shards index 'data/train-{0000..0099}.tar'
   feedfast shards inspect 'data/*.tar' --json
@@ -29,6 +31,14 @@ def add_parser(sub: Any) -> None:
     syn.add_argument("--max-side", type=int, default=500)
     syn.add_argument("--classes", type=int, default=1000)
     syn.set_defaults(func=synth)
+    mk = s.add_parser("make", help="pack an image-folder tree or a CSV/JSONL list of path,label into shards")
+    mk.add_argument("src", help="a folder with one subfolder per class, or a .csv / .jsonl list")
+    mk.add_argument("out")
+    size = mk.add_mutually_exclusive_group()
+    size.add_argument("--per-shard", type=int, default=None, help="samples per shard")
+    size.add_argument("--shard-size", default=None, help="bytes per shard, e.g. 256MB (default)")
+    mk.add_argument("--prefix", default="shard")
+    mk.set_defaults(func=make)
     idx = s.add_parser("index", help="build (or refresh) DALI indexes for shards")
     idx.add_argument("shards", nargs="+")
     idx.set_defaults(func=index)
@@ -48,6 +58,33 @@ def synth(args: argparse.Namespace) -> int:
     for p in paths:
         load_index(p, _env.cache_dir())
     print(f"wrote {len(paths)} shards with indexes to {args.out} ({args.samples} samples)")
+    return 0
+
+
+def make(args: argparse.Namespace) -> int:
+    """Pack files into shards, then index them."""
+    from pathlib import Path
+
+    from feedfast.errors import UserError
+    from feedfast.sources import make as mk
+    from feedfast.sources.index import load_index
+
+    src, out = Path(args.src), Path(args.out)
+    if args.per_shard is not None and args.per_shard < 1:
+        raise UserError(f"--per-shard must be >= 1, got {args.per_shard}")
+    if src.is_dir():
+        items, classes = mk.from_folder(src)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "classes.json").write_text(json.dumps(classes, indent=1) + "\n", encoding="utf-8")
+    elif src.is_file() and src.suffix.lower() in (".csv", ".jsonl"):
+        items = mk.from_list(src)
+    else:
+        raise UserError(f"{src} is neither a folder of class subfolders nor a .csv/.jsonl list")
+    limit = None if args.per_shard else mk.parse_size(args.shard_size or "256MB")
+    paths = mk.write_shards(items, out, per_shard=args.per_shard, shard_size=limit, prefix=args.prefix)
+    for p in paths:
+        load_index(p, _env.cache_dir())
+    print(f"wrote {len(items)} samples in {len(paths)} shards with indexes to {out}")
     return 0
 
 
