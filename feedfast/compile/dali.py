@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from feedfast.compile import shapes
 from feedfast.compile.plan import Node, Plan
@@ -26,7 +26,16 @@ class EmitContext:
 
 @dataclass
 class ReaderConfig:
-    """The webdataset reader's arguments that come from the sources, not the spec."""
+    """Where samples come from: the webdataset reader's arguments, or a batch callable.
+
+    ``seed`` is given to the reader explicitly so that it does not draw from the
+    pipeline's sequence of operator seeds, as ``external_source`` does not: the random
+    operators after either source then get the same seeds, and the same augmentation.
+    With ``feed`` set (the stream transport), ``fn.external_source`` calls it in the
+    pipeline's thread with a ``BatchInfo`` per iteration (it reads ahead in its own
+    threads), and ``stream`` names each step's samples (``stream.origins(step, size)``)
+    and finds undecodable ones (``stream.bad_sample``): see ``feedfast.sources.stream``.
+    """
 
     paths: list[str]
     index_paths: list[str]
@@ -35,6 +44,9 @@ class ReaderConfig:
     shuffle_buffer: int = 0
     missing: str = "error"
     stick_to_shard: bool = True
+    seed: int | None = None
+    feed: Callable[[Any], Any] | None = None
+    stream: Any = None
 
 
 @dataclass
@@ -44,6 +56,7 @@ class DaliOutputs:
     fields: list[str]
     raw: list[str]
     deferred: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stream: Any = None
 
 
 def emit(plan: Plan, reader: ReaderConfig) -> tuple[list[Any], DaliOutputs]:
@@ -51,18 +64,10 @@ def emit(plan: Plan, reader: ReaderConfig) -> tuple[list[Any], DaliOutputs]:
 
     Fields computed on the host (generic ops, deferred normalize) are fed by raw component
     outputs; every pipeline also returns the first component raw, whose ``source_info``
-    names each sample's shard and key.
+    names each sample's shard and key (the reader's), or ``reader.stream`` does (a feed's).
     """
     exts = [plan.nodes[i].params["ext"] for i in range(len(plan.components))]
-    raw = d.fn().readers.webdataset(
-        paths=reader.paths, index_paths=reader.index_paths, ext=exts,
-        # samples left out are already out of the (filtered) index: anything else missing is an error
-        missing_component_behavior="empty" if reader.missing == "empty" else "error",
-        shard_id=reader.shard_id, num_shards=reader.num_shards, pad_last_batch=True,
-        stick_to_shard=reader.stick_to_shard, case_sensitive_extensions=False, random_shuffle=reader.shuffle_buffer > 0,
-        initial_fill=max(reader.shuffle_buffer, 1), name=READER_NAME,
-    )
-    raw = raw if isinstance(raw, list) else [raw]
+    raw = _source(reader, exts)
     values: dict[int, Any] = {i: raw[i] for i in range(len(plan.components))}
     sizes: dict[int, Any] = {}
     for n in plan.nodes[len(plan.components):]:
@@ -83,7 +88,26 @@ def emit(plan: Plan, reader: ReaderConfig) -> tuple[list[Any], DaliOutputs]:
         elif node.device != "host":
             fields.append(name)
             outs.append(values[nid])
-    return outs + raw, DaliOutputs(fields, list(plan.components), deferred)
+    return outs + raw, DaliOutputs(fields, list(plan.components), deferred, reader.stream)
+
+
+def _source(reader: ReaderConfig, exts: list[str]) -> list[Any]:
+    """The raw component outputs: DALI's webdataset reader, or an external source over ``reader.feed``."""
+    if reader.feed is not None:
+        # not parallel=True: two live pipelines with parallel external sources corrupt data (DALI 2.4)
+        return list(d.fn().external_source(
+            source=reader.feed, num_outputs=len(exts), batch=True, batch_info=True, dtype=d.types().UINT8, ndim=1,
+        ))
+    raw = d.fn().readers.webdataset(
+        paths=reader.paths, index_paths=reader.index_paths, ext=exts,
+        # samples left out are already out of the (filtered) index: anything else missing is an error
+        missing_component_behavior="empty" if reader.missing == "empty" else "error",
+        shard_id=reader.shard_id, num_shards=reader.num_shards, pad_last_batch=True,
+        stick_to_shard=reader.stick_to_shard, case_sensitive_extensions=False, random_shuffle=reader.shuffle_buffer > 0,
+        initial_fill=max(reader.shuffle_buffer, 1), name=READER_NAME,
+        **({"seed": reader.seed} if reader.seed is not None else {}),
+    )
+    return raw if isinstance(raw, list) else [raw]
 
 
 def emit_node(n: Node, x: Any, in_hw: Any = None) -> Any:

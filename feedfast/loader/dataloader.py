@@ -18,6 +18,7 @@ from feedfast.loader.options import check_torch_kwargs
 from feedfast.loader.prefetch import PinnedRing
 from feedfast.sources.assign import EpochPlan, plan_epoch
 from feedfast.sources.dataset import ShardSet, open_shards
+from feedfast.sources.remote import Transfer
 from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 from feedfast.spec.load import load_spec
 
@@ -37,7 +38,9 @@ class DataLoader:
 
     Args:
         spec: a spec file path, a mapping, or a :class:`feedfast.spec.Spec`.
-        shards: shard paths, globs, brace patterns or ``@list.txt`` (see ``resolve_shards``).
+        shards: shard paths, globs, brace patterns, ``@list.txt``, or URLs: ``file://``,
+            ``http(s)://`` and ``pipe:CMD`` (streamed; see :mod:`feedfast.sources.stream`),
+            ``s3://`` and ``gs://`` (DALI's reader; see :mod:`feedfast.sources.dataset`).
         batch_size: overrides the spec's batch size.
         shuffle: True shuffles shard order per epoch and samples in a buffer.
         drop_last: True drops incomplete batches (``last_batch: drop``).
@@ -57,6 +60,10 @@ class DataLoader:
         backend: ``dali`` (default) or ``pil``: the portable backend, PIL in torch
             DataLoader worker processes (``num_workers`` of them), for machines without
             DALI; the same samples per rank and epoch, on the CPU.
+        cache_limit: bytes the cache of whole remote shards (``pipe:`` shards, and http
+            ones under ``on_error='skip'``) may hold; least recently used go first
+            (default: no limit; see :mod:`feedfast.sources.cache`).
+        remote_retries: retries of a failed remote read (default 3, backoff 0.5 s doubling).
         **torch_kwargs: other torch DataLoader arguments; see :mod:`feedfast.loader.options`.
 
     Batches are a tuple (spec ``outputs`` as a list) or a dict (as a mapping) of tensors.
@@ -71,7 +78,7 @@ class DataLoader:
         rank: int | None = None, world_size: int | None = None, overrides: Sequence[str] = (),
         cache_dir: str | os.PathLike[str] | None = None, pin_memory_device: str | None = None,
         on_error: str | None = None, max_pixels: int | None = None, backend: str = "dali",
-        **torch_kwargs: Any,
+        cache_limit: int | None = None, remote_retries: int | None = None, **torch_kwargs: Any,
     ) -> None:
         check_torch_kwargs(torch_kwargs)
         self.spec = _settle_spec(load_spec(spec, overrides), batch_size, shuffle, drop_last, last_batch, seed)
@@ -100,7 +107,11 @@ class DataLoader:
         self.shards: ShardSet = open_shards(
             shards, self.spec, Path(cache_dir) if cache_dir else _env.cache_dir(),
             max_pixels=_positive("max_pixels", max_pixels) if max_pixels is not None else DEFAULT_MAX_PIXELS,
+            cache_limit=_positive("cache_limit", cache_limit) if cache_limit is not None else None,
+            transfer=Transfer(retries=3 if remote_retries is None else _at_least_zero("remote_retries", remote_retries)),
         )
+        if backend == "pil" and any(k != "file" for k in self.shards.read_kinds):
+            raise UserError("backend='pil' reads local shards only; use backend='dali' for remote shards")
         self._check_size()
         self.ring = PinnedRing(self.device, depth=self.prefetch + 1, pin=pin_memory)
         self.epoch = 0
@@ -308,6 +319,12 @@ def _decode(text: str) -> str:
 def _positive(name: str, v: int) -> int:
     if not isinstance(v, int) or v < 1:
         raise UserError(f"{name} must be an integer >= 1, got {v!r}")
+    return v
+
+
+def _at_least_zero(name: str, v: int) -> int:
+    if not isinstance(v, int) or v < 0:
+        raise UserError(f"{name} must be an integer >= 0, got {v!r}")
     return v
 
 

@@ -22,7 +22,7 @@ from feedfast.sources.dataset import ShardSet
 from feedfast.sources.stream import StreamEpoch
 from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 
-_FAILED = re.compile(r"Failed to decode sample #\d+ : ([^\n|]+)")
+_FAILED = re.compile(r"Failed to decode sample #(\d+) : ([^\n|]*)")
 
 
 @dataclass
@@ -47,7 +47,7 @@ def make_pipeline(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
     )
     if shards.transport == "stream":
         _stream_source(reader, plan, shards, ep, rank=rank, world=world, batch_size=batch_size, seed=seed,
-                       epoch=epoch, workers=threads, prefetch=prefetch, cuda=device_id is not None)
+                       epoch=epoch, workers=threads, prefetch=prefetch)
     remaining = ep.steps - start
     depth = max(1, min(prefetch, remaining))
     pipe, omap = build_pipeline(
@@ -62,19 +62,13 @@ def make_pipeline(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
 
 
 def _stream_source(reader: ReaderConfig, plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int,
-                   batch_size: int, seed: int, epoch: int, workers: int, prefetch: int, cuda: bool) -> None:
-    """Feed the pipeline from feedfast's stream transport (:mod:`feedfast.sources.stream`).
-
-    Workers are forked (cheap, and any script works) unless CUDA is in use in this process,
-    which DALI forbids forking; then they are spawned, and the training script needs the
-    usual ``if __name__ == "__main__":`` guard.
-    """
+                   batch_size: int, seed: int, epoch: int, workers: int, prefetch: int) -> None:
+    """Feed the pipeline from feedfast's stream transport (:mod:`feedfast.sources.stream`)."""
     exts = [{e.lower() for e in plan.nodes[i].params["ext"].split(";")} for i in range(len(plan.components))]
     stream = StreamEpoch(shards, ep, exts, rank=rank, world=world, batch_size=batch_size,
-                         shuffle=plan.spec.shuffle_buffer > 0, seed=seed, epoch=epoch)
-    reader.feed, reader.origins, reader.bytes_hint = stream.feeder, stream.origins, stream.bytes_hint()
-    reader.workers, reader.depth = workers, max(workers, prefetch)
-    reader.start_method = "spawn" if cuda or torch.cuda.is_initialized() else "fork"
+                         shuffle=plan.spec.shuffle_buffer > 0, seed=seed, epoch=epoch,
+                         workers=max(2, workers), ahead=max(2, workers) + prefetch)
+    reader.feed, reader.stream = stream.feeder, stream
 
 
 def release_memory(pipe: Any = None) -> None:
@@ -125,19 +119,30 @@ def _first_line(exc: BaseException) -> str:
     return next((ln for ln in lines if "Error" in ln or "error" in ln), lines[0] if lines else repr(exc))
 
 
-def diagnose(exc: RuntimeError, plan: Plan, step: int, shards: ShardSet) -> FeedfastError:
-    """Turn a DALI failure into an error naming the shard and sample where possible."""
+def diagnose(exc: RuntimeError, plan: Plan, step: int, shards: ShardSet, stream: Any = None) -> FeedfastError:
+    """Turn a DALI failure into an error naming the shard and sample where possible.
+
+    The reader's ``source_info`` names the sample. An external source has none: the
+    stream transport (``stream``) names the sample by its number in the batch, or reads
+    the step's images again and probes them.
+    """
     from feedfast.loader.convert import sample_origin
     from feedfast.sources.checked import find_bad_image
 
     text = str(exc)
     hint = "set on_error='skip' (spec `source: {on_error: skip}`) to leave undecodable samples out"
     m = _FAILED.search(text)
-    if m:
-        shard, key = sample_origin(m.group(1).strip())
+    if m and m.group(2).strip():
+        shard, key = sample_origin(m.group(2).strip())
+        return SampleError("DALI could not decode a sample", shard=shard, key=key, reason=f"{_first_line(exc)}; {hint}")
+    if m and stream is not None:
+        shard, key = stream.origins(step, int(m.group(1)) + 1)[-1]
         return SampleError("DALI could not decode a sample", shard=shard, key=key, reason=f"{_first_line(exc)}; {hint}")
     exts = [{e.lower() for e in c.ext.split(";")} for c in plan.spec.components.values() if c.kind == "image"]
-    found = find_bad_image(list(shards.paths), list(shards.index_paths), exts, DEFAULT_MAX_PIXELS) if exts else None
+    if stream is not None:
+        found = stream.bad_sample(step, exts, DEFAULT_MAX_PIXELS) if exts else None
+    else:
+        found = find_bad_image(list(shards.paths), list(shards.index_paths), exts, DEFAULT_MAX_PIXELS) if exts else None
     if found:
         return SampleError("DALI could not decode a sample", shard=found[0], key=found[1], reason=f"{found[2]}; {hint}")
     return FeedfastError(f"DALI pipeline failed at epoch step {step}: {_first_line(exc)}")
@@ -191,9 +196,9 @@ def run_epoch(ep_pipe: EpochPipe, plan: Plan, ep: EpochPlan, ring: PinnedRing, r
         try:
             outs = ep_pipe.next()
         except RuntimeError as exc:
-            raise diagnose(exc, plan, step, shards) from exc
+            raise diagnose(exc, plan, step, shards, omap.stream) from exc
         size, valid = ep.batch_sizes[step], ep.valid[step]
-        where = omap.origins(step, size) if omap.origins else convert.origins(outs[raw_at], size)
+        where = omap.stream.origins(step, size) if omap.stream else convert.origins(outs[raw_at], size)
         yield Batch(_fields(outs, omap, plan, size, ring, rng, where), where, valid)
 
 

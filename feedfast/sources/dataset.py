@@ -1,4 +1,23 @@
-"""A dataset of local shards: resolved paths, indexes and per-shard sample counts."""
+"""A dataset of shards: resolved paths or URLs, indexes and per-shard sample counts.
+
+How each shard's bytes are read (``ShardSet.kinds``) decides the transport:
+
+- local paths and ``file://`` URLs: ``file``; indexed next to the shard or in the cache
+  (:mod:`.index`); images checked;
+- ``pipe:CMD``: ``cache``; downloaded whole into the shard cache (:mod:`.cache`), indexed
+  and checked there;
+- ``http(s)://``: ``http``; index from ``<name>.idx`` beside the shard, else one scan
+  (:mod:`.remote_index`); images not checked (see below);
+- ``s3://``, ``gs://``: ``s3``, ``gs``; indexed as http, through fsspec; not checked.
+
+A dataset with any ``http`` or ``cache`` shard uses the stream transport
+(:mod:`feedfast.sources.stream`, local shards included); otherwise DALI's reader reads the
+shards natively, s3/gs included (DALI has its own clients for those). s3/gs shards cannot
+be mixed with http or ``pipe:`` ones. Images in http shards are not checked under
+``on_error: raise`` (a header check would cost a request per image: a bad image fails its
+batch instead); under ``on_error: skip`` http shards are cached whole and checked there;
+s3/gs shards cannot be checked, so ``on_error: skip`` with them is an error.
+"""
 
 from __future__ import annotations
 
@@ -8,26 +27,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from feedfast.errors import SampleError
+from feedfast.errors import SampleError, ShardError, UserError
+from feedfast.sources.cache import ShardCache
 from feedfast.sources.checked import check_shard
 from feedfast.sources.index import Sample, format_index, load_index
+from feedfast.sources.remote import DEFAULT_TRANSFER, Transfer, url_kind
+from feedfast.sources.remote_index import remote_index
 from feedfast.sources.shardlist import resolve_shards
 from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 from feedfast.spec.model import Spec
 
+STREAM_KINDS = ("http", "cache")
+
 
 @dataclass(frozen=True)
 class ShardSet:
-    """Local shards with the indexes DALI reads, and the samples each one contributes.
+    """Shards with the indexes DALI reads, and the samples each one contributes.
 
     Attributes:
-        paths: shard paths (a side shard of re-encoded images follows its source shard).
+        paths: shard paths or URLs (a side shard of re-encoded images follows its source shard).
         index_paths: the matching DALI index files (filtered when samples were left out).
         sizes: samples DALI reads from each shard.
         skipped: samples left out, as (shard, key, reason): missing components under
             ``missing: skip``, undecodable images under ``on_error: skip``.
         converted: samples re-encoded into side shards, as (shard, key, reason).
-        raw_bytes: total size of the given shard files.
+        raw_bytes: total size of the given shard files (of remote ones when known).
+        kinds: how each shard is read: ``file``, ``http``, ``cache`` (a cached ``pipe:``
+            or http shard), ``s3``, ``gs``; empty means all ``file``.
+        cache: the shard cache that ``cache`` shards are read from.
+        transfer: timeout and retries for remote reads.
     """
 
     paths: tuple[str, ...]
@@ -36,6 +64,19 @@ class ShardSet:
     skipped: tuple[tuple[str, str, str], ...] = ()
     converted: tuple[tuple[str, str, str], ...] = ()
     raw_bytes: int = 0
+    kinds: tuple[str, ...] = ()
+    cache: ShardCache | None = None
+    transfer: Transfer = DEFAULT_TRANSFER
+
+    @property
+    def read_kinds(self) -> tuple[str, ...]:
+        """How each shard is read (``kinds``, with ``file`` filled in)."""
+        return self.kinds or ("file",) * len(self.paths)
+
+    @property
+    def transport(self) -> str:
+        """``stream`` when any shard needs feedfast's reader, else ``native`` (DALI's)."""
+        return "stream" if any(k in STREAM_KINDS for k in self.kinds) else "native"
 
     @property
     def total(self) -> int:
@@ -82,8 +123,53 @@ def _filtered_index(path: str, kept: list[Sample], cache_dir: Path) -> str:
     return str(out)
 
 
+@dataclass(frozen=True)
+class Located:
+    """One given shard, found and indexed: how it is read, its index, a local copy if any, its size."""
+
+    kind: str
+    index: Path
+    samples: list[Sample]
+    local: str | None
+    nbytes: int
+
+
+def locate(name: str, cache_dir: Path, cache: ShardCache, *, check_locally: bool) -> Located:
+    """Index one shard; cache it whole when it is a ``pipe:`` shard or must be checked locally.
+
+    Raises:
+        ShardError: the shard cannot be read or indexed; names it.
+        UserError: an s3/gs shard must be checked locally (``on_error: skip``).
+    """
+    kind = url_kind(name)
+    if kind == "file":
+        idx, samples = load_index(name, cache_dir)
+        return Located("file", idx, samples, name, os.path.getsize(name))
+    if kind == "pipe" or (kind == "http" and check_locally):
+        path = cache.ensure(name)
+        try:
+            idx, samples = load_index(path, cache_dir)
+        except ShardError as exc:
+            raise ShardError(f"shard {name!r} (cached as {str(path)!r}): {exc}") from exc
+        return Located("cache", idx, samples, str(path), path.stat().st_size)
+    if check_locally:
+        raise UserError(f"on_error='skip' checks images locally, which {kind}:// shards are not: {name!r}; "
+                        "use on_error='raise', or copy the shards locally")
+    idx, samples, size = remote_index(name, cache_dir, cache.transfer)
+    return Located(kind, idx, samples, None, size)
+
+
+def _check_kinds(paths: list[str], kinds: list[str]) -> None:
+    native = [p for p, k in zip(paths, kinds) if k in ("s3", "gs")]
+    stream = [p for p, k in zip(paths, kinds) if k in STREAM_KINDS]
+    if native and stream:
+        raise ShardError(f"cannot mix shards DALI reads ({native[0]!r}) with shards feedfast streams "
+                         f"({stream[0]!r}) in one dataset: use s3/gs shards alone, or http(s)/pipe: ones")
+
+
 def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], spec: Spec,
-                cache_dir: Path, *, on_error: str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> ShardSet:
+                cache_dir: Path, *, on_error: str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS,
+                cache_limit: int | None = None, transfer: Transfer = DEFAULT_TRANSFER) -> ShardSet:
     """Resolve, index, check and count shards for a spec.
 
     Samples lacking a component are an error naming the shard and key under
@@ -91,21 +177,26 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
     ``missing: empty`` (the component arrives empty). Image components are checked once
     and the verdicts cached (see :mod:`feedfast.sources.validate`): headers only under
     ``on_error: raise``, a full decode under ``on_error: skip``. DALI is given a
-    filtered index whenever samples are left out, so it never reads them.
+    filtered index whenever samples are left out, so it never reads them. Remote shards
+    are indexed as the module docstring says; ``cache_limit`` bounds the shard cache
+    (bytes, None: unlimited) and ``transfer`` sets remote timeouts and retries.
     """
     policy = on_error or spec.on_error
     image_exts = [_exts(c.ext) for c in spec.components.values() if c.kind == "image"]
-    paths, idxs, sizes = [], [], []
+    cache = ShardCache(str(cache_dir / "shards"), cache_limit, transfer)
+    paths, idxs, sizes, kinds = [], [], [], []
     skipped: list[tuple[str, str, str]] = []
     converted: list[tuple[str, str, str]] = []
-    given = resolve_shards(shards)
-    for p in given:
-        idx, samples = load_index(p, cache_dir)
-        kept = _complete(p, samples, spec, skipped)
-        index_path = str(idx) if len(kept) == len(samples) else _filtered_index(p, kept, cache_dir)
+    raw = 0
+    for p in resolve_shards(shards):
+        where = locate(p, cache_dir, cache, check_locally=policy == "skip")
+        raw += where.nbytes
+        kept = _complete(p, where.samples, spec, skipped)
+        index_path = str(where.index) if len(kept) == len(where.samples) else \
+            _filtered_index(where.local or str(where.index), kept, cache_dir)
         side = None
-        if image_exts and kept:
-            check = check_shard(p, index_path, kept, image_exts, max_pixels=max_pixels, cache=cache_dir,
+        if image_exts and kept and where.local:
+            check = check_shard(where.local, index_path, kept, image_exts, max_pixels=max_pixels, cache=cache_dir,
                                 decode=policy == "skip")
             if check.bad and policy == "raise":
                 key, reason = next(iter(check.bad.items()))
@@ -116,9 +207,14 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
             converted += [(p, k, r) for k, r in check.converted.items()]
             if check.side_shard:
                 side = (check.side_shard, check.side_index, check.side_count)
-        if kept:
-            paths.append(p), idxs.append(index_path), sizes.append(len(kept))
-        if side:
-            paths.append(side[0]), idxs.append(str(side[1])), sizes.append(side[2])
-    raw = sum(os.path.getsize(p) for p in given)
-    return ShardSet(tuple(paths), tuple(idxs), tuple(sizes), tuple(skipped), tuple(converted), raw)
+        entries = ([(p, index_path, len(kept), where.kind)] if kept else []) + (
+            [(side[0], str(side[1]), side[2], "file")] if side else [])
+        for path, index, size, kind in entries:
+            paths.append(path)
+            idxs.append(index)
+            sizes.append(size)
+            kinds.append(kind)
+    _check_kinds(paths, kinds)
+    remote = any(k != "file" for k in kinds)
+    return ShardSet(tuple(paths), tuple(idxs), tuple(sizes), tuple(skipped), tuple(converted), raw,
+                    kinds=tuple(kinds) if remote else (), cache=cache if "cache" in kinds else None, transfer=transfer)

@@ -1,9 +1,15 @@
-"""Shard lists: globs, brace patterns, list files, comma-separated lists -> local paths."""
+"""Shard lists: globs, brace patterns, list files, comma-separated lists -> shard paths and URLs.
+
+Remote entries (``http(s)://``, ``pipe:``, ``s3://``, ``gs://``) are brace-expanded and kept
+as given: no glob, no existence check (they are checked when indexed). A ``pipe:`` entry
+is one command, never split at commas; ``file://`` URLs become local paths.
+"""
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 from typing import Iterable, Sequence
 
 from feedfast.errors import ShardError
@@ -19,15 +25,16 @@ def expand_braces(pattern: str) -> list[str]:
 
 
 def resolve_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
-    """Expand what the user gave into an ordered list of local shard paths.
+    """Expand what the user gave into an ordered list of local shard paths and remote URLs.
 
     Accepts a path, a glob (``data/*.tar``), a brace pattern (``train-{0000..0099}.tar``),
-    ``file://`` URLs, a list file (``@shards.txt``, one entry per line), a comma-separated
-    string, or a list of any of these. Order is kept; duplicates are an error.
+    ``file://``, ``http(s)://``, ``s3://`` and ``gs://`` URLs, ``pipe:CMD`` commands, a list
+    file (``@shards.txt``, one entry per line), a comma-separated string, or a list of any
+    of these. Order is kept; duplicates are an error.
 
     Raises:
-        ShardError: nothing matches, a listed shard does not exist, or a URL scheme is
-            not readable by this transport.
+        ShardError: nothing matches, a listed local shard does not exist, or a URL scheme
+            is not one feedfast reads.
     """
     items = [shards] if isinstance(shards, (str, os.PathLike)) else list(shards)
     if not items:
@@ -44,17 +51,21 @@ def resolve_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[s
 
 
 def _expand_one(item: str) -> list[str]:
+    if item.startswith("pipe:"):
+        return expand_braces(item)
     if "," in item and not os.path.exists(item):
-        return [p for part in item.split(",") if part.strip() for p in _expand_one(part.strip())]
+        parts = _split_commas(item)
+        if len(parts) > 1:
+            return [p for part in parts if part.strip() for p in _expand_one(part.strip())]
     if item.startswith("@"):
         return _from_list_file(item[1:])
     if item.startswith("file://"):
         item = item[len("file://"):]
     if item.startswith(REMOTE_PREFIXES):
-        raise ShardError(
-            f"remote shards are not supported yet: {item!r} (this version reads local files; "
-            "copy the shards locally or mount them)"
-        )
+        return expand_braces(item)
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", item):
+        raise ShardError(f"unsupported shard URL {item!r}: feedfast reads local paths, file://, http(s)://, "
+                         "pipe:CMD, s3:// and gs://")
     paths: list[str] = []
     for pattern in expand_braces(item):
         if glob.has_magic(pattern):
@@ -72,6 +83,17 @@ def _expand_one(item: str) -> list[str]:
     return paths
 
 
+def _split_commas(item: str) -> list[str]:
+    """Split at commas outside braces: ``a-{0,1}.tar,b.tar`` -> ``a-{0,1}.tar``, ``b.tar``."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(item):
+        depth += (ch == "{") - (ch == "}")
+        if ch == "," and depth == 0:
+            parts.append(item[start:i])
+            start = i + 1
+    return parts + [item[start:]]
+
+
 def _from_list_file(path: str) -> list[str]:
     try:
         with open(path, encoding="utf-8") as f:
@@ -82,7 +104,7 @@ def _from_list_file(path: str) -> list[str]:
     entries: Iterable[str] = (ln for ln in lines if ln and not ln.startswith("#"))
     out = []
     for e in entries:
-        out.extend(_expand_one(e if os.path.isabs(e) or "://" in e else os.path.join(base, e)))
+        out.extend(_expand_one(e if os.path.isabs(e) or "://" in e or e.startswith("pipe:") else os.path.join(base, e)))
     if not out:
         raise ShardError(f"shard list file {path!r} lists no shards")
     return out

@@ -1,0 +1,127 @@
+"""A local cache of whole remote shards, bounded in size, least recently used out first.
+
+``pipe:`` shards cannot be read at an offset, so they are downloaded whole (streaming, to a
+temporary file renamed into place) as ``<cache_dir>/shards/<sha1(url)>.tar`` and read from
+there; so are http(s) shards under ``on_error: skip``, whose images must be checked locally.
+
+A cached shard is trusted as long as it is there: a ``pipe:`` command is assumed to give
+the same bytes every time (delete the folder to refresh). Every use stamps the file's
+access time, and after each download the least recently used shards are deleted until
+the folder holds at most ``limit`` bytes (``None``: no limit, the default). The shard just
+downloaded is never deleted, so one shard larger than the limit still works. A shard
+deleted while a reader needs it is downloaded again; a reader that already opened it keeps
+reading the deleted file. Concurrent downloads of one URL are serialized with a lock file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from feedfast.errors import ShardError
+from feedfast.sources.remote import DEFAULT_TRANSFER, Transfer, read_all
+
+
+@dataclass(frozen=True)
+class ShardCache:
+    """Whole remote shards kept under ``root``, at most ``limit`` bytes of them (None: unlimited)."""
+
+    root: str
+    limit: int | None = None
+    transfer: Transfer = DEFAULT_TRANSFER
+
+    def path_for(self, url: str) -> Path:
+        """Where ``url`` is (or will be) cached."""
+        return Path(self.root) / f"{hashlib.sha1(url.encode()).hexdigest()[:24]}.tar"
+
+    def ensure(self, url: str) -> Path:
+        """The cached copy of ``url``, downloaded first if it is not there.
+
+        Raises:
+            ShardError: the shard cannot be downloaded (names the URL) or the cache
+                folder cannot be written.
+        """
+        path = self.path_for(url)
+        if _touch(path):
+            return path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path.with_suffix(".lock"), "a+b") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not _touch(path):  # another process may have finished it meanwhile
+                    self._download(url, path)
+        except OSError as exc:
+            raise ShardError(f"cannot cache shard {url!r} in {path.parent}: {exc}") from exc
+        self.evict(keep=path)
+        return path
+
+    def open(self, url: str) -> IO[bytes]:
+        """The cached copy of ``url``, open for reading (downloaded again if it was evicted)."""
+        for _ in range(3):
+            path = self.ensure(url)
+            try:
+                return open(path, "rb")
+            except FileNotFoundError:
+                continue  # evicted between ensure() and open(): fetch it again
+        raise ShardError(f"cached shard {url!r} keeps disappearing from {self.root}: is the cache limit too small?")
+
+    def _download(self, url: str, path: Path) -> None:
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.part")
+
+        def copy(stream: IO[bytes]) -> None:
+            with open(tmp, "wb") as out:
+                shutil.copyfileobj(stream, out, 1 << 20)
+
+        try:
+            read_all(url, copy, self.transfer)
+            os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+
+    def usage(self) -> int:
+        """Bytes of shards in the cache."""
+        return sum(s.st_size for _, s in _entries(Path(self.root)))
+
+    def evict(self, keep: Path | None = None) -> list[Path]:
+        """Delete least recently used shards until at most ``limit`` bytes remain; return them."""
+        if self.limit is None:
+            return []
+        entries = sorted(_entries(Path(self.root)), key=lambda e: e[1].st_atime_ns)
+        total = sum(s.st_size for _, s in entries)
+        removed = []
+        for path, st in entries:
+            if total <= self.limit:
+                break
+            if path == keep:
+                continue
+            path.unlink(missing_ok=True)  # its index and lock file stay: small, and maybe in use
+            total -= st.st_size
+            removed.append(path)
+        return removed
+
+
+def _entries(root: Path) -> list[tuple[Path, os.stat_result]]:
+    out = []
+    for p in root.glob("*.tar"):
+        try:
+            out.append((p, p.stat()))
+        except FileNotFoundError:
+            continue  # evicted by another process while listing
+    return out
+
+
+def _touch(path: Path) -> bool:
+    """Stamp ``path``'s access time (its modification time is kept: indexes check it); False if absent."""
+    try:
+        st = path.stat()
+        os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
+    except FileNotFoundError:
+        return False
+    return True

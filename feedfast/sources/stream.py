@@ -1,0 +1,141 @@
+"""The stream transport: one rank's epoch as a batch callable for DALI's ``external_source``.
+
+Used when a dataset holds http(s) or cached (``pipe:``) shards, which DALI's webdataset
+reader cannot open. The samples and their order are those the native reader yields:
+
+- the shards' (filtered) indexes concatenated in the epoch's ``shard_order``;
+- this rank's contiguous range from :func:`~feedfast.sources.assign.rank_range`;
+- step ``j`` holds rows ``j*B .. j*B+B-1`` of that range, and rows past its end repeat
+  its last sample (DALI's ``pad_last_batch``), so every step yields a full batch ``B``
+  and the loader cuts it to ``EpochPlan.batch_sizes[j]``. With 9 samples on 2 ranks in
+  batches of 2, rank 0 (samples 0-3) yields ``[0 1] [2 3] [3 3]`` with 2, 2, 0 valid.
+
+What differs, by design: with ``shuffle.buffer > 0`` DALI's reader shuffles inside a
+buffer, which cannot be reproduced outside it; the stream transport shuffles the rank's
+whole range with ``random.Random(f"{seed}/{epoch}/{rank}")`` instead (as the PIL backend
+does). The guarantees are the same: every sample of the rank's range exactly once per
+epoch, deterministic for (seed, epoch, rank), resumable at any step.
+
+The random operators after the source get the seeds they get after DALI's reader (see
+``compile.dali.ReaderConfig``), so without shuffling a stream epoch yields the same pixels
+as a native one, byte for byte.
+
+Bytes are read per batch, per shard, in offset order, and members less than
+``feeder.MAX_GAP`` bytes apart are fetched in one read: without shuffling, a batch of one
+shard is one HTTP ``Range`` request (see :mod:`feedfast.sources.feeder`). A full shuffle
+has no locality, so shuffled epochs cost one request per sample. Only the indexes of
+shards that the rank's range touches are read. ``external_source`` data has no
+``source_info``, so :meth:`StreamEpoch.origins` names each step's samples instead.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from feedfast.errors import ShardError
+from feedfast.sources.assign import EpochPlan, rank_range
+from feedfast.sources.feeder import BatchFeeder
+from feedfast.sources.index import parse_index
+from feedfast.sources.validate import probe_image
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A rank's samples in reading order: shard number, key, and (offset, size) per component (size -1: none)."""
+
+    shard: np.ndarray
+    keys: list[str]
+    offsets: np.ndarray
+    sizes: np.ndarray
+
+
+def _shard_rows(index_path: str, name: str, count: int, exts: list[set[str]]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    try:
+        samples = parse_index(Path(index_path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ShardError(f"cannot read the index {index_path!r} of {name!r}: {exc}") from exc
+    if len(samples) != count:
+        raise ShardError(f"the index {index_path!r} of {name!r} now lists {len(samples)} samples, not {count}: "
+                         "the shard changed since it was opened; open it again")
+    offsets = np.zeros((count, len(exts)), dtype=np.int64)
+    sizes = np.full((count, len(exts)), -1, dtype=np.int64)
+    for i, s in enumerate(samples):
+        for c, wanted in enumerate(exts):
+            m = next((m for m in s.members if m.ext.lower() in wanted), None)
+            if m is not None:
+                offsets[i, c], sizes[i, c] = m.offset, m.size
+    return [s.key for s in samples], offsets, sizes
+
+
+def rank_rows(names: tuple[str, ...], index_paths: tuple[str, ...], counts: tuple[int, ...], order: tuple[int, ...],
+              exts: list[set[str]], *, rank: int, world: int, shuffle: bool, seed: int, epoch: int) -> Rows:
+    """This rank's samples of the epoch, reading only the indexes of shards its range touches."""
+    lo, hi = rank_range(sum(counts[i] for i in order), rank, world)
+    shard, keys, offs, sizes = [], [], [], []
+    pos = 0
+    for i in order:
+        a, b = max(lo, pos), min(hi, pos + counts[i])
+        if a < b:
+            k, o, s = _shard_rows(index_paths[i], names[i], counts[i], exts)
+            shard.append(np.full(b - a, i, dtype=np.int32))
+            keys += k[a - pos: b - pos]
+            offs.append(o[a - pos: b - pos])
+            sizes.append(s[a - pos: b - pos])
+        pos += counts[i]
+    rows = Rows(np.concatenate(shard), keys, np.concatenate(offs), np.concatenate(sizes))
+    if not shuffle:
+        return rows
+    perm = list(range(len(keys)))
+    random.Random(f"{seed}/{epoch}/{rank}").shuffle(perm)
+    return Rows(rows.shard[perm], [keys[j] for j in perm], rows.offsets[perm], rows.sizes[perm])
+
+
+def step_rows(step: int, batch_size: int, count: int) -> list[int]:
+    """Rows of step ``step``: ``batch_size`` of them, padding repeats the last row."""
+    first = step * batch_size
+    return [min(first + k, count - 1) for k in range(batch_size)]
+
+
+class StreamEpoch:
+    """One rank's epoch over the stream transport: the batch callable and each step's origins.
+
+    ``workers`` threads read ``ahead`` steps ahead of the step DALI asks for.
+    """
+
+    def __init__(self, shards: Any, ep: EpochPlan, exts: list[set[str]], *, rank: int, world: int, batch_size: int,
+                 shuffle: bool, seed: int, epoch: int, workers: int = 2, ahead: int = 4) -> None:
+        rows = rank_rows(shards.paths, shards.index_paths, shards.sizes, ep.shard_order, exts, rank=rank, world=world,
+                         shuffle=shuffle, seed=seed, epoch=epoch)
+        if len(rows.keys) != ep.rank_samples:
+            raise ShardError(f"rank {rank} has {len(rows.keys)} samples but its epoch plan expects {ep.rank_samples}")
+        self.names, self.rows, self.batch_size, self.exts = shards.paths, rows, batch_size, exts
+        self.feeder = BatchFeeder(shards.paths, shards.read_kinds, rows,
+                                  partial(step_rows, batch_size=batch_size, count=len(rows.keys)), steps=ep.steps,
+                                  cache=shards.cache, transfer=shards.transfer, workers=workers, ahead=ahead)
+
+    def origins(self, step: int, size: int) -> list[tuple[str, str]]:
+        """(shard, key) of the first ``size`` samples of step ``step``."""
+        rows = step_rows(step, self.batch_size, len(self.rows.keys))[:size]
+        return [(self.names[int(self.rows.shard[r])], self.rows.keys[r]) for r in rows]
+
+    def bad_sample(self, step: int, image_exts: list[set[str]], max_pixels: int) -> tuple[str, str, str] | None:
+        """The first sample of step ``step`` whose image DALI cannot decode, as (shard, key, reason).
+
+        Used after DALI failed a batch without naming the sample: the step is read again
+        and its image components (those whose extensions are in ``image_exts``) probed.
+        """
+        comps = [c for c, exts in enumerate(self.exts) if exts in image_exts]
+        arrays = self.feeder.batch(step)
+        rows = step_rows(step, self.batch_size, len(self.rows.keys))
+        for i, r in enumerate(rows):
+            for c in comps:
+                v = probe_image(arrays[c][i].tobytes(), max_pixels=max_pixels)
+                if v.status != "ok":
+                    return self.names[int(self.rows.shard[r])], self.rows.keys[r], v.reason
+        return None

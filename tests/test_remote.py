@@ -1,0 +1,239 @@
+"""Remote shards: http(s) and pipe: deliver what local shards do, retries, errors, the shard cache, resume."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import torch
+
+import feedfast
+from feedfast.errors import ShardError, UserError
+from feedfast.sources.cache import ShardCache
+from feedfast.sources.index import format_index, scan_tar
+from feedfast.sources.remote import RemoteError, Transfer, fetch_range
+from feedfast.sources.remote_index import remote_index
+from feedfast.sources.shardlist import resolve_shards
+from tests.helpers import make_shards
+from tests.rangeserver import RangeServer
+
+FAST = Transfer(timeout=5.0, retries=3, backoff=0.01)
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """23 samples in 5 shards (5, 5, 5, 5, 3), in a folder with no index files."""
+    out = tmp_path_factory.mktemp("remote-shards")
+    paths = make_shards(out, samples=23, per_shard=5)
+    for idx in out.glob("*.idx"):
+        idx.unlink()
+    return paths
+
+
+@pytest.fixture()
+def server(local: list[str]) -> Iterator[RangeServer]:
+    with RangeServer(Path(local[0]).parent) as srv:
+        yield srv
+
+
+def _urls(srv: RangeServer, paths: list[str]) -> list[str]:
+    return [f"{srv.url}/{os.path.basename(p)}" for p in paths]
+
+
+Batches = list[tuple[list[str], list[int], torch.Tensor]]
+
+
+def _epoch(loader: feedfast.DataLoader) -> Batches:
+    """One epoch as (real keys, labels, images) per batch."""
+    out = []
+    for images, labels in loader:
+        out.append(([k for _, k in loader.last_origins[: loader.last_valid]], labels.tolist(), images.clone()))
+    return out
+
+
+def _run(spec: dict, shards: Any, epochs: int = 1, **kw: Any) -> Batches:
+    kw.setdefault("num_workers", 2)
+    loader = feedfast.DataLoader(spec, shards=shards, **kw)
+    out = [b for _ in range(epochs) for b in _epoch(loader)]
+    loader.close()
+    return out
+
+
+def _same(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(x[0] == y[0] and x[1] == y[1] and torch.equal(x[2], y[2]) for x, y in zip(a, b))
+
+
+def test_http_pipe_and_file_urls_deliver_what_local_shards_do(small_spec: dict, local: list[str],
+                                                              server: RangeServer) -> None:
+    native = _run(small_spec, local, epochs=2)
+    assert len(native) == 12
+    for shards in (_urls(server, local), [f"pipe:cat {p}" for p in local], [f"file://{p}" for p in local]):
+        assert _same(_run(small_spec, shards, epochs=2), native), shards[0]
+    ranges = [r for m, _, r in server.requests if m == "GET" and r]
+    assert len(ranges) < 2 * 23  # coalesced: one request per batch and shard, not one per member
+
+
+def test_two_ranks_read_the_native_ranges_and_shuffled_epochs_are_exact(small_spec: dict, local: list[str],
+                                                                        server: RangeServer) -> None:
+    urls, keys = _urls(server, local), set()
+    for rank in (0, 1):
+        native = _run(small_spec, local, rank=rank, world_size=2)
+        assert _same(_run(small_spec, urls, rank=rank, world_size=2), native)
+        keys |= {k for ks, _, _ in native for k in ks}
+    assert len(keys) == 23
+    for epoch in (0, 1):
+        got = Counter()
+        for rank in (0, 1):
+            loader = feedfast.DataLoader(small_spec, shards=urls, rank=rank, world_size=2, shuffle=True, num_workers=1)
+            loader.set_epoch(epoch)
+            mine = [k for keys, _, _ in _epoch(loader) for k in keys]
+            loader.set_epoch(epoch)
+            assert mine == [k for keys, _, _ in _epoch(loader) for k in keys]  # deterministic
+            got.update(mine)
+        assert got == Counter(keys)  # every sample exactly once per epoch over both ranks
+
+
+def test_a_5xx_is_retried_and_a_persistent_404_names_the_url(small_spec: dict, local: list[str],
+                                                             server: RangeServer) -> None:
+    url = _urls(server, local)[0]
+    server.faults["/train-0000.tar"] = [500, 503]
+    assert fetch_range(url, 512, 16, FAST) == open(local[0], "rb").read()[512:528]
+    server.faults["/train-0000.tar"] = [500] * 5
+    with pytest.raises(RemoteError, match=r"train-0000\.tar.*HTTP 500.*after 4 tries"):
+        fetch_range(url, 0, 16, FAST)
+    with pytest.raises(ShardError, match=r"'http://127\.0\.0\.1:\d+/missing\.tar'.*HTTP 404"):
+        feedfast.DataLoader(small_spec, shards=f"{server.url}/missing.tar")
+    loader = feedfast.DataLoader(small_spec, shards=_urls(server, local), num_workers=1)
+    server.faults["/train-0002.tar"] = [500]  # mid-epoch, once: the server then recovers
+    assert _same(_epoch(loader), _run(small_spec, local))
+    assert server.faults["/train-0002.tar"] == []  # the 500 was served, and retried
+    server.faults["/train-0003.tar"] = [404] * 10
+    with pytest.raises(ShardError, match=r"train-0003\.tar.*HTTP 404"):
+        _run(small_spec, _urls(server, local))
+
+
+def test_a_failing_pipe_command_is_an_error_naming_it(small_spec: dict, tmp_path: Path) -> None:
+    with pytest.raises(ShardError, match=r"exit 1.*cat /nonexistent/x\.tar.*No such file"):
+        feedfast.DataLoader(small_spec, shards="pipe:cat /nonexistent/x.tar", cache_dir=tmp_path)
+    with pytest.raises(ShardError, match=r"pipe:true.*not a readable tar"):
+        feedfast.DataLoader(small_spec, shards="pipe:true", cache_dir=tmp_path)
+
+
+def test_the_shard_cache_evicts_least_recently_used_and_fetches_again(small_spec: dict, local: list[str],
+                                                                      tmp_path: Path) -> None:
+    size = os.path.getsize(local[0])
+    cache = ShardCache(str(tmp_path / "shards"), limit=int(2.5 * size))
+    urls = [f"pipe:cat {p}" for p in local[:4]]
+    for u in urls:
+        cache.ensure(u)
+    assert cache.usage() <= 2.5 * size and not cache.path_for(urls[0]).exists() and cache.path_for(urls[3]).exists()
+    with cache.open(urls[0]) as f:  # evicted: downloaded again
+        assert f.read() == open(local[0], "rb").read()
+    native = _run(small_spec, local)
+    limited = _run(small_spec, [f"pipe:cat {p}" for p in local], cache_dir=tmp_path / "c2", cache_limit=2 * size)
+    assert _same(limited, native)
+    assert len(list((tmp_path / "c2" / "shards").glob("*.tar"))) <= 2
+
+
+def test_resume_mid_epoch_over_http_reproduces_the_remaining_batches(small_spec: dict, local: list[str],
+                                                                      server: RangeServer) -> None:
+    urls = _urls(server, local)
+    full = _run(small_spec, urls, epochs=2, shuffle=True)
+    part = feedfast.DataLoader(small_spec, shards=urls, shuffle=True, num_workers=2)
+    it = iter(part)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(part.state_dict()))
+    part.close()
+    resumed = feedfast.DataLoader(small_spec, shards=urls, shuffle=True, num_workers=2)
+    resumed.load_state_dict(state)
+    assert _same(_epoch(resumed) + _epoch(resumed), full[3:])  # the rest of epoch 0, then epoch 1
+
+
+def test_remote_index_from_a_sidecar_or_one_scan_matches_the_local_scan(local: list[str], tmp_path: Path) -> None:
+    folder = tmp_path / "served"
+    folder.mkdir()
+    for p in local[:2]:
+        shutil.copy(p, folder)
+    (folder / "train-0001.idx").write_text(format_index(scan_tar(local[1])))
+    with RangeServer(folder) as srv:
+        for i, name in enumerate(("train-0000.tar", "train-0001.tar")):
+            _, samples, size = remote_index(f"{srv.url}/{name}", tmp_path / "cache", FAST)
+            assert samples == scan_tar(local[i]) and size == os.path.getsize(local[i])
+        gets = {p for m, p, r in srv.requests if m == "GET" and not r}
+        assert gets == {"/train-0000.idx", "/train-0000.tar", "/train-0001.idx"}  # 0001 used its sidecar
+        before = len(srv.requests)
+        remote_index(f"{srv.url}/train-0000.tar", tmp_path / "cache", FAST)
+        assert [m for m, _, _ in srv.requests[before:]] == ["HEAD"]  # cached under its validators
+
+
+def test_pax_tars_stream_with_the_right_offsets_and_ranges_work_without_range_support(tmp_path: Path) -> None:
+    path = tmp_path / "pax.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for i, body in enumerate((b"x" * 700, b"y" * 10)):
+            info = tarfile.TarInfo(f"{'long-folder-name/' * 8}s{i}-é.bin")
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+    with RangeServer(tmp_path, ignore_range=True) as srv:
+        _, samples, _ = remote_index(f"{srv.url}/pax.tar", tmp_path / "cache", FAST)
+        assert samples == scan_tar(path)
+        m = samples[1].members[0]
+        assert fetch_range(f"{srv.url}/pax.tar", m.offset, m.size, FAST) == b"y" * 10
+
+
+def test_shard_lists_keep_remote_entries_and_reject_unknown_schemes(tmp_path: Path) -> None:
+    assert resolve_shards("http://h/a-{0..2}.tar") == [f"http://h/a-{i}.tar" for i in range(3)]
+    assert resolve_shards("pipe:cut -d, -f1 x-{a,b}.tar") == ["pipe:cut -d, -f1 x-a.tar", "pipe:cut -d, -f1 x-b.tar"]
+    assert resolve_shards("s3://b/a-{0,1}.tar,gs://b/c.tar") == ["s3://b/a-0.tar", "s3://b/a-1.tar", "gs://b/c.tar"]
+    (tmp_path / "list.txt").write_text("pipe:cat a.tar\nhttps://h/b.tar\n")
+    assert resolve_shards(f"@{tmp_path / 'list.txt'}") == ["pipe:cat a.tar", "https://h/b.tar"]
+    with pytest.raises(ShardError, match="unsupported shard URL 'ftp://h/a.tar'"):
+        resolve_shards("ftp://h/a.tar")
+
+
+def test_s3_without_fsspec_backends_is_a_clear_error_and_pil_refuses_remote(small_spec: dict, local: list[str],
+                                                                            server: RangeServer) -> None:
+    pytest.importorskip("fsspec")
+    try:
+        import s3fs  # noqa: F401
+        pytest.skip("s3fs is installed: indexing would reach the network")
+    except ImportError:
+        pass
+    with pytest.raises(ShardError, match=r"s3://bucket/a\.tar.*s3fs"):
+        feedfast.DataLoader(small_spec, shards="s3://bucket/a.tar")
+    with pytest.raises(UserError, match="on_error='skip'.*s3://bucket/a.tar"):
+        feedfast.DataLoader(small_spec, shards="s3://bucket/a.tar", on_error="skip")
+    with pytest.raises(UserError, match="backend='pil' reads local shards only"):
+        feedfast.DataLoader(small_spec, shards=_urls(server, local), backend="pil")
+
+
+def test_http_under_on_error_skip_is_cached_and_checked(small_spec: dict, local: list[str], server: RangeServer,
+                                                        tmp_path: Path) -> None:
+    loader = feedfast.DataLoader(small_spec, shards=_urls(server, local), on_error="skip", cache_dir=tmp_path)
+    assert loader.shards.kinds == ("cache",) * 5 and loader.shards.transport == "stream"
+    assert _same(_run(small_spec, _urls(server, local), on_error="skip", cache_dir=tmp_path), _run(small_spec, local))
+
+
+def test_an_undecodable_image_over_http_is_named_or_skipped(small_spec: dict, local: list[str],
+                                                            tmp_path: Path) -> None:
+    with tarfile.open(local[0]) as src, tarfile.open(tmp_path / "bad.tar", "w") as out:
+        for m in src:
+            data = src.extractfile(m).read()  # type: ignore[union-attr]
+            if m.name.endswith(".jpg") and m.name.startswith("train-00000002"):
+                data = b"<html>not an image</html>"
+            m.size = len(data)
+            out.addfile(m, io.BytesIO(data))
+    with RangeServer(tmp_path) as srv:
+        url = f"{srv.url}/bad.tar"
+        with pytest.raises(feedfast.SampleError, match=r"bad\.tar.*'train-00000002'"):
+            _run(small_spec, url, cache_dir=tmp_path / "c")
+        loader = feedfast.DataLoader(small_spec, shards=url, on_error="skip", cache_dir=tmp_path / "c")
+        assert [(s["shard"], s["key"]) for s in loader.skipped_samples()] == [(url, "train-00000002")]
+        assert sum(len(keys) for keys, _, _ in _epoch(loader)) == 4
