@@ -14,7 +14,14 @@ import pytest
 import feedfast
 from feedfast.errors import ShardError
 from feedfast.sources.index import (
-    Member, Sample, cached_index_path, default_index_path, format_index, load_index, parse_index, scan_tar,
+    Member,
+    Sample,
+    cached_index_path,
+    default_index_path,
+    format_index,
+    load_index,
+    parse_index,
+    scan_tar,
 )
 
 LABEL_SPEC = {"pipeline": {"label": ["label"]}, "source": {"components": {"label": {"ext": "cls", "kind": "label"}}}}
