@@ -2,6 +2,7 @@
 
 from feedfast.errors import BackendError, FeedfastError, SampleError, ShardError, SpecError, UserError
 from feedfast.loader import DataLoader
+from feedfast.sources.mix import Mix
 from feedfast.spec import Spec, load_spec
 
 __version__ = "0.1.0"
@@ -16,6 +17,6 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "BackendError", "DataLoader", "FeedfastError", "SampleError", "ShardError", "Spec",
+    "BackendError", "DataLoader", "FeedfastError", "Mix", "SampleError", "ShardError", "Spec",
     "SpecError", "StallMeter", "UserError", "load_spec",
 ]

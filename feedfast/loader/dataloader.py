@@ -18,6 +18,7 @@ from feedfast.loader.options import check_torch_kwargs
 from feedfast.loader.prefetch import PinnedRing
 from feedfast.sources.assign import EpochPlan, plan_epoch
 from feedfast.sources.dataset import ShardSet, open_shards
+from feedfast.sources.mix import Mix, mixed_epoch
 from feedfast.sources.remote import Transfer
 from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 from feedfast.spec.load import load_spec
@@ -38,7 +39,8 @@ class DataLoader:
 
     Args:
         spec: a spec file path, a mapping, or a :class:`feedfast.spec.Spec`.
-        shards: shard paths, globs, brace patterns, ``@list.txt``, or URLs: ``file://``,
+        shards: shard paths, globs, brace patterns, ``@list.txt``, a :class:`feedfast.Mix` of
+            weighted datasets, or URLs: ``file://``,
             ``http(s)://`` and ``pipe:CMD`` (streamed; see :mod:`feedfast.sources.stream`),
             ``s3://`` and ``gs://`` (DALI's reader; see :mod:`feedfast.sources.dataset`).
         batch_size: overrides the spec's batch size.
@@ -104,12 +106,22 @@ class DataLoader:
         if on_error is not None and on_error not in ("raise", "skip"):
             raise UserError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.spec = self.spec.replace(on_error=on_error) if on_error else self.spec
-        self.shards: ShardSet = open_shards(
-            shards, self.spec, Path(cache_dir) if cache_dir else _env.cache_dir(),
+        self._cache_dir = Path(cache_dir) if cache_dir else _env.cache_dir()
+        open_kw: dict[str, Any] = dict(
             max_pixels=_positive("max_pixels", max_pixels) if max_pixels is not None else DEFAULT_MAX_PIXELS,
             cache_limit=_positive("cache_limit", cache_limit) if cache_limit is not None else None,
             transfer=Transfer(retries=3 if remote_retries is None else _at_least_zero("remote_retries", remote_retries)),
         )
+        self._mix: tuple[Mix, list[ShardSet]] | None = None
+        self._mixed: dict[int, ShardSet] = {}
+        if isinstance(shards, Mix):
+            sets = [open_shards(s, self.spec, self._cache_dir, **open_kw) for s, _ in shards.sources]
+            if any(k != "file" for s in sets for k in s.read_kinds):
+                raise UserError("Mix combines local shards only; copy remote shards locally (or mount them) to mix")
+            self._mix = (shards, sets)
+            self.shards: ShardSet = self.shards_for(0)
+        else:
+            self.shards = open_shards(shards, self.spec, self._cache_dir, **open_kw)
         if backend == "pil" and any(k != "file" for k in self.shards.read_kinds):
             raise UserError("backend='pil' reads local shards only; use backend='dali' for remote shards")
         self._check_size()
@@ -131,10 +143,21 @@ class DataLoader:
             raise UserError(f"drop_last with {n} samples over {w} ranks leaves no full batch of {b}: "
                             f"use a batch size <= {n // w} or last_batch='partial'")
 
+    def shards_for(self, epoch: int) -> ShardSet:
+        """The epoch's dataset: the shards, or under a :class:`Mix` that epoch's draw."""
+        if self._mix is None:
+            return self.shards
+        if epoch not in self._mixed:
+            mix, sets = self._mix
+            if len(self._mixed) > 2:
+                self._mixed.pop(min(self._mixed))
+            self._mixed[epoch] = mixed_epoch(sets, mix, seed=self.spec.seed, epoch=epoch, cache_dir=self._cache_dir)
+        return self._mixed[epoch]
+
     def epoch_plan(self, epoch: int | None = None) -> EpochPlan:
         """This rank's plan for an epoch (default: the current one)."""
         return plan_epoch(
-            list(self.shards.sizes), batch_size=self.spec.batch_size, rank=self.rank, world=self.world,
+            list(self.shards_for(self.epoch if epoch is None else epoch).sizes), batch_size=self.spec.batch_size, rank=self.rank, world=self.world,
             last_batch=self.spec.last_batch, seed=self.spec.seed,
             epoch=self.epoch if epoch is None else epoch, shuffle_shards=self.spec.shuffle_shards,
         )
@@ -167,7 +190,7 @@ class DataLoader:
             from feedfast.loader.pil_epoch import run_pil_epoch
 
             self._pipe = _PIL_RUNNING
-            for batch in run_pil_epoch(self.plan, self.shards, ep, rank=self.rank, world=self.world,
+            for batch in run_pil_epoch(self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world,
                                        batch_size=self.spec.batch_size, workers=self.workers, seed=self.spec.seed,
                                        epoch=epoch, start=start, prefetch_factor=self.prefetch):
                 slot = self.ring.slot()
@@ -182,14 +205,14 @@ class DataLoader:
             _drop(ahead)
             self._pipe = self._build(epoch, ep, start, checkpoint)
         rng = random.Random(f"{self.spec.seed}/{epoch}/{self.rank}/{start}")
-        for batch in run_epoch(self._pipe, self.plan, ep, self.ring, rng, self.shards):
+        for batch in run_epoch(self._pipe, self.plan, ep, self.ring, rng, self.shards_for(epoch)):
             if self._pipe.all_scheduled and self._ahead is None:
                 self._prepare(epoch + 1)
             yield batch
 
     def _build(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> EpochPipe:
         return make_pipeline(
-            self.plan, self.shards, ep, rank=self.rank, world=self.world, batch_size=self.spec.batch_size,
+            self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world, batch_size=self.spec.batch_size,
             threads=self.threads, device_id=self.device_id, seed=self.spec.seed, epoch=epoch,
             prefetch=self.prefetch, checkpoint=checkpoint, start=start,
         )
