@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import base64
 import os
 import random
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, cast
 
 import torch
 
@@ -14,16 +13,16 @@ from feedfast import _env
 from feedfast.compile.plan import Plan, build_plan
 from feedfast.errors import UserError
 from feedfast.loader.epoch import EpochPipe, make_pipeline, release_memory, run_epoch
-from feedfast.loader.options import check_torch_kwargs
+from feedfast.loader.options import at_least_zero, check_torch_kwargs, positive, settle_spec, threads_for
 from feedfast.loader.prefetch import PinnedRing
+from feedfast.loader.state import STATE_VERSION, check_state, decode_checkpoint, encode_checkpoint
 from feedfast.sources.assign import EpochPlan, plan_epoch
-from feedfast.sources.dataset import ShardSet, open_shards
-from feedfast.sources.mix import Mix, mixed_epoch
+from feedfast.sources.dataset import ShardSet
+from feedfast.sources.mix import mixed_epoch, open_dataset
 from feedfast.sources.remote import Transfer
 from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 from feedfast.spec.load import load_spec
 
-STATE_VERSION = 1
 _PIL_RUNNING = object()  # stands for "an epoch is open" on the PIL backend (no DALI pipeline)
 
 
@@ -83,10 +82,10 @@ class DataLoader:
         cache_limit: int | None = None, remote_retries: int | None = None, **torch_kwargs: Any,
     ) -> None:
         check_torch_kwargs(torch_kwargs)
-        self.spec = _settle_spec(load_spec(spec, overrides), batch_size, shuffle, drop_last, last_batch, seed)
+        self.spec = settle_spec(load_spec(spec, overrides), batch_size, shuffle, drop_last, last_batch, seed)
         self.device = torch.device(pin_memory_device or device)
-        self.threads = _threads(num_workers)
-        self.prefetch = _positive("prefetch_factor", 2 if prefetch_factor is None else prefetch_factor)
+        self.threads = threads_for(num_workers)
+        self.prefetch = positive("prefetch_factor", 2 if prefetch_factor is None else prefetch_factor)
         dr, dw = _dist_rank()
         self.rank, self.world = (dr if rank is None else rank), (dw if world_size is None else world_size)
         if not 0 <= self.rank < self.world:
@@ -108,20 +107,13 @@ class DataLoader:
         self.spec = self.spec.replace(on_error=on_error) if on_error else self.spec
         self._cache_dir = Path(cache_dir) if cache_dir else _env.cache_dir()
         open_kw: dict[str, Any] = dict(
-            max_pixels=_positive("max_pixels", max_pixels) if max_pixels is not None else DEFAULT_MAX_PIXELS,
-            cache_limit=_positive("cache_limit", cache_limit) if cache_limit is not None else None,
-            transfer=Transfer(retries=3 if remote_retries is None else _at_least_zero("remote_retries", remote_retries)),
+            max_pixels=positive("max_pixels", max_pixels) if max_pixels is not None else DEFAULT_MAX_PIXELS,
+            cache_limit=positive("cache_limit", cache_limit) if cache_limit is not None else None,
+            transfer=Transfer(retries=3 if remote_retries is None else at_least_zero("remote_retries", remote_retries)),
         )
-        self._mix: tuple[Mix, list[ShardSet]] | None = None
         self._mixed: dict[int, ShardSet] = {}
-        if isinstance(shards, Mix):
-            sets = [open_shards(s, self.spec, self._cache_dir, **open_kw) for s, _ in shards.sources]
-            if any(k != "file" for s in sets for k in s.read_kinds):
-                raise UserError("Mix combines local shards only; copy remote shards locally (or mount them) to mix")
-            self._mix = (shards, sets)
-            self.shards: ShardSet = self.shards_for(0)
-        else:
-            self.shards = open_shards(shards, self.spec, self._cache_dir, **open_kw)
+        self._mix, base = open_dataset(shards, self.spec, self._cache_dir, **open_kw)
+        self.shards: ShardSet = self.shards_for(0) if self._mix else cast(ShardSet, base)
         if backend == "pil" and any(k != "file" for k in self.shards.read_kinds):
             raise UserError("backend='pil' reads local shards only; use backend='dali' for remote shards")
         self._check_size()
@@ -279,22 +271,17 @@ class DataLoader:
         return {
             "version": STATE_VERSION, "epoch": self.epoch, "step": self._step if mid else 0,
             "seed": self.spec.seed, "rank": self.rank, "world_size": self.world,
-            "dali": _encode(self._pipe.pipe.checkpoint()) if mid and self.backend == "dali" else None,
+            "dali": encode_checkpoint(self._pipe.pipe.checkpoint()) if mid and self.backend == "dali" else None,
             "stats": self.stats(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields what the interrupted run would have yielded next."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise UserError("not a feedfast loader state (or from another version)")
-        if (state["seed"], state["world_size"], state["rank"]) != (self.spec.seed, self.world, self.rank):
-            raise UserError("state was saved with another seed, rank or world size: "
-                            f"{state['seed']}/{state['rank']}/{state['world_size']} vs "
-                            f"{self.spec.seed}/{self.rank}/{self.world}")
+        check_state(state, seed=self.spec.seed, rank=self.rank, world=self.world)
         self.epoch = int(state["epoch"])
         self._stats = {k: v for k, v in state["stats"].items() if k != "converted"}
         if state["dali"]:
-            self._resume = (int(state["step"]), _decode(state["dali"]))
+            self._resume = (int(state["step"]), decode_checkpoint(state["dali"]))
         else:  # the PIL backend resumes from the step alone: its randomness is per sample
             self._resume = (int(state["step"]), None) if state["step"] else None
 
@@ -327,51 +314,3 @@ def _drop(ep_pipe: EpochPipe | None) -> None:
     if ep_pipe is not None:
         pipe, ep_pipe.pipe = ep_pipe.pipe, None
         release_memory(pipe)
-
-
-def _encode(checkpoint: str | bytes) -> str:
-    """DALI's checkpoint (bytes or str) as JSON-safe text."""
-    raw = checkpoint.encode("latin-1") if isinstance(checkpoint, str) else bytes(checkpoint)
-    return base64.b64encode(raw).decode("ascii")
-
-
-def _decode(text: str) -> str:
-    return base64.b64decode(text).decode("latin-1")
-
-
-def _positive(name: str, v: int) -> int:
-    if not isinstance(v, int) or v < 1:
-        raise UserError(f"{name} must be an integer >= 1, got {v!r}")
-    return v
-
-
-def _at_least_zero(name: str, v: int) -> int:
-    if not isinstance(v, int) or v < 0:
-        raise UserError(f"{name} must be an integer >= 0, got {v!r}")
-    return v
-
-
-def _threads(num_workers: int | None) -> int:
-    if num_workers is None:
-        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    if not isinstance(num_workers, int) or num_workers < 0:
-        raise UserError(f"num_workers must be an integer >= 0, got {num_workers!r}")
-    return max(1, num_workers)
-
-
-def _settle_spec(spec: Any, batch_size: int | None, shuffle: bool | None, drop_last: bool | None,
-                 last_batch: str | None, seed: int | None) -> Any:
-    changes: dict[str, Any] = {}
-    if batch_size is not None:
-        changes["batch_size"] = _positive("batch_size", batch_size)
-    if shuffle is not None:
-        changes.update(shuffle_shards=shuffle, shuffle_buffer=(spec.shuffle_buffer or 1024) if shuffle else 0)
-    if last_batch is not None:
-        if last_batch not in ("partial", "pad", "drop"):
-            raise UserError(f"last_batch must be 'partial', 'pad' or 'drop', got {last_batch!r}")
-        changes["last_batch"] = last_batch
-    if drop_last:
-        changes["last_batch"] = "drop"
-    if seed is not None:
-        changes["seed"] = int(seed)
-    return spec.replace(**changes) if changes else spec

@@ -25,6 +25,7 @@ in_order                   supported    only True
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from feedfast.errors import UserError
@@ -51,3 +52,43 @@ def check_torch_kwargs(kwargs: dict[str, Any]) -> None:
             raise UserError("feedfast.DataLoader always yields in order: `in_order` must be True")
         if name not in ("in_order", "persistent_workers"):
             raise UserError(f"feedfast.DataLoader got an unknown argument `{name}`")
+
+
+def positive(name: str, v: int) -> int:
+    """``v`` if it is an integer >= 1, else a UserError naming ``name``."""
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise UserError(f"{name} must be an integer >= 1, got {v!r}")
+    return v
+
+
+def at_least_zero(name: str, v: int) -> int:
+    """``v`` if it is an integer >= 0, else a UserError naming ``name``."""
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise UserError(f"{name} must be an integer >= 0, got {v!r}")
+    return v
+
+
+def threads_for(num_workers: int | None) -> int:
+    """DALI CPU threads for torch's ``num_workers``: all usable cores when None, 0 means 1."""
+    if num_workers is None:
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    return max(1, at_least_zero("num_workers", num_workers))
+
+
+def settle_spec(spec: Any, batch_size: int | None, shuffle: bool | None, drop_last: bool | None,
+                last_batch: str | None, seed: int | None) -> Any:
+    """The spec with the loader's torch-style arguments applied (they win over the spec)."""
+    changes: dict[str, Any] = {}
+    if batch_size is not None:
+        changes["batch_size"] = positive("batch_size", batch_size)
+    if shuffle is not None:
+        changes.update(shuffle_shards=shuffle, shuffle_buffer=(spec.shuffle_buffer or 1024) if shuffle else 0)
+    if last_batch is not None:
+        if last_batch not in ("partial", "pad", "drop"):
+            raise UserError(f"last_batch must be 'partial', 'pad' or 'drop', got {last_batch!r}")
+        changes["last_batch"] = last_batch
+    if drop_last:
+        changes["last_batch"] = "drop"
+    if seed is not None:
+        changes["seed"] = int(seed)
+    return spec.replace(**changes) if changes else spec

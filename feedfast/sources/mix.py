@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from feedfast.errors import UserError
-from feedfast.sources.dataset import ShardSet
+from feedfast.sources.dataset import ShardSet, open_shards
 from feedfast.sources.index import format_index, parse_index
 
 
@@ -117,3 +117,16 @@ def _write(cache_dir: Path, shard: str, seed: int, epoch: int, source: int, text
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, out)
     return str(out)
+
+
+def open_dataset(shards: Any, spec: Any, cache_dir: Path, **open_kw: Any) -> tuple[tuple[Mix, list[ShardSet]] | None, ShardSet | None]:
+    """Open what ``DataLoader(shards=...)`` was given: one dataset, or each source of a Mix.
+
+    Returns ``(None, shard set)`` for one dataset and ``((mix, shard sets), None)`` for a Mix.
+    """
+    if not isinstance(shards, Mix):
+        return None, open_shards(shards, spec, cache_dir, **open_kw)
+    sets = [open_shards(s, spec, cache_dir, **open_kw) for s, _ in shards.sources]
+    if any(k != "file" for s in sets for k in s.read_kinds):
+        raise UserError("Mix combines local shards only; copy remote shards locally (or mount them) to mix")
+    return (shards, sets), None
