@@ -66,7 +66,7 @@ def _stream_source(reader: ReaderConfig, plan: Plan, shards: ShardSet, ep: Epoch
     """Feed the pipeline from feedfast's stream transport (:mod:`feedfast.sources.stream`)."""
     exts = [{e.lower() for e in plan.nodes[i].params["ext"].split(";")} for i in range(len(plan.components))]
     stream = StreamEpoch(shards, ep, exts, rank=rank, world=world, batch_size=batch_size,
-                         shuffle=plan.spec.shuffle_buffer > 0, seed=seed, epoch=epoch,
+                         shuffle_window=plan.spec.shuffle_buffer, seed=seed, epoch=epoch,
                          workers=max(2, workers), ahead=max(2, workers) + prefetch)
     reader.feed, reader.stream = stream.feeder, stream
 

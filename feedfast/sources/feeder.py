@@ -16,6 +16,7 @@ pipeline restored from a checkpoint simply starts asking at the saved step.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -52,6 +53,7 @@ class BatchFeeder:
         self.ahead = ahead
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="feedfast-stream")
         self._pending: dict[int, Future[list[list[np.ndarray]]]] = {}
+        self._windows = WindowCache(rows.window, self._fetch, keep=3)
         weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
 
     def __call__(self, info: Any) -> list[list[np.ndarray]]:
@@ -73,7 +75,7 @@ class BatchFeeder:
     def batch(self, step: int) -> list[list[np.ndarray]]:
         """The samples of step ``step``, read now (in the calling thread)."""
         rows = self.step_rows(step)
-        got = self._fetch(sorted(set(rows)))
+        got = self._windows.rows(rows) if self._windows.active else self._fetch(sorted(set(rows)))
         return [[got[r, c] for r in rows] for c in range(self.sizes.shape[1])]
 
     def _fetch(self, rows: list[int]) -> dict[tuple[int, int], np.ndarray]:
@@ -118,6 +120,52 @@ class BatchFeeder:
             return open(name, "rb")
         except OSError as exc:
             raise ShardError(f"cannot open shard {name!r}: {exc}") from exc
+
+
+class WindowCache:
+    """Whole shuffle windows, read once in large ranges and kept while their samples are served.
+
+    A windowed shuffle (see :func:`feedfast.sources.stream.window_shuffle`) takes each step's
+    samples from one or two windows of consecutive samples; reading a window at once turns
+    ``window`` small requests into a few large ones. At most ``keep`` windows stay in memory,
+    least recently used first out. Thread-safe: one reader per window, others wait for it.
+    """
+
+    def __init__(self, window: np.ndarray | None, fetch: Any, *, keep: int) -> None:
+        self.active = window is not None
+        self._fetch, self._keep = fetch, keep
+        self._members: dict[int, list[int]] = {}
+        if window is not None:
+            for row, w in enumerate(window.tolist()):
+                self._members.setdefault(int(w), []).append(row)
+        self._row_window: list[int] = [int(w) for w in window.tolist()] if window is not None else []
+        self._cache: dict[int, Future[dict[tuple[int, int], np.ndarray]]] = {}
+        self._lock = threading.Lock()
+
+    def rows(self, rows: list[int]) -> dict[tuple[int, int], np.ndarray]:
+        """The arrays of ``rows``, from their windows."""
+        got: dict[tuple[int, int], np.ndarray] = {}
+        for w in sorted({self._row_window[r] for r in rows}):
+            got.update(self._get(w))
+        return got
+
+    def _get(self, w: int) -> dict[tuple[int, int], np.ndarray]:
+        with self._lock:
+            fut = self._cache.pop(w, None)
+            owner = fut is None
+            if fut is None:
+                fut = Future()
+            self._cache[w] = fut  # most recently used last
+            while len(self._cache) > self._keep:
+                self._cache.pop(next(iter(self._cache)))
+        if owner:
+            try:
+                fut.set_result(self._fetch(self._members[w]))
+            except BaseException as exc:
+                fut.set_exception(exc)
+                with self._lock:
+                    self._cache.pop(w, None)
+        return fut.result()
 
 
 def runs(items: list[Span]) -> list[list[Span]]:

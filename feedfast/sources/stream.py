@@ -11,19 +11,22 @@ reader cannot open. The samples and their order are those the native reader yiel
   batches of 2, rank 0 (samples 0-3) yields ``[0 1] [2 3] [3 3]`` with 2, 2, 0 valid.
 
 What differs, by design: with ``shuffle.buffer > 0`` DALI's reader shuffles inside a
-buffer, which cannot be reproduced outside it; the stream transport shuffles the rank's
-whole range with ``random.Random(f"{seed}/{epoch}/{rank}")`` instead (as the PIL backend
-does). The guarantees are the same: every sample of the rank's range exactly once per
-epoch, deterministic for (seed, epoch, rank), resumable at any step.
+buffer, which cannot be reproduced outside it; the stream transport makes a windowed
+shuffle with ``random.Random(f"{seed}/{epoch}/{rank}")`` instead: the rank's range is cut
+into windows of ``shuffle.buffer`` consecutive samples, the windows are visited in a
+random order and the samples inside each in a random order. A window is read in a few
+large range requests and held in memory while its samples are served (``buffer`` samples,
+as DALI's buffer holds). The guarantees are the same: every sample of the rank's range
+exactly once per epoch, deterministic for (seed, epoch, rank), resumable at any step.
 
 The random operators after the source get the seeds they get after DALI's reader (see
 ``compile.dali.ReaderConfig``), so without shuffling a stream epoch yields the same pixels
 as a native one, byte for byte.
 
-Bytes are read per batch, per shard, in offset order, and members less than
-``feeder.MAX_GAP`` bytes apart are fetched in one read: without shuffling, a batch of one
-shard is one HTTP ``Range`` request (see :mod:`feedfast.sources.feeder`). A full shuffle
-has no locality, so shuffled epochs cost one request per sample. Only the indexes of
+Bytes are read per batch (per window when shuffling), per shard, in offset order, and
+members less than ``feeder.MAX_GAP`` bytes apart are fetched in one read: a batch or a
+window of one shard is one HTTP ``Range`` request (see :mod:`feedfast.sources.feeder`).
+Only the indexes of
 shards that the rank's range touches are read. ``external_source`` data has no
 ``source_info``, so :meth:`StreamEpoch.origins` names each step's samples instead.
 """
@@ -53,6 +56,7 @@ class Rows:
     keys: list[str]
     offsets: np.ndarray
     sizes: np.ndarray
+    window: np.ndarray | None = None  # each row's shuffle window (None: no shuffle)
 
 
 def _shard_rows(index_path: str, name: str, count: int, exts: list[set[str]]) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -74,7 +78,7 @@ def _shard_rows(index_path: str, name: str, count: int, exts: list[set[str]]) ->
 
 
 def rank_rows(names: tuple[str, ...], index_paths: tuple[str, ...], counts: tuple[int, ...], order: tuple[int, ...],
-              exts: list[set[str]], *, rank: int, world: int, shuffle: bool, seed: int, epoch: int) -> Rows:
+              exts: list[set[str]], *, rank: int, world: int, window: int, seed: int, epoch: int) -> Rows:
     """This rank's samples of the epoch, reading only the indexes of shards its range touches."""
     lo, hi = rank_range(sum(counts[i] for i in order), rank, world)
     shard, keys, offs, sizes = [], [], [], []
@@ -89,11 +93,26 @@ def rank_rows(names: tuple[str, ...], index_paths: tuple[str, ...], counts: tupl
             sizes.append(s[a - pos: b - pos])
         pos += counts[i]
     rows = Rows(np.concatenate(shard), keys, np.concatenate(offs), np.concatenate(sizes))
-    if not shuffle:
+    if window <= 0:
         return rows
-    perm = list(range(len(keys)))
-    random.Random(f"{seed}/{epoch}/{rank}").shuffle(perm)
-    return Rows(rows.shard[perm], [keys[j] for j in perm], rows.offsets[perm], rows.sizes[perm])
+    perm, win = window_shuffle(len(keys), window, random.Random(f"{seed}/{epoch}/{rank}"))
+    return Rows(rows.shard[perm], [keys[j] for j in perm], rows.offsets[perm], rows.sizes[perm], np.asarray(win))
+
+
+def window_shuffle(n: int, window: int, rng: random.Random) -> tuple[list[int], list[int]]:
+    """A permutation of ``range(n)`` visiting windows of ``window`` consecutive items in random
+    order, shuffled inside each; and each position's window number."""
+    windows = [list(range(start, min(start + window, n))) for start in range(0, n, window)]
+    order = list(range(len(windows)))
+    rng.shuffle(order)
+    perm: list[int] = []
+    win: list[int] = []
+    for w in order:
+        items = windows[w][:]
+        rng.shuffle(items)
+        perm += items
+        win += [w] * len(items)
+    return perm, win
 
 
 def step_rows(step: int, batch_size: int, count: int) -> list[int]:
@@ -109,9 +128,9 @@ class StreamEpoch:
     """
 
     def __init__(self, shards: Any, ep: EpochPlan, exts: list[set[str]], *, rank: int, world: int, batch_size: int,
-                 shuffle: bool, seed: int, epoch: int, workers: int = 2, ahead: int = 4) -> None:
+                 shuffle_window: int, seed: int, epoch: int, workers: int = 2, ahead: int = 4) -> None:
         rows = rank_rows(shards.paths, shards.index_paths, shards.sizes, ep.shard_order, exts, rank=rank, world=world,
-                         shuffle=shuffle, seed=seed, epoch=epoch)
+                         window=shuffle_window, seed=seed, epoch=epoch)
         if len(rows.keys) != ep.rank_samples:
             raise ShardError(f"rank {rank} has {len(rows.keys)} samples but its epoch plan expects {ep.rank_samples}")
         self.names, self.rows, self.batch_size, self.exts = shards.paths, rows, batch_size, exts
