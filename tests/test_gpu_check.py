@@ -35,6 +35,12 @@ def gc() -> ModuleType:
     return module
 
 
+@pytest.fixture(scope="module")
+def gcw(gc: ModuleType) -> ModuleType:
+    """The script's wheel set-up module (importable once the script has put its folder on the path)."""
+    return importlib.import_module("gpucheck_wheels")
+
+
 def _wheel(folder: Path, name: str, files: dict[str, str]) -> Path:
     """A minimal valid wheel ``name-1.0-py3-none-any.whl`` holding ``files``."""
     info = f"{name}-1.0.dist-info"
@@ -119,7 +125,7 @@ def test_a_spent_budget_skips_every_section_and_exits_1(gc: ModuleType, tmp_path
     assert "problems in: setup" in capsys.readouterr().out
 
 
-def test_wheel_pieces_are_joined_installed_once_and_put_on_the_path(gc: ModuleType, tmp_path: Path,
+def test_wheel_pieces_are_joined_installed_once_and_put_on_the_path(gcw: ModuleType, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     build, folder, target = tmp_path / "build", tmp_path / "wheels", tmp_path / "site"
     build.mkdir()
@@ -133,16 +139,16 @@ def test_wheel_pieces_are_joined_installed_once_and_put_on_the_path(gc: ModuleTy
     for i, suffix in enumerate(("aa", "ab", "ac")):
         (folder / f"wheels.tar.part-{suffix}").write_bytes(data[i * third:(i + 1) * third])
 
-    done = gc.join_pieces(folder)
+    done = gcw.join_pieces(folder)
     assert done[0].startswith("joined 3 pieces into wheels.tar") and done[1] == "unpacked 1 wheels from wheels.tar"
     wheels = sorted(folder.glob("*.whl"))
     assert [w.name for w in wheels] == [wheel.name]
-    assert "pip install --no-index --no-deps --target" in gc.install_wheels(wheels, target, timeout=120)
-    assert gc.install_wheels(wheels, target, timeout=120).startswith("already installed")
+    assert "pip install --no-index --no-deps --target" in gcw.install_wheels(wheels, target, timeout=120)
+    assert gcw.install_wheels(wheels, target, timeout=120).startswith("already installed")
 
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setenv("PYTHONPATH", "")
-    gc.activate(target)
+    gcw.activate(target)
     try:
         assert importlib.import_module("ffgc_probe").VALUE == 42
     finally:
@@ -150,18 +156,18 @@ def test_wheel_pieces_are_joined_installed_once_and_put_on_the_path(gc: ModuleTy
     assert os.environ["PYTHONPATH"] == str(target)
 
 
-def test_unzip_fallback_installs_package_and_data_purelib_files(gc: ModuleType, tmp_path: Path) -> None:
+def test_unzip_fallback_installs_package_and_data_purelib_files(gcw: ModuleType, tmp_path: Path) -> None:
     wheel = _wheel(tmp_path, "ffgc_unzip", {"ffgc_unzip/__init__.py": "A = 1\n",
                                             "ffgc_unzip-1.0.data/purelib/ffgc_extra.py": "B = 2\n",
                                             "ffgc_unzip-1.0.data/scripts/tool": "#!/bin/sh\n"})
-    gc.unzip_wheel(wheel, tmp_path / "site")
+    gcw.unzip_wheel(wheel, tmp_path / "site")
     assert (tmp_path / "site" / "ffgc_unzip" / "__init__.py").read_text() == "A = 1\n"
     assert (tmp_path / "site" / "ffgc_extra.py").read_text() == "B = 2\n"
     assert not (tmp_path / "site" / "tool").exists()
 
 
 def test_activate_reaches_an_nvidia_folder_hidden_by_a_regular_nvidia_package(
-        gc: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        gcw: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     nvidia = pytest.importorskip("nvidia")
     if not isinstance(getattr(nvidia, "__path__", None), list):
         pytest.skip("nvidia is a namespace package here; nothing hides the target's folder")
@@ -170,7 +176,7 @@ def test_activate_reaches_an_nvidia_folder_hidden_by_a_regular_nvidia_package(
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(nvidia, "__path__", list(nvidia.__path__))
     monkeypatch.setenv("PYTHONPATH", "")
-    gc.activate(tmp_path)
+    gcw.activate(tmp_path)
     try:
         assert importlib.import_module("nvidia.ffgc_part").OK is True
     finally:

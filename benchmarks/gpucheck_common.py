@@ -1,0 +1,135 @@
+"""Shared pieces of ``gpu_check.py``: sizes, the run context and budget, results, exceptions."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+REQUIRED = ("nvidia.dali", "webdataset", "braceexpand", "yaml", "psutil", "numpy", "PIL")
+"""Modules feedfast needs here; a missing one triggers the wheel install."""
+SPEC = REPO / "pipelines" / "imagenet-train.yaml"
+TOLERANCE = 0.05
+"""Largest accepted gap between the measured and the expected stall fraction."""
+
+
+# ---------------------------------------------------------------------------- settings
+@dataclass(frozen=True)
+class Sizes:
+    """How much each section measures."""
+
+    batch: int
+    image: int | None  # crop size override; None keeps the spec's 224
+    warmup: int
+    batches: int
+    stall_steps: int
+    nvml_seconds: float
+    train_warmup: int
+    train_steps: int
+    samples: int | None  # None: the demo dataset (1,024 samples)
+    small_images: bool
+
+
+GPU_SIZES = Sizes(batch=64, image=None, warmup=5, batches=50, stall_steps=30, nvml_seconds=3.0,
+                  train_warmup=5, train_steps=30, samples=None, small_images=False)
+DRY_SIZES = Sizes(batch=16, image=64, warmup=1, batches=4, stall_steps=10, nvml_seconds=0.5,
+                  train_warmup=1, train_steps=3, samples=128, small_images=True)
+
+
+@dataclass
+class Context:
+    """What sections share: settings, the clock budget, and what earlier sections made."""
+
+    sizes: Sizes
+    dry: bool
+    cuda: bool  # CUDA is used (present and not a --dry-run)
+    cuda_present: bool
+    budget: Budget
+    wheels: Path | None
+    target: Path | None
+    shards: str | None = None
+    shard_paths: list[str] = field(default_factory=list)
+    samples: int = 0
+
+    @property
+    def overrides(self) -> list[str]:
+        """Spec overrides for the crop size (none at full size)."""
+        return [f"pipeline.image[1].size={self.sizes.image}"] if self.sizes.image else []
+
+    @property
+    def device(self) -> torch.device:
+        """Where models and measured work run."""
+        return torch.device("cuda" if self.cuda else "cpu")
+
+
+class Skip(Exception):
+    """A section cannot run here (no CUDA in a dry run, NVML absent); not an error."""
+
+
+class OverBudget(Exception):
+    """The time budget ran out before or during a section."""
+
+
+class CheckFailed(Exception):
+    """A figure was measured but is not what the check expects."""
+
+
+class Budget:
+    """A wall-clock allowance for the whole run."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Seconds since the run started."""
+        return time.perf_counter() - self.start
+
+    def check(self) -> None:
+        """Raise :class:`OverBudget` once the allowance is spent."""
+        if self.elapsed() > self.seconds:
+            raise OverBudget(f"time budget of {self.seconds:g} s spent after {self.elapsed():.0f} s")
+
+
+# ---------------------------------------------------------------------------- results
+@dataclass
+class Row:
+    """One line of the final table."""
+
+    what: str
+    figure: float | str | None
+    unit: str = ""
+    note: str = ""
+
+
+@dataclass
+class Section:
+    """A section's outcome: ``ok``, ``skipped``, ``error`` or ``over-budget``, its rows and data."""
+
+    name: str
+    title: str
+    status: str = "ok"
+    note: str = ""
+    seconds: float = 0.0
+    rows: list[Row] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, what: str, figure: float | str | None, unit: str = "", note: str = "") -> None:
+        """Append a table row."""
+        self.rows.append(Row(what, figure, unit, note))
+
+
+def say(message: str) -> None:
+    """Progress on stderr (the table goes to stdout at the end)."""
+    print(f"[gpu-check] {message}", file=sys.stderr, flush=True)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as ``Type: first line``."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

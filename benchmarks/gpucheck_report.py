@@ -1,0 +1,67 @@
+"""``gpu_check.py``'s output: the final table and the JSON report."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from gpucheck_common import Context, Row, Section
+
+
+def fmt(figure: float | str | None) -> str:
+    """A figure for the table."""
+    if figure is None:
+        return "-"
+    if isinstance(figure, (str, int)):
+        return str(figure)
+    if abs(figure) >= 100:
+        return f"{figure:,.0f}"
+    return f"{figure:.2f}" if abs(figure) >= 1 else f"{figure:.3f}"
+
+
+def table_rows(sections: Sequence[Section]) -> list[Row]:
+    """Every section's rows, titled; a skipped or failed section gets a row with its note."""
+    rows = []
+    for sec in sections:
+        rows += [Row(f"{sec.title}: {r.what}", r.figure, r.unit, r.note) for r in sec.rows]
+        if sec.status != "ok":
+            rows.append(Row(sec.title, None, "", sec.note))
+    return rows
+
+
+def clip(note: str, width: int = 200) -> str:
+    """A note cut to ``width`` characters for the table (the JSON keeps it whole)."""
+    return note if len(note) <= width else note[: width - 3] + "..."
+
+
+def render(rows: Sequence[Row]) -> str:
+    """The final table, aligned."""
+    cells = [("what", "figure", "unit", "note")] + [(r.what, fmt(r.figure), r.unit, clip(r.note)) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(3)]
+    lines = [f"{w:<{widths[0]}}  {f:>{widths[1]}}  {u:<{widths[2]}}  {n}".rstrip() for w, f, u, n in cells]
+    lines.insert(1, "-" * max(len(line) for line in lines))
+    return "\n".join(lines)
+
+
+def environment(ctx: Context) -> dict[str, Any]:
+    """Versions and the device, for the JSON."""
+    dali = sys.modules.get("nvidia.dali")
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "dali": getattr(dali, "__version__", None), "cuda": ctx.cuda, "dry_run": ctx.dry,
+            "device": torch.cuda.get_device_name(0) if ctx.cuda else "cpu",
+            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+
+
+def write_json(path: str, code: int, ctx: Context, sections: Sequence[Section], rows: Sequence[Row]) -> None:
+    """Everything the run measured, its settings and environment, and the table, as JSON."""
+    out = {"version": 1, "exit_code": code, "wall_s": ctx.budget.elapsed(), "budget_s": ctx.budget.seconds,
+           "environment": environment(ctx), "sizes": asdict(ctx.sizes),
+           "sections": {s.name: asdict(s) for s in sections}, "table": [asdict(r) for r in rows]}
+    Path(path).write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
