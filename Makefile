@@ -33,8 +33,16 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
-bench: setup
-	$(PY) benchmarks/run.py --out bench-results
+# A second environment with torch and stock Pillow (no pillow-simd): the baseline as most users run it.
+STOCK := .venv-stock
+$(STOCK)/.installed:
+	test -x $(STOCK)/bin/python || $(PYTHON) -m venv $(STOCK)
+	$(STOCK)/bin/pip install -q "$(TORCH_SPEC)" Pillow webdataset braceexpand numpy pyyaml psutil tqdm
+	$(STOCK)/bin/pip install -q --no-deps -e .
+	touch $@
+
+bench: setup $(STOCK)/.installed
+	$(PY) benchmarks/run.py --out bench-results --stock-python $(STOCK)/bin/python
 
 soak: setup
 	$(PY) benchmarks/soak.py --epochs 20 --json bench-results/soak.json

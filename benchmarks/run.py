@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,13 +42,29 @@ def dataset(samples: int) -> list[str]:
     return paths
 
 
+STOCK = "torchvision recipe, stock Pillow"
+
+
+def stock_rate(shards: list[str], args: argparse.Namespace) -> float:
+    """The torchvision recipe run by ``--stock-python`` (torch with stock Pillow)."""
+    cmd = [args.stock_python, str(Path(__file__).resolve().parent / "stock_row.py"), "--shards", *shards,
+           "--batch-size", str(args.batch_size), "--workers", str(args.workers), "--warmup", str(args.warmup),
+           "--batches", str(args.batches)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["samples_per_s"])
+
+
 def measure(shards: list[str], args: argparse.Namespace) -> dict[str, list[float]]:
     """rows -> samples/s per round, rounds alternating the row order."""
-    results: dict[str, list[float]] = {name: [] for name in ROWS}
-    names = list(ROWS)
+    names = list(ROWS) + ([STOCK] if args.stock_python else [])
+    results: dict[str, list[float]] = {name: [] for name in names}
     for r in range(args.rounds):
         order = names if r % 2 == 0 else names[::-1]
         for name in order:
+            if name == STOCK:
+                results[name].append(stock_rate(shards, args))
+                print(f"round {r + 1}/{args.rounds}  {name:<26} {results[name][-1]:8.1f} samples/s", flush=True)
+                continue
             make = ROWS[name][0]
             it = make(shards, args.batch_size, args.workers)
             rate = time_row(it, warmup=args.warmup, batches=args.batches)
@@ -74,6 +91,7 @@ def summarize(results: dict[str, list[float]], args: argparse.Namespace) -> dict
             "hand-written DALI / torchvision recipe": med["hand-written DALI"] / med["torchvision recipe"],
             "feedfast PIL backend / torchvision recipe": med["feedfast PIL backend"] / med["torchvision recipe"],
             f"feedfast / decode-only ceiling ({args.workers} cores)": ff / ceiling,
+            **({"feedfast / torchvision recipe, stock Pillow": ff / med[STOCK]} if STOCK in med else {}),
         },
     }
 
@@ -105,6 +123,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--out", default="bench-results")
+    ap.add_argument("--stock-python", default=None,
+                    help="an interpreter with torch and stock Pillow: adds the recipe as most users run it")
     args = ap.parse_args()
     t0 = time.perf_counter()
     shards = dataset(args.samples)
