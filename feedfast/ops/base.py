@@ -135,6 +135,24 @@ def as_hw(size: int | Sequence[int]) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
+def positive_range(name: str, r: Sequence[float]) -> None:
+    """Raise SignatureError unless the range ``r`` satisfies ``0 < low <= high``."""
+    if r[0] <= 0 or r[0] > r[1]:
+        raise SignatureError(f"`{name}` must satisfy 0 < low <= high, got {list(r)}")
+
+
+def same_image(op: str, *, rgb: bool = False) -> Callable[[Signature, dict[str, Any]], Signature]:
+    """The signature rule of an image op that keeps shape, type and layout (``rgb``: needs 3 channels)."""
+
+    def infer(sig: Signature, p: dict[str, Any]) -> Signature:
+        require(sig, kind=("image",), op=op)
+        if rgb and sig.shape[2] not in (3, None):
+            raise SignatureError(f"`{op}` needs an RGB image; `decode` has color: gray")
+        return sig
+
+    return infer
+
+
 def require(sig: Signature, *, kind: Sequence[str], op: str, dtype: str | None = None) -> None:
     """Raise SignatureError unless ``sig`` is of one of ``kind`` (and ``dtype``)."""
     if sig.kind not in kind:

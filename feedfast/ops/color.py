@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 from feedfast.ops import _dali as d
-from feedfast.ops.base import OpDef, Param, Signature, SignatureError, require
+from feedfast.ops.base import OpDef, Param, Signature, SignatureError, positive_range, require, same_image
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -81,16 +81,6 @@ NORMALIZE = OpDef(
 )
 
 
-def _image_same(op: str):  # type: ignore[no-untyped-def]
-    def infer(sig: Signature, p: dict[str, Any]) -> Signature:
-        require(sig, kind=("image",), op=op)
-        if op in ("color_jitter", "random_grayscale") and sig.shape[2] not in (3, None):
-            raise SignatureError(f"`{op}` needs an RGB image; `decode` has color: gray")
-        return sig
-
-    return infer
-
-
 def _factor(strength: float) -> tuple[float, float]:
     return max(0.0, 1.0 - strength), 1.0 + strength
 
@@ -144,7 +134,7 @@ COLOR_JITTER = OpDef(
         Param("hue", "float", 0.1, "shift drawn from [-h, h] turns of the colour wheel", low=0, high=0.5),
         Param("probability", "float", 1.0, "chance the jitter is applied to a sample", low=0, high=1),
     ),
-    _image_same("color_jitter"),
+    same_image("color_jitter", rgb=True),
     dali=_jitter_dali,
     pil=_jitter_pil,
     random=True,
@@ -167,7 +157,7 @@ RANDOM_GRAYSCALE = OpDef(
     "random_grayscale",
     "with a probability, drop colour (three equal channels)",
     (Param("probability", "float", 0.2, "chance a sample turns gray", low=0, high=1),),
-    _image_same("random_grayscale"),
+    same_image("random_grayscale", rgb=True),
     dali=_gray_dali,
     pil=_gray_pil,
     random=True,
@@ -194,9 +184,8 @@ def _blur_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
 
 
 def _blur_infer(sig: Signature, p: dict[str, Any]) -> Signature:
-    if p["sigma"][0] <= 0 or p["sigma"][0] > p["sigma"][1]:
-        raise SignatureError(f"`sigma` must satisfy 0 < low <= high, got {list(p['sigma'])}")
-    return _image_same("gaussian_blur")(sig, p)
+    positive_range("sigma", p["sigma"])
+    return same_image("gaussian_blur")(sig, p)
 
 
 GAUSSIAN_BLUR = OpDef(

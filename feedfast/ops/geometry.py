@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 from feedfast.ops import _dali as d
-from feedfast.ops.base import OpDef, Param, Signature, SignatureError, as_hw, require
+from feedfast.ops.base import OpDef, Param, Signature, as_hw, positive_range, require, same_image
 
 _INTERP = Param("interpolation", "str", "linear", "resampling filter", choices=d.INTERPOLATIONS)
 _SIZE = Param("size", "size", 224, "output size: an integer (square) or [height, width]", low=1, high=16384)
@@ -66,14 +66,9 @@ def _rrc_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
     )
 
 
-def _check_range(name: str, r: Any, low: float) -> None:
-    if r[0] <= low or r[0] > r[1]:
-        raise SignatureError(f"`{name}` must satisfy {low:g} < low <= high, got {list(r)}")
-
-
 def _rrc_infer(sig: Signature, p: dict[str, Any]) -> Signature:
-    _check_range("scale", p["scale"], 0.0)
-    _check_range("ratio", p["ratio"], 0.0)
+    positive_range("scale", p["scale"])
+    positive_range("ratio", p["ratio"])
     return _image_infer_sized("random_resized_crop")(sig, p)
 
 
@@ -183,11 +178,6 @@ RANDOM_CROP = OpDef(
 )
 
 
-def _flip_infer(sig: Signature, p: dict[str, Any]) -> Signature:
-    require(sig, kind=("image",), op="flip")
-    return sig
-
-
 def _flip_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     return d.fn().flip(x, device=ctx.device, horizontal=d.coin(p["horizontal"]), vertical=d.coin(p["vertical"]))
 
@@ -209,17 +199,12 @@ FLIP = OpDef(
         Param("horizontal", "float", 0.5, "probability of a left-right flip", low=0, high=1),
         Param("vertical", "float", 0.0, "probability of a top-bottom flip", low=0, high=1),
     ),
-    _flip_infer,
+    same_image("flip"),
     dali=_flip_dali,
     pil=_flip_pil,
     random=True,
     dali_name="flip",
 )
-
-
-def _rotate_infer(sig: Signature, p: dict[str, Any]) -> Signature:
-    require(sig, kind=("image",), op="rotate")
-    return sig
 
 
 def _rotate_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
@@ -245,7 +230,7 @@ ROTATE = OpDef(
         Param("fill", "float", 0.0, "value of the uncovered corners", low=0, high=255),
         _INTERP,
     ),
-    _rotate_infer,
+    same_image("rotate"),
     dali=_rotate_dali,
     pil=_rotate_pil,
     random=True,
