@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
@@ -143,13 +144,14 @@ LEAK_SCRIPT = textwrap.dedent("""
 @pytest.mark.parametrize("ending", ["loader.close()", "del loader, it; gc.collect()", "pass  # interpreter exit"])
 def test_no_hang_no_leaked_processes_or_shared_memory(shards: list[str], ending: str) -> None:
     before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    code = LEAK_SCRIPT.format(root=str(ROOT), shards=shards, ending=ending)
+    token = f"feedfast-leak-check-{uuid.uuid4().hex}"  # names this run's processes, not a concurrent run's
+    code = LEAK_SCRIPT.format(root=str(ROOT), shards=shards, ending=ending) + f"# {token}\n"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     assert after - before == set()
-    children = subprocess.run(["pgrep", "-f", "tests.helpers import SMALL_SPEC"], capture_output=True, text=True)
+    children = subprocess.run(["pgrep", "-f", token], capture_output=True, text=True)
     assert children.stdout.strip() == ""
 
 
