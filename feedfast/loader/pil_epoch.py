@@ -32,7 +32,6 @@ import os
 import random
 import traceback
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
 import numpy as np
@@ -47,7 +46,7 @@ from feedfast.ops.base import Signature
 from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, rank_range
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.index import Sample, parse_index
+from feedfast.sources.index import first_member, read_index
 
 
 class SampleRef(NamedTuple):
@@ -67,26 +66,10 @@ def epoch_samples(program: PilProgram, shards: ShardSet, order: tuple[int, ...])
     """
     refs: list[SampleRef] = []
     for i in order:
-        samples = _index(shards.index_paths[i])
-        if len(samples) != shards.sizes[i]:
-            raise ShardError(f"the index {shards.index_paths[i]!r} of {shards.paths[i]!r} now lists {len(samples)} "
-                             f"samples, not {shards.sizes[i]}: the shard changed since it was opened; open it again")
-        for s in samples:
-            members = tuple(None if m is None else (m.offset, m.size) for m in (_pick(s, e) for e in program.exts))
+        for s in read_index(shards.index_paths[i], shards.paths[i], shards.sizes[i]):
+            members = tuple(None if m is None else (m.offset, m.size) for m in (first_member(s, e) for e in program.exts))
             refs.append(SampleRef(i, s.key, members, len(refs)))
     return refs
-
-
-def _index(path: str) -> list[Sample]:
-    try:
-        return parse_index(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ShardError(f"cannot read the index {path!r}: {exc}") from exc
-
-
-def _pick(sample: Sample, exts: frozenset[str]) -> Any:
-    """The first member of ``sample`` in tar order whose extension is in ``exts`` (any case)."""
-    return next((m for m in sample.members if m.ext.lower() in exts), None)
 
 
 def rank_order(refs: list[SampleRef], *, rank: int, world: int, shuffle: bool, seed: int,

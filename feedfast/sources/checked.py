@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -11,27 +10,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from feedfast.errors import ShardError
-from feedfast.sources.index import Sample, format_index, load_index
+from feedfast.sources.index import Sample, first_member, load_index, read_index, shard_digest, write_atomic
 from feedfast.sources.validate import SNIFF_BYTES, probe_image, to_png
 
 
 @dataclass
 class ShardCheck:
-    """The outcome of checking one shard: what DALI reads, what was left out, what was re-encoded."""
+    """The outcome of checking one shard: the samples DALI reads from it, those left out, those re-encoded."""
 
-    index_path: str
     kept: list[Sample]
     bad: dict[str, str] = field(default_factory=dict)
     converted: dict[str, str] = field(default_factory=dict)
     side_shard: str | None = None
     side_index: str | None = None
     side_count: int = 0
-
-
-def _digest(path: str, *extra: object) -> str:
-    st = os.stat(path)
-    text = "|".join(map(str, (os.path.abspath(path), st.st_size, st.st_mtime_ns, *extra)))
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def open_shard(path: str) -> io.BufferedReader:
@@ -52,18 +44,14 @@ def read_member(f: io.BufferedReader, offset: int, size: int) -> bytes:
 
 def image_members(sample: Sample, image_exts: list[set[str]]) -> list[tuple[int, int, str]]:
     """(offset, size, name) of the sample's image components (the first match of each)."""
-    out = []
-    for exts in image_exts:
-        m = next((m for m in sample.members if m.ext.lower() in exts), None)
-        if m is not None:
-            out.append((m.offset, m.size, m.name))
-    return out
+    found = (first_member(sample, exts) for exts in image_exts)
+    return [(m.offset, m.size, m.name) for m in found if m is not None]
 
 
 def _verdicts(path: str, samples: list[Sample], image_exts: list[set[str]], max_pixels: int,
               cache: Path, decode: bool) -> dict[str, dict[str, str]]:
     """{"bad": {key: reason}, "convert": {key: reason}}, from the cache when fresh."""
-    tag = _digest(path, max_pixels, sorted(map(sorted, image_exts)), decode, [s.key for s in samples])
+    tag = shard_digest(path, max_pixels, sorted(map(sorted, image_exts)), decode, [s.key for s in samples])
     cached = cache / "checks" / f"{Path(path).stem}-{tag}.json"
     if cached.is_file():
         return json.loads(cached.read_text(encoding="utf-8"))
@@ -75,30 +63,26 @@ def _verdicts(path: str, samples: list[Sample], image_exts: list[set[str]], max_
                 v = probe_image(data, max_pixels=max_pixels, decode=decode)
                 if v.status != "ok":
                     result[v.status].setdefault(s.key, f"{name}: {v.reason}")
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(result), encoding="utf-8")
-    os.replace(tmp, cached)
+    write_atomic(cached, json.dumps(result))
     return result
 
 
-def check_shard(path: str, index_path: str, samples: list[Sample], image_exts: list[set[str]], *,
+def check_shard(path: str, samples: list[Sample], image_exts: list[set[str]], *,
                 max_pixels: int, cache: Path, decode: bool = True) -> ShardCheck:
-    """Check a shard's image components; write a filtered index and a side shard when needed.
+    """Check a shard's image components; write a side shard of re-encoded images when needed.
 
-    With ``decode=False`` only headers are read (see :func:`probe_image`).
+    With ``decode=False`` only headers are read (see :func:`probe_image`). The caller
+    gives DALI an index of ``ShardCheck.kept``.
     """
     v = _verdicts(path, samples, image_exts, max_pixels, cache, decode)
     bad, convert = v["bad"], v["convert"]
     if not bad and not convert:
-        return ShardCheck(index_path, samples)
+        return ShardCheck(samples)
     kept = [s for s in samples if s.key not in bad and s.key not in convert]
-    tag = _digest(path, max_pixels, "filtered", sorted(bad), sorted(convert))
-    check = ShardCheck(str(cache / "filtered" / f"{Path(path).stem}-{tag}.idx"), kept, dict(bad), dict(convert))
-    Path(check.index_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(check.index_path).write_text(format_index(kept) if kept else "v1.2 0\n", encoding="utf-8")
+    check = ShardCheck(kept, dict(bad), dict(convert))
     moved = [s for s in samples if s.key in convert]
     if moved:
+        tag = shard_digest(path, max_pixels, sorted(convert))
         side = cache / "converted" / f"{Path(path).stem}-{tag}.tar"
         _write_side_shard(path, side, moved, image_exts)
         idx, side_samples = load_index(side, cache)
@@ -128,10 +112,8 @@ def find_bad_image(paths: list[str], index_paths: list[str], image_exts: list[se
 
     Used after DALI failed a batch under ``on_error: raise`` without naming the sample.
     """
-    from feedfast.sources.index import parse_index
-
     for path, idx in zip(paths, index_paths):
-        samples = parse_index(Path(idx).read_text(encoding="utf-8"))
+        samples = read_index(idx, path)
         with open_shard(path) as f:
             for s in samples:
                 for off, size, name in image_members(s, image_exts):

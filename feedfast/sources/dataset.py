@@ -21,7 +21,6 @@ s3/gs shards cannot be checked, so ``on_error: skip`` with them is an error.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Sequence
 from feedfast.errors import SampleError, ShardError, UserError
 from feedfast.sources.cache import ShardCache
 from feedfast.sources.checked import check_shard
-from feedfast.sources.index import Sample, format_index, load_index
+from feedfast.sources.index import Sample, first_member, load_index, subset_index
 from feedfast.sources.remote import DEFAULT_TRANSFER, Transfer, url_kind
 from feedfast.sources.remote_index import remote_index
 from feedfast.sources.shardlist import resolve_shards
@@ -93,15 +92,11 @@ def _exts(ext: str) -> set[str]:
     return {e.lower() for e in ext.split(";")}
 
 
-def _has(sample: Sample, exts: set[str]) -> bool:
-    return any(e.lower() in exts for e in sample.exts)
-
-
 def _complete(path: str, samples: list[Sample], spec: Spec, skipped: list[tuple[str, str, str]]) -> list[Sample]:
     """The samples that have every component, applying ``missing``."""
     kept = []
     for s in samples:
-        lacking = [c.name for c in spec.components.values() if not _has(s, _exts(c.ext))]
+        lacking = [c.name for c in spec.components.values() if first_member(s, _exts(c.ext)) is None]
         if not lacking or spec.missing == "empty":
             kept.append(s)
         elif spec.missing == "skip":
@@ -111,16 +106,6 @@ def _complete(path: str, samples: list[Sample], spec: Spec, skipped: list[tuple[
                               reason=f"no member for {', '.join(lacking)}; has {', '.join(s.exts) or 'nothing'}; "
                               "set `source: {missing: skip}` to leave such samples out")
     return kept
-
-
-def _filtered_index(path: str, kept: list[Sample], cache_dir: Path) -> str:
-    st = os.stat(path)
-    tag = hashlib.sha1(f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{[s.key for s in kept]}".encode())
-    out = cache_dir / "filtered" / f"{Path(path).stem}-{tag.hexdigest()[:16]}.idx"
-    if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(format_index(kept), encoding="utf-8")
-    return str(out)
 
 
 @dataclass(frozen=True)
@@ -192,21 +177,22 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         where = locate(p, cache_dir, cache, check_locally=policy == "skip")
         raw += where.nbytes
         kept = _complete(p, where.samples, spec, skipped)
-        index_path = str(where.index) if len(kept) == len(where.samples) else \
-            _filtered_index(where.local or str(where.index), kept, cache_dir)
         side = None
         if image_exts and kept and where.local:
-            check = check_shard(where.local, index_path, kept, image_exts, max_pixels=max_pixels, cache=cache_dir,
+            check = check_shard(where.local, kept, image_exts, max_pixels=max_pixels, cache=cache_dir,
                                 decode=policy == "skip")
             if check.bad and policy == "raise":
                 key, reason = next(iter(check.bad.items()))
                 raise SampleError("image cannot be read (on_error is `raise`)", shard=p, key=key,
                                   reason=f"{reason}; set on_error='skip' to leave such samples out")
-            kept, index_path = check.kept, check.index_path
+            kept = check.kept
             skipped += [(p, k, r) for k, r in check.bad.items()]
             converted += [(p, k, r) for k, r in check.converted.items()]
             if check.side_shard:
                 side = (check.side_shard, check.side_index, check.side_count)
+        # DALI reads exactly what an index lists: one index of the kept samples leaves the rest out
+        index_path = str(where.index) if len(kept) in (0, len(where.samples)) else \
+            subset_index(where.local or str(where.index), kept, cache_dir, "filtered")
         entries = ([(p, index_path, len(kept), where.kind)] if kept else []) + (
             [(side[0], str(side[1]), side[2], "file")] if side else [])
         for path, index, size, kind in entries:

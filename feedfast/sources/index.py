@@ -81,7 +81,7 @@ def scan_tar(path: str | os.PathLike[str]) -> list[Sample]:
     try:
         file_size = os.path.getsize(path)
         with tarfile.open(path, mode="r:") as tar:
-            members = [_member(m) for m in _regular_members(tar, path)]
+            members = [member_of(m) for m in _regular_members(tar, path)]
     except FileNotFoundError as exc:
         raise ShardError(f"shard not found: {path!r}") from exc
     except PermissionError as exc:
@@ -122,7 +122,8 @@ def _check_end(tar: tarfile.TarFile, path: str) -> None:
         )
 
 
-def _member(info: tarfile.TarInfo) -> Member:
+def member_of(info: tarfile.TarInfo) -> Member:
+    """The index entry of a tar member (its data offset, not its header's)."""
     key, ext = split_name(info.name)
     return Member(key=key, ext=ext, offset=info.offset_data, size=info.size, name=info.name)
 
@@ -191,11 +192,64 @@ def default_index_path(shard: str | os.PathLike[str]) -> Path:
     return p.with_name(stem + ".idx")
 
 
+def shard_digest(shard: str | os.PathLike[str], *extra: object) -> str:
+    """A short hash of a local shard's identity (path, size, mtime) and ``extra``: a cache key."""
+    st = os.stat(shard)
+    text = "|".join(map(str, (os.path.abspath(shard), st.st_size, st.st_mtime_ns, *extra)))
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
 def cached_index_path(shard: str | os.PathLike[str], cache_dir: Path) -> Path:
     """The cache-folder location of a shard's index, keyed by path, size and mtime."""
-    st = os.stat(shard)
-    digest = hashlib.sha1(f"{os.path.abspath(shard)}|{st.st_size}|{st.st_mtime_ns}".encode())
-    return cache_dir / "index" / f"{Path(shard).stem}-{digest.hexdigest()[:16]}.idx"
+    return cache_dir / "index" / f"{Path(shard).stem}-{shard_digest(shard)}.idx"
+
+
+def data_end(samples: list[Sample]) -> int:
+    """The byte just past the last member's data (0 for no samples): a shard must be at least this long."""
+    return max((m.offset + m.size for s in samples for m in s.members), default=0)
+
+
+def first_member(sample: Sample, exts: set[str] | frozenset[str]) -> Member | None:
+    """The sample's first member in tar order whose extension is in ``exts`` (any case), as DALI picks it."""
+    return next((m for m in sample.members if m.ext.lower() in exts), None)
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file renamed into place (readers never see half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_index(path: str | os.PathLike[str], shard: str, expect: int | None = None) -> list[Sample]:
+    """The samples of an index file that describes ``shard``.
+
+    Raises:
+        ShardError: the index cannot be read, or no longer lists ``expect`` samples (the
+            shard changed since it was opened).
+    """
+    try:
+        samples = parse_index(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ShardError(f"cannot read the index {os.fspath(path)!r} of {shard!r}: {exc}") from exc
+    if expect is not None and len(samples) != expect:
+        raise ShardError(f"the index {os.fspath(path)!r} of {shard!r} now lists {len(samples)} samples, not {expect}: "
+                         "the shard changed since it was opened; open it again")
+    return samples
+
+
+def subset_index(shard: str | os.PathLike[str], samples: list[Sample], cache_dir: Path, folder: str) -> str:
+    """An index listing just ``samples`` of a shard (repeats allowed), cached under ``cache_dir/folder``.
+
+    DALI reads exactly the samples an index lists, so leaving samples out (missing
+    components, bad images) or drawing them (mixing) is an index. The file is keyed by the
+    shard's path, size and mtime and by its contents, and written once.
+    """
+    text = format_index(samples)
+    out = cache_dir / folder / f"{Path(shard).stem}-{shard_digest(shard, text)}.idx"
+    return str(out if out.is_file() else write_atomic(out, text))
 
 
 def _fresh_samples(shard: str | os.PathLike[str], index: Path) -> list[Sample] | None:
@@ -214,8 +268,7 @@ def _fresh_samples(shard: str | os.PathLike[str], index: Path) -> list[Sample] |
         samples = parse_index(index.read_text(encoding="utf-8"))
     except (ShardError, ValueError, UnicodeDecodeError, OSError):
         return None
-    ends = [m.offset + m.size for s in samples for m in s.members]
-    return samples if ends and max(ends) <= sst.st_size else None
+    return samples if samples and data_end(samples) <= sst.st_size else None
 
 
 def write_index(shard: str | os.PathLike[str], index: Path, samples: list[Sample] | None = None) -> Path:
@@ -223,11 +276,7 @@ def write_index(shard: str | os.PathLike[str], index: Path, samples: list[Sample
     samples = scan_tar(shard) if samples is None else samples
     if not samples:
         raise ShardError(f"shard holds no samples: {os.fspath(shard)!r}")
-    index.parent.mkdir(parents=True, exist_ok=True)
-    tmp = index.with_name(f".{index.name}.{os.getpid()}.tmp")
-    tmp.write_text(format_index(samples), encoding="utf-8")
-    os.replace(tmp, index)
-    return index
+    return write_atomic(index, format_index(samples))
 
 
 def load_index(shard: str | os.PathLike[str], cache_dir: Path) -> tuple[Path, list[Sample]]:

@@ -14,8 +14,6 @@ padding and resume work as for any dataset. Only local shards can be mixed.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +22,7 @@ from typing import Any
 
 from feedfast.errors import UserError
 from feedfast.sources.dataset import ShardSet, open_shards
-from feedfast.sources.index import format_index, parse_index
+from feedfast.sources.index import read_index, subset_index
 
 
 @dataclass(frozen=True)
@@ -93,30 +91,19 @@ def mixed_epoch(sets: Sequence[ShardSet], mix: Mix, *, seed: int, epoch: int, ca
         if shards.total == 0:
             raise UserError(f"Mix source {mix.sources[i][0]!r} has no usable samples")
         samples = [(k, s) for k, idx in enumerate(shards.index_paths)
-                   for s in parse_index(Path(idx).read_text(encoding="utf-8"))]
+                   for s in read_index(idx, shards.paths[k], shards.sizes[k])]
         chosen: dict[int, list[Any]] = {}
         for pos in draw(len(samples), count, seed=seed, epoch=epoch, source=i):
             k, s = samples[pos]
             chosen.setdefault(k, []).append(s)
         for k, picked in sorted(chosen.items()):
             paths.append(shards.paths[k])
-            idxs.append(_write(cache_dir, shards.paths[k], seed, epoch, i, format_index(picked)))
+            idxs.append(subset_index(shards.paths[k], picked, cache_dir, "mix"))
             sizes.append(len(picked))
     return ShardSet(tuple(paths), tuple(idxs), tuple(sizes),
                     skipped=tuple(x for s in sets for x in s.skipped),
                     converted=tuple(x for s in sets for x in s.converted),
                     raw_bytes=sum(s.raw_bytes for s in sets))
-
-
-def _write(cache_dir: Path, shard: str, seed: int, epoch: int, source: int, text: str) -> str:
-    digest = hashlib.sha1(f"{os.path.abspath(shard)}|{seed}|{epoch}|{source}|{text}".encode()).hexdigest()[:16]
-    out = cache_dir / "mix" / f"{Path(shard).stem}-e{epoch}-{digest}.idx"
-    if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out)
-    return str(out)
 
 
 def open_dataset(shards: Any, spec: Any, cache_dir: Path, **open_kw: Any) -> tuple[tuple[Mix, list[ShardSet]] | None, ShardSet | None]:

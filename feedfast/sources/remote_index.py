@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tarfile
 import warnings
 from pathlib import Path
 from typing import IO
 
 from feedfast.errors import ShardError
-from feedfast.sources.index import Member, Sample, format_index, group_members, parse_index, split_name
+from feedfast.sources.index import Sample, data_end, format_index, group_members, member_of, parse_index, write_atomic
 from feedfast.sources.remote import DEFAULT_TRANSFER, RemoteError, Transfer, read_all, validators
 
 SIDECAR_MISSING = frozenset({403, 404, 410})
@@ -47,27 +46,20 @@ def remote_index(url: str, cache_dir: Path, transfer: Transfer = DEFAULT_TRANSFE
     if found and cached.is_file():
         try:
             samples = parse_index(cached.read_text(encoding="utf-8"))
-            return cached, samples, size or _end(samples)
+            return cached, samples, size or data_end(samples)
         except (ShardError, ValueError, IndexError, UnicodeDecodeError) as exc:
             warnings.warn(f"rebuilding the unreadable cached index {str(cached)!r} of {url!r}: {exc}", stacklevel=2)
     found_samples = _sidecar(url, transfer, size)
     samples = found_samples if found_samples is not None else read_all(url, lambda f: scan_stream(f, url), transfer)
     if not samples:
         raise ShardError(f"shard holds no samples: {url!r}")
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-    tmp.write_text(format_index(samples), encoding="utf-8")
-    os.replace(tmp, cached)
-    return cached, samples, size or _end(samples)
+    write_atomic(cached, format_index(samples))
+    return cached, samples, size or data_end(samples)
 
 
 def _size(found: dict[str, str]) -> int:
     text = found.get("content-length") or found.get("size") or ""
     return int(text) if text.isdigit() else 0
-
-
-def _end(samples: list[Sample]) -> int:
-    return max((m.offset + m.size for s in samples for m in s.members), default=0)
 
 
 def _sidecar(url: str, transfer: Transfer, size: int) -> list[Sample] | None:
@@ -89,9 +81,9 @@ def _sidecar(url: str, transfer: Transfer, size: int) -> list[Sample] | None:
         warnings.warn(f"ignoring the index {where!r}: not a v1.2 webdataset index ({exc}); scanning {url!r}",
                       stacklevel=3)
         return None
-    if not samples or (size and _end(samples) > size):
+    if not samples or (size and data_end(samples) > size):
         warnings.warn(f"ignoring the index {where!r}: it does not describe {url!r} ({len(samples)} samples, "
-                      f"data up to byte {_end(samples)}, shard size {size or 'unknown'}); scanning the shard",
+                      f"data up to byte {data_end(samples)}, shard size {size or 'unknown'}); scanning the shard",
                       stacklevel=3)
         return None
     return samples
@@ -103,13 +95,9 @@ def scan_stream(stream: IO[bytes], name: str) -> list[Sample]:
     Raises:
         ShardError: the stream is not a tar or ends inside a header; names ``name``.
     """
-    members: list[Member] = []
     try:
         with tarfile.open(fileobj=stream, mode="r|") as tar:
-            for info in tar:
-                if info.isreg():
-                    key, ext = split_name(info.name)
-                    members.append(Member(key, ext, info.offset_data, info.size, info.name))
+            members = [member_of(info) for info in tar if info.isreg()]
     except tarfile.ReadError as exc:
         raise ShardError(f"shard is not a readable tar file: {name!r} ({exc})") from exc
     return group_members(members)

@@ -36,7 +36,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,7 +43,7 @@ import numpy as np
 from feedfast.errors import ShardError
 from feedfast.sources.assign import EpochPlan, rank_range
 from feedfast.sources.feeder import BatchFeeder
-from feedfast.sources.index import parse_index
+from feedfast.sources.index import first_member, read_index
 from feedfast.sources.validate import probe_image
 
 
@@ -60,18 +59,12 @@ class Rows:
 
 
 def _shard_rows(index_path: str, name: str, count: int, exts: list[set[str]]) -> tuple[list[str], np.ndarray, np.ndarray]:
-    try:
-        samples = parse_index(Path(index_path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ShardError(f"cannot read the index {index_path!r} of {name!r}: {exc}") from exc
-    if len(samples) != count:
-        raise ShardError(f"the index {index_path!r} of {name!r} now lists {len(samples)} samples, not {count}: "
-                         "the shard changed since it was opened; open it again")
+    samples = read_index(index_path, name, count)
     offsets = np.zeros((count, len(exts)), dtype=np.int64)
     sizes = np.full((count, len(exts)), -1, dtype=np.int64)
     for i, s in enumerate(samples):
         for c, wanted in enumerate(exts):
-            m = next((m for m in s.members if m.ext.lower() in wanted), None)
+            m = first_member(s, wanted)
             if m is not None:
                 offsets[i, c], sizes[i, c] = m.offset, m.size
     return [s.key for s in samples], offsets, sizes
