@@ -25,6 +25,13 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, so containers and taskset count), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def launcher_rank() -> tuple[int, int, int]:
     """(rank, world size, local rank) from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (torchrun's)."""
     def _int(name: str, default: int) -> int:

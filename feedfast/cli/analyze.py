@@ -22,9 +22,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from feedfast._env import usable_cores
 from feedfast.cli import analyze_report
 from feedfast.cli.advice import MODEL, ReadWindow, Timings, decode_share
-from feedfast.cli.common import check_positive, cores, demo_shards, find_spec, write_json
+from feedfast.cli.common import check_positive, demo_shards, find_spec, write_json
 from feedfast.cli.measure import RunPlan, forever, pil_decode_ms, timed_run
 from feedfast.cli.pagecache import drop_cached, stage_in_memory
 from feedfast.cli.recommend import Context, crop_area, recommend, target_short_side
@@ -186,7 +187,7 @@ def _analysis(report: dict[str, Any], loader: Any, stats: ShardStats, images: li
     share = decode_share(dec_ms, loader.spec.batch_size, loader.threads, t.prep) if dec_ms is not None else None
     ops = {o.op: o.params for f in loader.spec.fields.values() for o in f.ops}
     ctx = Context(
-        batch_size=loader.spec.batch_size, threads=loader.threads, cores=cores(), placement=loader.plan.placement,
+        batch_size=loader.spec.batch_size, threads=loader.threads, cores=usable_cores(), placement=loader.plan.placement,
         cuda=cuda_available(), passes=tuple(loader.plan.passes),
         crop_area=crop_area(ops["random_resized_crop"]["scale"]) if "random_resized_crop" in ops else None,
         target_short=target_short_side(ops), decode_share=share, sizes=stats.sizes,

@@ -13,8 +13,9 @@ import os
 import time
 from typing import Any
 
+from feedfast._env import usable_cores
 from feedfast.cli.advice import step_recommendation
-from feedfast.cli.common import check_positive, cores, demo_shards, find_spec, gpu_cell, table, write_json
+from feedfast.cli.common import check_positive, demo_shards, find_spec, gpu_cell, table, write_json
 from feedfast.cli.measure import RunPlan, forever, timed_run
 from feedfast.errors import UserError
 
@@ -118,7 +119,7 @@ def _step(figs: dict[str, Any], step_ms: float, loader: Any) -> dict[str, Any]:
     wait = figs["wait_ms_per_batch"]
     measured = None if figs["batch_ms"] is None or wait is None else figs["batch_ms"] - wait
     achieved = figs["samples_per_s"]
-    text, need = step_recommendation(stall_fraction=figs["stall_fraction"], threads=loader.threads, cores=cores(),
+    text, need = step_recommendation(stall_fraction=figs["stall_fraction"], threads=loader.threads, cores=usable_cores(),
                                      required=required, achieved=achieved, placement=loader.plan.placement,
                                      cuda=cuda_available())
     return {"step_ms": step_ms, "simulated_by": "time.sleep in the consumer loop (frees the core, like a GPU step)",
@@ -126,7 +127,7 @@ def _step(figs: dict[str, Any], step_ms: float, loader: Any) -> dict[str, Any]:
             "wait_ms_per_batch": figs["wait_ms_per_batch"], "measured_step_ms": measured,
             "required_samples_per_s": required,
             "achieved_samples_per_s": achieved, "threads": loader.threads, "threads_needed": need,
-            "cores": cores(), "recommendation": text}
+            "cores": usable_cores(), "recommendation": text}
 
 
 def _compare_torch(loader: Any, plan: RunPlan, args: argparse.Namespace) -> dict[str, Any]:

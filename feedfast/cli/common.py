@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,13 +51,6 @@ def check_positive(name: str, value: float | None) -> None:
     """Raise ``UserError`` unless ``value`` is None or > 0; ``name`` is the option without dashes."""
     if value is not None and value <= 0:
         raise UserError(f"--{name} must be > 0, got {value:g}")
-
-
-def cores() -> int:
-    """CPU cores this process may run on (its affinity mask), at least 1."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
 
 
 def gpu_cell(util: float | None, status: str) -> str:

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from feedfast.cli.common import cores
+from feedfast._env import usable_cores
 
 NOT_INSTALLED = "not installed"
 
@@ -152,9 +152,9 @@ def cpu() -> dict[str, Any]:
     import psutil
 
     quota = _cgroup_cpus()
-    usable = cores() if quota is None else max(1, min(cores(), int(quota)))
+    usable = usable_cores() if quota is None else max(1, min(usable_cores(), int(quota)))
     return {"physical": psutil.cpu_count(logical=False), "logical": psutil.cpu_count(logical=True),
-            "affinity": cores(), "cgroup_quota": quota, "usable": usable, "model": _cpu_model()}
+            "affinity": usable_cores(), "cgroup_quota": quota, "usable": usable, "model": _cpu_model()}
 
 
 def _cpu_model() -> str | None:

@@ -25,9 +25,9 @@ in_order                   supported    only True
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from feedfast import _env
 from feedfast.errors import UserError
 
 REJECTED = {
@@ -71,7 +71,7 @@ def at_least_zero(name: str, v: int) -> int:
 def threads_for(num_workers: int | None) -> int:
     """DALI CPU threads for torch's ``num_workers``: all usable cores when None, 0 means 1."""
     if num_workers is None:
-        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        return _env.usable_cores()
     return max(1, at_least_zero("num_workers", num_workers))
 
 
