@@ -20,9 +20,9 @@ from feedfast.compile.pil import compile_pil
 from feedfast.compile.plan import build_plan
 from feedfast.errors import BackendError, SampleError
 from feedfast.loader.epoch import Batch
-from feedfast.loader.pil_epoch import run_pil_epoch, step_samples
+from feedfast.loader.pil_epoch import run_pil_epoch
 from feedfast.ops.registry import OPS
-from feedfast.sources.assign import EpochPlan, plan_epoch
+from feedfast.sources.assign import EpochPlan, plan_epoch, step_positions
 from feedfast.sources.dataset import ShardSet, open_shards
 from feedfast.sources.index import load_index
 from feedfast.spec import load_spec
@@ -133,7 +133,7 @@ def test_same_batches_of_keys_as_the_dali_loader(small_spec: dict, shards: list[
 
 def test_padding_repeats_the_ranks_last_sample_at_the_end_of_a_batch() -> None:
     ep = EpochPlan((0,), rank_samples=7, steps=4, batch_sizes=(2, 2, 2, 2), valid=(2, 2, 2, 1))
-    assert [step_samples(ep, s, 2) for s in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 6]]
+    assert [step_positions(s, 2, ep.rank_samples, ep.batch_sizes[s]) for s in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 6]]
 
 
 def test_shuffled_epochs_every_sample_once_resumable_and_independent_of_workers(small_spec: dict,

@@ -44,7 +44,7 @@ from feedfast.loader import convert
 from feedfast.loader.epoch import Batch
 from feedfast.ops.base import Signature
 from feedfast.ops.generic import DecodeFailure
-from feedfast.sources.assign import EpochPlan, rank_range
+from feedfast.sources.assign import EpochPlan, rank_range, step_positions
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.index import first_member, read_index
 
@@ -82,12 +82,6 @@ def rank_order(refs: list[SampleRef], *, rank: int, world: int, shuffle: bool, s
     return mine
 
 
-def step_samples(ep: EpochPlan, step: int, batch_size: int) -> list[int]:
-    """Indexes into the rank's ordered samples for batch ``step``; padding repeats the last."""
-    first = step * batch_size
-    return [min(first + k, ep.rank_samples - 1) for k in range(ep.batch_sizes[step])]
-
-
 @dataclass(frozen=True)
 class _Failure:
     """A worker's failure, as plain data, re-raised in the main process."""
@@ -120,7 +114,7 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
     def __getitem__(self, i: int) -> Batch | _Failure:
         step = self.start + i
-        refs = [self.samples[j] for j in step_samples(self.ep, step, self.batch_size)]
+        refs = [self.samples[j] for j in step_positions(step, self.batch_size, self.ep.rank_samples, self.ep.batch_sizes[step])]
         per_sample = []
         for ref in refs:
             out = self._sample(ref)

@@ -62,6 +62,18 @@ def rank_range(total: int, rank: int, world: int) -> tuple[int, int]:
     return rank * total // world, (rank + 1) * total // world
 
 
+def step_positions(step: int, batch_size: int, count: int, size: int | None = None) -> list[int]:
+    """Positions in a rank's ``count`` ordered samples for step ``step``; padding repeats the last.
+
+    ``size`` (default ``batch_size``) is how many the step yields: ``EpochPlan.batch_sizes``.
+
+    >>> step_positions(3, 2, 7)
+    [6, 6]
+    """
+    first = step * batch_size
+    return [min(first + k, count - 1) for k in range(batch_size if size is None else size)]
+
+
 def plan_epoch(
     sizes: list[int], *, batch_size: int, rank: int, world: int, last_batch: str,
     seed: int = 0, epoch: int = 0, shuffle_shards: bool = False,

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from feedfast.errors import ShardError
-from feedfast.sources.assign import EpochPlan, rank_range
+from feedfast.sources.assign import EpochPlan, rank_range, step_positions
 from feedfast.sources.feeder import BatchFeeder
 from feedfast.sources.index import first_member, read_index
 from feedfast.sources.validate import probe_image
@@ -108,12 +108,6 @@ def window_shuffle(n: int, window: int, rng: random.Random) -> tuple[list[int], 
     return perm, win
 
 
-def step_rows(step: int, batch_size: int, count: int) -> list[int]:
-    """Rows of step ``step``: ``batch_size`` of them, padding repeats the last row."""
-    first = step * batch_size
-    return [min(first + k, count - 1) for k in range(batch_size)]
-
-
 class StreamEpoch:
     """One rank's epoch over the stream transport: the batch callable and each step's origins.
 
@@ -128,12 +122,12 @@ class StreamEpoch:
             raise ShardError(f"rank {rank} has {len(rows.keys)} samples but its epoch plan expects {ep.rank_samples}")
         self.names, self.rows, self.batch_size, self.exts = shards.paths, rows, batch_size, exts
         self.feeder = BatchFeeder(shards.paths, shards.read_kinds, rows,
-                                  partial(step_rows, batch_size=batch_size, count=len(rows.keys)), steps=ep.steps,
+                                  partial(step_positions, batch_size=batch_size, count=len(rows.keys)), steps=ep.steps,
                                   cache=shards.cache, transfer=shards.transfer, workers=workers, ahead=ahead)
 
     def origins(self, step: int, size: int) -> list[tuple[str, str]]:
         """(shard, key) of the first ``size`` samples of step ``step``."""
-        rows = step_rows(step, self.batch_size, len(self.rows.keys))[:size]
+        rows = step_positions(step, self.batch_size, len(self.rows.keys))[:size]
         return [(self.names[int(self.rows.shard[r])], self.rows.keys[r]) for r in rows]
 
     def bad_sample(self, step: int, image_exts: list[set[str]], max_pixels: int) -> tuple[str, str, str] | None:
@@ -144,7 +138,7 @@ class StreamEpoch:
         """
         comps = [c for c, exts in enumerate(self.exts) if exts in image_exts]
         arrays = self.feeder.batch(step)
-        rows = step_rows(step, self.batch_size, len(self.rows.keys))
+        rows = step_positions(step, self.batch_size, len(self.rows.keys))
         for i, r in enumerate(rows):
             for c in comps:
                 v = probe_image(arrays[c][i].tobytes(), max_pixels=max_pixels)
