@@ -44,9 +44,9 @@ from feedfast.loader import convert
 from feedfast.loader.epoch import Batch
 from feedfast.ops.base import Signature
 from feedfast.ops.generic import DecodeFailure
-from feedfast.sources.assign import EpochPlan, rank_range, step_positions
+from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.index import first_member, read_index
+from feedfast.sources.rows import rank_rows
 
 
 class SampleRef(NamedTuple):
@@ -58,28 +58,18 @@ class SampleRef(NamedTuple):
     position: int
 
 
-def epoch_samples(program: PilProgram, shards: ShardSet, order: tuple[int, ...]) -> list[SampleRef]:
-    """The epoch's samples: the shards' indexes concatenated in ``order``, each in index order.
-
-    Raises:
-        ShardError: an index cannot be read, or no longer gives the counts ``shards`` holds.
-    """
-    refs: list[SampleRef] = []
-    for i in order:
-        for s in read_index(shards.index_paths[i], shards.paths[i], shards.sizes[i]):
-            members = tuple(None if m is None else (m.offset, m.size) for m in (first_member(s, e) for e in program.exts))
-            refs.append(SampleRef(i, s.key, members, len(refs)))
-    return refs
-
-
-def rank_order(refs: list[SampleRef], *, rank: int, world: int, shuffle: bool, seed: int,
-               epoch: int) -> list[SampleRef]:
-    """This rank's samples in the order it reads them."""
-    lo, hi = rank_range(len(refs), rank, world)
-    mine = refs[lo:hi]
+def rank_samples(program: PilProgram, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, shuffle: bool,
+                 seed: int, epoch: int) -> list[SampleRef]:
+    """This rank's samples in the order it reads them (a full shuffle of its range when ``shuffle``)."""
+    rows = rank_rows(shards.paths, shards.index_paths, shards.sizes, ep.shard_order, program.exts,
+                     rank=rank, world=world, window=0, seed=seed, epoch=epoch)
+    order = list(range(len(rows.keys)))
     if shuffle:
-        random.Random(f"{seed}/{epoch}/{rank}").shuffle(mine)
-    return mine
+        random.Random(f"{seed}/{epoch}/{rank}").shuffle(order)
+    return [SampleRef(int(rows.shard[j]), rows.keys[j],
+                      tuple(None if size < 0 else (int(off), int(size))
+                            for off, size in zip(rows.offsets[j], rows.sizes[j])),
+                      int(rows.position[j])) for j in order]
 
 
 @dataclass(frozen=True)
@@ -201,8 +191,8 @@ def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
     """
     spec = plan.spec
     program = compile_pil(spec)
-    order = rank_order(epoch_samples(program, shards, ep.shard_order), rank=rank, world=world,
-                       shuffle=spec.shuffle_buffer > 0, seed=seed, epoch=epoch)
+    order = rank_samples(program, shards, ep, rank=rank, world=world, shuffle=spec.shuffle_buffer > 0,
+                         seed=seed, epoch=epoch)
     if len(order) != ep.rank_samples:
         raise BackendError(f"rank {rank} has {len(order)} samples but its epoch plan expects {ep.rank_samples}")
     data = EpochBatches(program, shards.paths, order, ep, batch_size=batch_size, seed=seed, epoch=epoch, start=start)

@@ -125,7 +125,7 @@ class BatchFeeder:
 class WindowCache:
     """Whole shuffle windows, read once in large ranges and kept while their samples are served.
 
-    A windowed shuffle (see :func:`feedfast.sources.stream.window_shuffle`) takes each step's
+    A windowed shuffle (see :func:`feedfast.sources.rows.window_shuffle`) takes each step's
     samples from one or two windows of consecutive samples; reading a window at once turns
     ``window`` small requests into a few large ones. At most ``keep`` windows stay in memory,
     least recently used first out. Thread-safe: one reader per window, others wait for it.

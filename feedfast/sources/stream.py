@@ -33,79 +33,14 @@ shards that the rank's range touches are read. ``external_source`` data has no
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import numpy as np
-
 from feedfast.errors import ShardError
-from feedfast.sources.assign import EpochPlan, rank_range, step_positions
+from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.feeder import BatchFeeder
-from feedfast.sources.index import first_member, read_index
+from feedfast.sources.rows import rank_rows
 from feedfast.sources.validate import probe_image
-
-
-@dataclass(frozen=True)
-class Rows:
-    """A rank's samples in reading order: shard number, key, and (offset, size) per component (size -1: none)."""
-
-    shard: np.ndarray
-    keys: list[str]
-    offsets: np.ndarray
-    sizes: np.ndarray
-    window: np.ndarray | None = None  # each row's shuffle window (None: no shuffle)
-
-
-def _shard_rows(index_path: str, name: str, count: int, exts: list[set[str]]) -> tuple[list[str], np.ndarray, np.ndarray]:
-    samples = read_index(index_path, name, count)
-    offsets = np.zeros((count, len(exts)), dtype=np.int64)
-    sizes = np.full((count, len(exts)), -1, dtype=np.int64)
-    for i, s in enumerate(samples):
-        for c, wanted in enumerate(exts):
-            m = first_member(s, wanted)
-            if m is not None:
-                offsets[i, c], sizes[i, c] = m.offset, m.size
-    return [s.key for s in samples], offsets, sizes
-
-
-def rank_rows(names: tuple[str, ...], index_paths: tuple[str, ...], counts: tuple[int, ...], order: tuple[int, ...],
-              exts: list[set[str]], *, rank: int, world: int, window: int, seed: int, epoch: int) -> Rows:
-    """This rank's samples of the epoch, reading only the indexes of shards its range touches."""
-    lo, hi = rank_range(sum(counts[i] for i in order), rank, world)
-    shard, keys, offs, sizes = [], [], [], []
-    pos = 0
-    for i in order:
-        a, b = max(lo, pos), min(hi, pos + counts[i])
-        if a < b:
-            k, o, s = _shard_rows(index_paths[i], names[i], counts[i], exts)
-            shard.append(np.full(b - a, i, dtype=np.int32))
-            keys += k[a - pos: b - pos]
-            offs.append(o[a - pos: b - pos])
-            sizes.append(s[a - pos: b - pos])
-        pos += counts[i]
-    rows = Rows(np.concatenate(shard), keys, np.concatenate(offs), np.concatenate(sizes))
-    if window <= 0:
-        return rows
-    perm, win = window_shuffle(len(keys), window, random.Random(f"{seed}/{epoch}/{rank}"))
-    return Rows(rows.shard[perm], [keys[j] for j in perm], rows.offsets[perm], rows.sizes[perm], np.asarray(win))
-
-
-def window_shuffle(n: int, window: int, rng: random.Random) -> tuple[list[int], list[int]]:
-    """A permutation of ``range(n)`` visiting windows of ``window`` consecutive items in random
-    order, shuffled inside each; and each position's window number."""
-    windows = [list(range(start, min(start + window, n))) for start in range(0, n, window)]
-    order = list(range(len(windows)))
-    rng.shuffle(order)
-    perm: list[int] = []
-    win: list[int] = []
-    for w in order:
-        items = windows[w][:]
-        rng.shuffle(items)
-        perm += items
-        win += [w] * len(items)
-    return perm, win
 
 
 class StreamEpoch:

@@ -1,0 +1,98 @@
+"""A rank's samples of one epoch, read from the shards' indexes: where each one's bytes are.
+
+The samples are the shards' (filtered) indexes concatenated in the epoch's ``shard_order``,
+and a rank reads its contiguous range of them (:func:`~feedfast.sources.assign.rank_range`),
+as DALI's reader does. The stream transport and the PIL backend read samples this way.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from feedfast.sources.assign import rank_range
+from feedfast.sources.index import first_member, read_index
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A rank's samples in reading order.
+
+    Attributes:
+        shard: each row's shard number (into the ShardSet).
+        keys: each row's sample key.
+        offsets, sizes: (offset, size) per row and component; size -1: no such member.
+        position: each row's place in the epoch's concatenation of all shards.
+        window: each row's shuffle window (None: not window-shuffled).
+    """
+
+    shard: np.ndarray
+    keys: list[str]
+    offsets: np.ndarray
+    sizes: np.ndarray
+    position: np.ndarray
+    window: np.ndarray | None = None
+
+    def take(self, perm: list[int], window: np.ndarray | None = None) -> "Rows":
+        """The rows reordered by ``perm``."""
+        return Rows(self.shard[perm], [self.keys[j] for j in perm], self.offsets[perm], self.sizes[perm],
+                    self.position[perm], window)
+
+
+def _shard_rows(index_path: str, name: str, count: int,
+                exts: Sequence[set[str] | frozenset[str]]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    samples = read_index(index_path, name, count)
+    offsets = np.zeros((count, len(exts)), dtype=np.int64)
+    sizes = np.full((count, len(exts)), -1, dtype=np.int64)
+    for i, s in enumerate(samples):
+        for c, wanted in enumerate(exts):
+            m = first_member(s, wanted)
+            if m is not None:
+                offsets[i, c], sizes[i, c] = m.offset, m.size
+    return [s.key for s in samples], offsets, sizes
+
+
+def rank_rows(names: tuple[str, ...], index_paths: tuple[str, ...], counts: tuple[int, ...], order: tuple[int, ...],
+              exts: Sequence[set[str] | frozenset[str]], *, rank: int, world: int, window: int, seed: int,
+              epoch: int) -> Rows:
+    """This rank's samples of the epoch, reading only the indexes of shards its range touches.
+
+    ``window > 0`` shuffles them in windows (:func:`window_shuffle`) with
+    ``random.Random(f"{seed}/{epoch}/{rank}")``; 0 keeps the concatenation order.
+    """
+    lo, hi = rank_range(sum(counts[i] for i in order), rank, world)
+    shard, keys, offs, sizes = [], [], [], []
+    pos = 0
+    for i in order:
+        a, b = max(lo, pos), min(hi, pos + counts[i])
+        if a < b:
+            k, o, s = _shard_rows(index_paths[i], names[i], counts[i], exts)
+            shard.append(np.full(b - a, i, dtype=np.int32))
+            keys += k[a - pos: b - pos]
+            offs.append(o[a - pos: b - pos])
+            sizes.append(s[a - pos: b - pos])
+        pos += counts[i]
+    rows = Rows(np.concatenate(shard), keys, np.concatenate(offs), np.concatenate(sizes), np.arange(lo, hi))
+    if window <= 0:
+        return rows
+    perm, win = window_shuffle(len(keys), window, random.Random(f"{seed}/{epoch}/{rank}"))
+    return rows.take(perm, np.asarray(win))
+
+
+def window_shuffle(n: int, window: int, rng: random.Random) -> tuple[list[int], list[int]]:
+    """A permutation of ``range(n)`` visiting windows of ``window`` consecutive items in random
+    order, shuffled inside each; and each position's window number."""
+    windows = [list(range(start, min(start + window, n))) for start in range(0, n, window)]
+    order = list(range(len(windows)))
+    rng.shuffle(order)
+    perm: list[int] = []
+    win: list[int] = []
+    for w in order:
+        items = windows[w][:]
+        rng.shuffle(items)
+        perm += items
+        win += [w] * len(items)
+    return perm, win
