@@ -108,10 +108,10 @@ def train_feedfast_section(ctx: Context, sec: Section) -> None:
 def train_torch_section(ctx: Context, sec: Section) -> None:
     """The training loop fed by the torchvision recipe (webdataset, PIL, DataLoader workers)."""
     from feedfast.baseline.torch_recipe import make_torch_loader
-    from feedfast.cli.common import cores
+    from feedfast._env import usable_cores
 
     need_shards(ctx)
-    workers = min(16, cores())
+    workers = min(16, usable_cores())
     loader = make_torch_loader(ctx.shard_paths, batch_size=ctx.sizes.batch, num_workers=workers,
                                size=ctx.sizes.image or 224)
     batches = forever(loader)
