@@ -29,22 +29,15 @@ def dataset_section(ctx: Context, sec: Section) -> None:
 
 def make_dataset(samples: int | None, *, small: bool) -> str:
     """The demo dataset's pattern, or a ``samples``-sized set in the cache (generated once)."""
-    from feedfast._env import cache_dir
     from feedfast.cli.common import demo_shards
-    from feedfast.sources.index import load_index
-    from feedfast.sources.synth import synth_shards
+    from feedfast.sources.demo import shard_pattern, synth_dataset
 
     if samples is None:
         return demo_shards()
     per, (lo, hi) = (32, (80, 160)) if small else (128, (300, 500))
-    out = cache_dir() / f"gpu-check-{samples}-{per}-{lo}-{hi}"
-    count = -(-samples // per)
-    if not (out / "COMPLETE").exists():
-        say(f"generating {samples} photo-like JPEGs ({lo} to {hi} px) in {out}")
-        for path in synth_shards(out, samples=samples, per_shard=per, seed=0, min_side=lo, max_side=hi):
-            load_index(path, cache_dir())
-        (out / "COMPLETE").write_text("ok\n", encoding="utf-8")
-    return str(out / f"train-{{0000..{count - 1:04d}}}.tar")
+    paths = synth_dataset(samples=samples, per_shard=per, min_side=lo, max_side=hi,
+                          announce=lambda out: say(f"generating {samples} photo-like JPEGs ({lo} to {hi} px) in {out}"))
+    return shard_pattern(paths)
 
 
 def need_shards(ctx: Context) -> str:

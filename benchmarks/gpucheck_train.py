@@ -107,8 +107,8 @@ def train_feedfast_section(ctx: Context, sec: Section) -> None:
 
 def train_torch_section(ctx: Context, sec: Section) -> None:
     """The training loop fed by the torchvision recipe (webdataset, PIL, DataLoader workers)."""
-    from feedfast.baseline.torch_recipe import make_torch_loader
     from feedfast._env import usable_cores
+    from feedfast.baseline.torch_recipe import make_torch_loader
 
     need_shards(ctx)
     workers = min(16, usable_cores())

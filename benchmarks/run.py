@@ -26,20 +26,10 @@ from rows import ROWS, time_row  # noqa: E402
 
 def dataset(samples: int) -> list[str]:
     """The benchmark shards (made once in the cache folder), indexed."""
-    from feedfast import _env
-    from feedfast.sources.index import load_index
-    from feedfast.sources.synth import synth_shards
+    from feedfast.sources.demo import synth_dataset
 
-    out = _env.cache_dir() / f"bench-{samples}"
-    done = out / "COMPLETE"
-    if not done.exists():
-        print(f"generating {samples} photo-like JPEGs in {out} (once) ...", flush=True)
-        synth_shards(out, samples=samples, per_shard=256, seed=1)
-        done.write_text("ok\n")
-    paths = sorted(str(p) for p in out.glob("train-*.tar"))
-    for p in paths:
-        load_index(p, _env.cache_dir())
-    return paths
+    return synth_dataset(samples=samples, per_shard=256, seed=1,
+                         announce=lambda out: print(f"generating {samples} photo-like JPEGs in {out} (once) ...", flush=True))
 
 
 STOCK = "torchvision recipe, stock Pillow"

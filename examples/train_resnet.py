@@ -33,27 +33,17 @@ except ImportError:  # a source checkout that is not pip-installed: use the repo
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import feedfast
 
-from feedfast._env import cache_dir
-from feedfast.sources.index import load_index
-from feedfast.sources.synth import synth_shards
+from feedfast.sources.demo import synth_dataset
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO = {"samples": 256, "per_shard": 32, "seed": 0, "min_side": 80, "max_side": 160}
+DEMO_SAMPLES, DEMO_PER_SHARD, DEMO_SIDES = 256, 32, (80, 160)
 
 
 def demo_shards() -> list[str]:
     """A small ImageNet-like demo set (1000 classes) in feedfast's cache, generated once."""
-    out = cache_dir() / "examples-demo-{samples}-{per_shard}-{seed}-{min_side}-{max_side}".format(**DEMO)
-    count = -(-DEMO["samples"] // DEMO["per_shard"])
-    paths = [out / f"train-{i:04d}.tar" for i in range(count)]
-    if not (out / "COMPLETE").exists():
-        print(f"generating {DEMO['samples']} demo JPEGs in {out} ...", flush=True)
-        paths = synth_shards(out, samples=DEMO["samples"], per_shard=DEMO["per_shard"], seed=DEMO["seed"],
-                             min_side=DEMO["min_side"], max_side=DEMO["max_side"], num_classes=1000)
-        for p in paths:
-            load_index(p, cache_dir())
-        (out / "COMPLETE").write_text("ok\n")
-    return [str(p) for p in paths]
+    return synth_dataset(samples=DEMO_SAMPLES, per_shard=DEMO_PER_SHARD, min_side=DEMO_SIDES[0],
+                         max_side=DEMO_SIDES[1], num_classes=1000,
+                         announce=lambda out: print(f"generating {DEMO_SAMPLES} demo JPEGs in {out} ...", flush=True))
 
 
 class BasicBlock(nn.Module):

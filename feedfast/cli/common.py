@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from feedfast import _env
 from feedfast.errors import UserError
 
 REPO_PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
@@ -28,23 +27,16 @@ def find_spec(name: str) -> Path:
 
 def demo_shards(quiet: bool = False) -> str:
     """The demo dataset's shard pattern, generating it once in the cache folder."""
-    from feedfast.sources.index import load_index
-    from feedfast.sources.synth import synth_shards
+    from feedfast.sources.demo import shard_pattern, synth_dataset
 
     n, k, seed = DEMO["samples"], DEMO["per_shard"], DEMO["seed"]
-    out = _env.cache_dir() / f"demo-{n}-{k}-{seed}"
-    count = -(-n // k)
-    pattern = str(out / f"train-{{0000..{count - 1:04d}}}.tar")
-    done = out / "COMPLETE"
-    if not done.exists():
+
+    def announce(out: Path) -> None:
         if not quiet:
-            print(f"generating the demo dataset ({n} photo-like JPEGs, {count} shards) in {out} ...",
+            print(f"generating the demo dataset ({n} photo-like JPEGs, {-(-n // k)} shards) in {out} ...",
                   file=sys.stderr)
-        paths = synth_shards(out, samples=n, per_shard=k, seed=seed)
-        for p in paths:
-            load_index(p, _env.cache_dir())
-        done.write_text("ok\n")
-    return pattern
+
+    return shard_pattern(synth_dataset(samples=n, per_shard=k, seed=seed, announce=announce))
 
 
 def check_positive(name: str, value: float | None) -> None:
