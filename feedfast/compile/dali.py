@@ -20,7 +20,6 @@ class EmitContext:
 
     device: str
     decoder_device: str
-    decoder_args: dict[str, Any] = field(default_factory=dict)
     in_hw: tuple[Any, Any] | None = None
 
 

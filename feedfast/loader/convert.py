@@ -15,9 +15,6 @@ from feedfast.ops.registry import OPS
 from feedfast.sources.index import split_name, unescape_name
 
 _INFO = re.compile(r"^(.*?):(\d+):(.*)$", re.S)
-TORCH_DTYPES = {
-    "uint8": torch.uint8, "float32": torch.float32, "float16": torch.float16, "int64": torch.int64,
-}
 
 
 def sample_origin(source_info: str) -> tuple[str, str]:

@@ -7,11 +7,10 @@ all read it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Sequence
 
 Kind = Literal["encoded", "image", "tensor", "label", "json", "bytes", "array"]
-Device = Literal["cpu", "gpu", "mixed", "host"]
 
 
 @dataclass(frozen=True)
@@ -121,11 +120,6 @@ class OpDef:
     devices: tuple[str, ...] = ("cpu", "gpu")
     dali_name: str = ""
     host: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def param(self, name: str) -> Param | None:
-        """The parameter called ``name``, or None."""
-        return next((p for p in self.params if p.name == name), None)
 
 
 def as_hw(size: int | Sequence[int]) -> tuple[int, int]:

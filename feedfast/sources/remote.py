@@ -167,27 +167,6 @@ def read_all(url: str, consume: Callable[[IO[bytes]], T], transfer: Transfer = D
 
 
 @contextlib.contextmanager
-def open_stream(url: str, transfer: Transfer = DEFAULT_TRANSFER) -> Iterator[IO[bytes]]:
-    """A remote shard's bytes as a file object; opening is retried, reading is not.
-
-    Prefer :func:`read_all`, which retries failures mid-stream too.
-    """
-    kind = url_kind(url)
-    if kind == "pipe":
-        with open_pipe(url) as stream:
-            yield stream
-        return
-    if kind != "http":
-        raise ShardError(f"open_stream reads http(s) and pipe: shards, not {url!r}")
-    resp = retrying(url, transfer, lambda: _http(url, transfer))
-    try:
-        with resp:
-            yield resp
-    except (http.client.HTTPException, OSError) as exc:
-        raise RemoteError(f"reading shard {url!r} failed mid-stream: {type(exc).__name__}: {exc}", url=url) from exc
-
-
-@contextlib.contextmanager
 def open_pipe(url: str) -> Iterator[IO[bytes]]:
     """The stdout of a ``pipe:CMD`` shard; a non-zero exit is a ShardError with stderr's tail."""
     cmd = url.removeprefix("pipe:")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 ComponentKind = Literal["image", "label", "json", "npy", "bytes"]
@@ -84,7 +84,6 @@ class Spec:
     shuffle_shards: bool = False
     version: int = 1
     file: str = "<spec>"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain data, in the same shape a YAML file has."""
