@@ -31,7 +31,7 @@ def origins(tl: Any, n: int) -> list[tuple[str, str]]:
 
 
 def tensorlist_to_torch(tl: Any, out: torch.Tensor, stream: Any = None) -> torch.Tensor:
-    """Copy a uniform DALI TensorList (CPU or GPU) into ``out`` and return it."""
+    """Copy a DALI tensor, or a uniform TensorList (CPU or GPU), into ``out`` and return it."""
     from nvidia.dali.plugin.pytorch import feed_ndarray
 
     if hasattr(tl, "as_tensor"):
@@ -52,15 +52,20 @@ def raw_bytes(tl: Any, i: int) -> bytes:
     return np.asarray(tl[i]).tobytes()
 
 
-def run_host_ops(plan_nodes: list[Any], node_id: int, raw: Any, n: int, rng: random.Random,
-                 where: list[tuple[str, str]]) -> list[Any]:
-    """Apply a field's host ops (a chain ending at ``node_id``) to ``n`` raw samples."""
+def host_chain(plan_nodes: list[Any], node_id: int) -> tuple[str, list[Any]]:
+    """The component a field's host ops read, and those ops in order (the chain ending at ``node_id``)."""
     chain = []
     nid = node_id
     while plan_nodes[nid].op != "read":
         chain.append(plan_nodes[nid])
         nid = plan_nodes[nid].inputs[0]
     chain.reverse()
+    return str(plan_nodes[nid].params["component"]), chain
+
+
+def run_host_ops(chain: list[Any], raw: Any, n: int, rng: random.Random,
+                 where: list[tuple[str, str]]) -> list[Any]:
+    """Apply host ops (see :func:`host_chain`) to ``n`` raw samples."""
     values: list[Any] = []
     for i in range(n):
         v: Any = raw_bytes(raw, i)

@@ -209,28 +209,22 @@ def _fields(outs: Any, omap: Any, plan: Plan, size: int, ring: PinnedRing, rng: 
     device: dict[str, torch.Tensor] = {}
     for i, name in enumerate(omap.fields):
         tl = outs[i]
-        shape = tuple(tl.as_tensor().shape()) if hasattr(tl, "as_tensor") else tuple(tl.shape())
-        dtype = convert.dali_dtype_to_torch(tl)
+        dense = tl.as_tensor()  # one contiguous tensor: the spec declares fixed-size fields
+        shape, dtype = tuple(dense.shape()), convert.dali_dtype_to_torch(tl)
         if type(tl).__name__ == "TensorListGPU":
             out = torch.empty(shape, dtype=dtype, device=ring.device)
-            device[name] = convert.tensorlist_to_torch(tl, out, torch.cuda.current_stream(ring.device))[:size]
+            device[name] = convert.tensorlist_to_torch(dense, out, torch.cuda.current_stream(ring.device))[:size]
         else:
-            host[name] = convert.tensorlist_to_torch(tl, ring.staging(slot, name, shape, dtype))[:size]
+            host[name] = convert.tensorlist_to_torch(dense, ring.staging(slot, name, shape, dtype))[:size]
     result: dict[str, Any] = {**ring.upload(slot, host), **device}
     for name, params in omap.deferred.items():
         result[name] = normalize_tensor(result[name], params)
     for name, nid in plan.outputs.items():
         if plan.nodes[nid].device == "host":
-            comp = _component_of(plan, nid)
+            comp, chain = convert.host_chain(plan.nodes, nid)
             raw = outs[len(omap.fields) + plan.components.index(comp)]
-            values = convert.run_host_ops(plan.nodes, nid, raw, size, rng, where)
+            values = convert.run_host_ops(chain, raw, size, rng, where)
             result[name] = convert.collate(values, plan.nodes[nid].sig.kind)
             if isinstance(result[name], torch.Tensor) and ring.device.type != "cpu":
                 result[name] = result[name].to(ring.device, non_blocking=True)
     return result
-
-
-def _component_of(plan: Plan, nid: int) -> str:
-    while plan.nodes[nid].op != "read":
-        nid = plan.nodes[nid].inputs[0]
-    return str(plan.nodes[nid].params["component"])
