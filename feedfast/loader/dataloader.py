@@ -23,8 +23,6 @@ from feedfast.sources.remote import Transfer
 from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 from feedfast.spec.load import load_spec
 
-_PIL_RUNNING = object()  # stands for "an epoch is open" on the PIL backend (no DALI pipeline)
-
 
 def _dist_rank() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -124,7 +122,8 @@ class DataLoader:
         self.last_origins: list[tuple[str, str]] = []
         self.last_valid = 0
         self._step = 0
-        self._pipe: Any = None
+        self._pipe: EpochPipe | None = None  # the DALI pipeline of the open epoch
+        self._open = False  # an epoch was started and not closed (either backend)
         self._ahead: EpochPipe | None = None
 
     def _check_size(self) -> None:
@@ -181,7 +180,7 @@ class DataLoader:
         if self.backend == "pil":
             from feedfast.loader.pil_epoch import run_pil_epoch
 
-            self._pipe = _PIL_RUNNING
+            self._open = True
             for batch in run_pil_epoch(self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world,
                                        batch_size=self.spec.batch_size, workers=self.workers, seed=self.spec.seed,
                                        epoch=epoch, start=start, prefetch_factor=self.prefetch):
@@ -192,13 +191,14 @@ class DataLoader:
             return
         ahead, self._ahead = self._ahead, None
         if ahead is not None and (ahead.epoch, start, checkpoint) == (epoch, 0, None):
-            self._pipe = ahead
+            pipe = ahead
         else:
             _drop(ahead)
-            self._pipe = self._build(epoch, ep, start, checkpoint)
+            pipe = self._build(epoch, ep, start, checkpoint)
+        self._pipe, self._open = pipe, True
         rng = random.Random(f"{self.spec.seed}/{epoch}/{self.rank}/{start}")
-        for batch in run_epoch(self._pipe, self.plan, ep, self.ring, rng, self.shards_for(epoch)):
-            if self._pipe.all_scheduled and self._ahead is None:
+        for batch in run_epoch(pipe, self.plan, ep, self.ring, rng, self.shards_for(epoch)):
+            if pipe.all_scheduled and self._ahead is None:
                 self._prepare(epoch + 1)
             yield batch
 
@@ -267,11 +267,11 @@ class DataLoader:
 
         Taken after an epoch's last batch, it points at the start of the next epoch.
         """
-        mid = self._pipe is not None and 0 < self._step < self.epoch_plan().steps
+        mid = self._open and 0 < self._step < self.epoch_plan().steps
         return {
             "version": STATE_VERSION, "epoch": self.epoch, "step": self._step if mid else 0,
             "seed": self.spec.seed, "rank": self.rank, "world_size": self.world,
-            "dali": encode_checkpoint(self._pipe.pipe.checkpoint()) if mid and self.backend == "dali" else None,
+            "dali": encode_checkpoint(self._pipe.pipe.checkpoint()) if mid and self._pipe is not None else None,
             "stats": self.stats(),
         }
 
@@ -292,9 +292,8 @@ class DataLoader:
         self._close_current()
 
     def _close_current(self) -> None:
-        pipe, self._pipe = self._pipe, None
-        if pipe is not None and pipe is not _PIL_RUNNING:
-            _drop(pipe)
+        pipe, self._pipe, self._open = self._pipe, None, False
+        _drop(pipe)
 
     def __enter__(self) -> "DataLoader":
         return self
