@@ -99,7 +99,7 @@ def test_shard_order_is_a_deterministic_permutation(n: int, seed: int, epoch: in
         assert order == tuple(range(n))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, derandomize=True)  # a chance property: fixed examples
 @given(n=st.integers(4, 60), seed=st.integers(0, 2**31), first=st.integers(0, 1000))
 def test_shard_order_changes_across_epochs(n: int, seed: int, first: int) -> None:
     orders = {shard_order(n, seed=seed, epoch=e, shuffle=True) for e in range(first, first + 5)}
