@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e ".[$(EXTRAS)]"
 	@# matplotlib (stall-meter plots) without its Pillow dependency, which would replace pillow-simd's PIL
 	$(PIP) install -q --no-deps matplotlib contourpy cycler fonttools kiwisolver pyparsing python-dateutil
+	@# torchvision for `bench --compare torch` (the `compare` extra): the release matching the installed torch
+	@# (torch 2.N.P pairs with torchvision 0.(N+15).P), without its Pillow dependency, which would replace pillow-simd's PIL
+	$(PIP) install -q --no-deps "torchvision==$$($(PY) -c 'import torch; v = torch.__version__.split("+")[0].split("."); print(f"0.{int(v[1]) + 15}.{v[2]}")')"
 	$(PY) -c "import PIL, nvidia.dali, torch, feedfast; print('feedfast ready: PIL', PIL.__version__, '| DALI', nvidia.dali.__version__, '| torch', torch.__version__)"
 	touch $(STAMP)
 
