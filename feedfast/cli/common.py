@@ -7,26 +7,32 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from feedfast.errors import UserError
+from feedfast.errors import SpecError, UserError
 
-REPO_PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 DEMO = {"samples": 1024, "per_shard": 128, "seed": 0}
 
 
 def find_spec(name: str) -> Path:
-    """A spec path: as given, or a shipped pipeline by name (``imagenet-train``)."""
-    p = Path(name)
-    if p.exists():
-        return p
-    for cand in (REPO_PIPELINES / name, REPO_PIPELINES / f"{name}.yaml"):
-        if cand.is_file():
-            return cand
-    shipped = ", ".join(sorted(x.stem for x in REPO_PIPELINES.glob("*.yaml"))) or "none found"
-    raise UserError(f"spec not found: {name!r} (a file path, or a shipped pipeline: {shipped})")
+    """A spec path: as given when it exists, else a shipped pipeline by name (``imagenet-train``).
+
+    Resolution is :func:`feedfast.spec.shipped.resolve_spec_path`'s; this translates its
+    error into a one-line ``UserError`` for the CLI.
+    """
+    from feedfast.spec.shipped import resolve_spec_path, shipped_names
+
+    try:
+        return resolve_spec_path(name)
+    except SpecError as exc:
+        shipped = ", ".join(shipped_names()) or "none in this installation"
+        raise UserError(f"spec not found: {name!r} is not a file, nor a shipped pipeline ({shipped}); "
+                        f"{exc.fix}") from exc
 
 
 def demo_shards(quiet: bool = False) -> str:
     """The demo dataset's shard pattern, generating it once in the cache folder."""
+    from feedfast._pil import require_pil
+
+    require_pil("the demo dataset")  # before the import: the synthetic-image writer imports PIL
     from feedfast.sources.demo import shard_pattern, synth_dataset
 
     n, k, seed = DEMO["samples"], DEMO["per_shard"], DEMO["seed"]

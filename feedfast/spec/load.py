@@ -13,8 +13,9 @@ from feedfast.errors import SpecError
 from feedfast.ops.registry import OPS, suggest
 from feedfast.spec import model as m
 from feedfast.spec.params import check_params
+from feedfast.spec.shipped import resolve_spec_path
 
-TOP_KEYS = ("version", "name", "source", "pipeline", "outputs", "batch", "shuffle", "device", "seed")
+TOP_KEYS = ("version", "name", "source", "pipeline", "outputs", "batch", "shuffle", "device", "seed", "decoder")
 SpecLike = "str | os.PathLike[str] | Mapping[str, Any] | m.Spec"
 
 
@@ -22,12 +23,15 @@ def load_spec(spec: Any, overrides: Sequence[str] = ()) -> m.Spec:
     """Load and validate a spec.
 
     Args:
-        spec: a path to a ``.yaml``/``.yml``/``.toml``/``.json`` file, a mapping, or a Spec.
+        spec: a path to a ``.yaml``/``.yml``/``.toml``/``.json`` file, the name of a shipped
+            pipeline (``"imagenet-train"``; a path that exists wins over a name; see
+            :mod:`feedfast.spec.shipped`), a mapping, or a Spec.
         overrides: ``key.path=value`` strings, e.g. ``pipeline.image[1].size=192``; the
             value is read as YAML.
 
     Raises:
-        SpecError: the file is missing or unparsable, or the spec is invalid.
+        SpecError: the file is missing (the message lists the shipped names) or unparsable,
+            or the spec is invalid.
     """
     if isinstance(spec, m.Spec) and not overrides:
         return spec
@@ -36,7 +40,8 @@ def load_spec(spec: Any, overrides: Sequence[str] = ()) -> m.Spec:
     elif isinstance(spec, Mapping):
         raw, file = copy.deepcopy(dict(spec)), "<dict>"
     elif isinstance(spec, (str, os.PathLike)):
-        raw, file = read_file(Path(spec)), str(spec)
+        path = resolve_spec_path(spec)
+        raw, file = read_file(path), (str(spec) if path == Path(spec) else str(path))
     else:
         raise SpecError("a spec must be a file path, a mapping or a Spec", value=type(spec).__name__)
     for item in overrides:
@@ -48,7 +53,8 @@ def read_file(path: Path) -> dict[str, Any]:
     """Parse a spec file by its extension; errors name the file."""
     if not path.is_file():
         raise SpecError("spec file not found" if not path.exists() else "spec path is not a file",
-                        file=str(path), fix="give the path of a .yaml, .toml or .json spec, e.g. pipelines/imagenet-train.yaml")
+                        file=str(path),
+                        fix="give the path of a .yaml, .toml or .json spec, or a shipped pipeline's name (imagenet-train)")
     text = path.read_text(encoding="utf-8")
     try:
         if path.suffix == ".toml":
@@ -135,6 +141,7 @@ def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
     from feedfast.spec.sections import (
         parse_batch,
         parse_components,
+        parse_decoder,
         parse_fields,
         parse_outputs,
         parse_scalar,
@@ -157,7 +164,7 @@ def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
         missing=missing, on_error=on_error, batch_size=size, last_batch=last,
         device=parse_scalar(raw, "device", str, "auto", file, choices=m.DEVICES),
         seed=parse_scalar(raw, "seed", int, 0, file), shuffle_buffer=buffer,
-        shuffle_shards=shards, version=version, file=file,
+        shuffle_shards=shards, decoder=parse_decoder(raw.get("decoder"), file), version=version, file=file,
     )
 
 
