@@ -60,6 +60,19 @@ MISTAKES = [
     (_with(["pipeline", "label"], ["label", "decode"]), "pipeline.label[1]", "cannot follow a host op",
      "image ops"),
     (_with(["shuffle"], {"buffer": -1}), "shuffle.buffer", "bad shuffle buffer", ">= 0"),
+    (_with(["decoder"], {"hw_decoder_load": 1.5}), "decoder.hw_decoder_load", "bad value", "a number in [0, 1]"),
+    (_with(["decoder"], {"hw_decoder_load": "max"}), "decoder.hw_decoder_load", "hardware JPEG decoder",
+     "remove the key for the default, 0.65"),
+    (_with(["decoder"], {"hw_decoder_lod": 0.5}), "decoder.hw_decoder_lod", "unknown key",
+     "did you mean `hw_decoder_load`"),
+    (_with(["decoder"], {"device_memory_padding": -1}), "decoder.device_memory_padding", "bad value",
+     "an integer in [0, inf]"),
+    (_with(["decoder"], {"host_memory_padding": 1.5e8}), "decoder.host_memory_padding", "bad value", "an integer"),
+    (_with(["decoder"], {"preallocate_width_hint": 70000}), "decoder.preallocate_width_hint", "bad value",
+     "[0, 65535]"),
+    (_with(["decoder"], {"preallocate_height_hint": True}), "decoder.preallocate_height_hint", "bad value",
+     "remove the key for the default, 6430"),
+    (_with(["decoder"], 0.65), "decoder", "must be a mapping", "hw_decoder_load"),
 ]
 
 
@@ -144,3 +157,29 @@ def test_committed_spec_reference_matches_the_registry() -> None:
         assert f"### `{name}`" in page
         for p in op.params:
             assert f"| `{p.name}` |" in page
+
+
+def test_decoder_defaults_are_nvidias_and_a_key_can_be_set(tmp_path: Path) -> None:
+    from feedfast.spec.model import DECODER_PARAMS, DecoderSettings
+
+    assert load_spec(SMALL_SPEC).decoder == DecoderSettings(
+        hw_decoder_load=0.65, device_memory_padding=211025920, host_memory_padding=140544512,
+        preallocate_width_hint=5980, preallocate_height_hint=6430)
+    assert DecoderSettings().to_dict() == {p.name: p.default for p in DECODER_PARAMS}
+    spec = load_spec(_with(["decoder"], {"hw_decoder_load": 1, "preallocate_width_hint": 0}))
+    assert spec.decoder.hw_decoder_load == 1.0 and isinstance(spec.decoder.hw_decoder_load, float)
+    assert spec.decoder.preallocate_width_hint == 0 and spec.decoder.device_memory_padding == 211025920
+    assert load_spec(spec.to_dict()).decoder == spec.decoder
+    assert load_spec(SMALL_SPEC, ["decoder.hw_decoder_load=0.75"]).decoder.hw_decoder_load == 0.75
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pipeline: {image: [decode, {center_crop: {size: 8}}]}\ndecoder: {hw_decoder_load: 2}\n")
+    with pytest.raises(SpecError, match=r"bad.yaml: decoder.hw_decoder_load: bad value.*got 2.*allowed: a number in"):
+        load_spec(bad)
+
+
+def test_decoder_settings_apply_to_the_mixed_device_only() -> None:
+    from feedfast.spec.model import DecoderSettings
+
+    settings = DecoderSettings(hw_decoder_load=0.75)
+    assert settings.args_for("mixed")["hw_decoder_load"] == 0.75
+    assert settings.args_for("cpu") == {} and settings.args_for("gpu") == {}

@@ -10,17 +10,23 @@ from feedfast.compile.plan import Node, Plan
 from feedfast.errors import BackendError
 from feedfast.ops import _dali as d
 from feedfast.ops.registry import OPS
+from feedfast.spec.model import DecoderSettings
 
 READER_NAME = "Reader"
 
 
 @dataclass
 class EmitContext:
-    """What an emitter needs to know about where its node runs."""
+    """What an emitter needs to know about where its node runs.
+
+    ``decoder_args`` are the keyword arguments each decoder of the node takes: the spec's
+    nvJPEG settings on the ``mixed`` device, none on the CPU (``DecoderSettings.args_for``).
+    """
 
     device: str
     decoder_device: str
     in_hw: tuple[Any, Any] | None = None
+    decoder_args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -75,7 +81,7 @@ def emit(plan: Plan, reader: ReaderConfig) -> tuple[list[Any], DaliOutputs]:
         x, src = values[n.inputs[0]], n.inputs[0]
         if n.device == "gpu" and plan.nodes[src].device in ("cpu", "host"):
             x = x.gpu()  # a per-op override: decoded on the CPU, augmented on the GPU
-        values[n.id] = emit_node(n, x, sizes.get(src))
+        values[n.id] = emit_node(n, x, sizes.get(src), decoder=plan.spec.decoder)
         sizes[n.id] = shapes.out_hw(n, sizes.get(src), x if plan.nodes[src].op == "read" else None)
     fields, outs, deferred = [], [], {}
     for name, nid in plan.outputs.items():
@@ -109,14 +115,22 @@ def _source(reader: ReaderConfig, exts: list[str]) -> list[Any]:
     return raw if isinstance(raw, list) else [raw]
 
 
-def emit_node(n: Node, x: Any, in_hw: Any = None) -> Any:
-    """One node as DALI ops; ``in_hw`` is the input's per-sample (height, width) on the CPU."""
+def emit_node(n: Node, x: Any, in_hw: Any = None, *, decoder: DecoderSettings | None = None) -> Any:
+    """One node as DALI ops.
+
+    Args:
+        n: the node.
+        x: its input DataNode.
+        in_hw: the input's per-sample (height, width) on the CPU.
+        decoder: the spec's nvJPEG settings (defaults when None), given to a ``mixed`` decode.
+    """
     from feedfast.ops import color, geometry
 
     ctx = EmitContext(
         device=d.dali_device(n.device),
         decoder_device="mixed" if n.device in ("mixed", "gpu") else "cpu",
         in_hw=in_hw,
+        decoder_args=(decoder or DecoderSettings()).args_for(n.device),
     )
     if n.op == "decode+random_resized_crop":
         return geometry.fused_decode_rrc_dali(ctx, n.params["decode"], n.params["random_resized_crop"], x)

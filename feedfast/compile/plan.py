@@ -71,11 +71,17 @@ class Plan:
         return [n for n in self.nodes if node_id in n.inputs]
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan as JSON-safe data (``feedfast plan --json``)."""
+        """The plan as JSON-safe data (``feedfast plan --json``); a ``mixed`` decode shows its nvJPEG settings."""
+        nodes = []
+        for n in self.nodes:
+            node = n.to_dict()
+            if decoder := self.spec.decoder.args_for(n.device):
+                node["decoder"] = decoder
+            nodes.append(node)
         return {
             "spec": self.spec.name, "placement": self.placement, "consumer": self.consumer,
             "components": self.components, "outputs": dict(self.outputs),
-            "passes": list(self.passes), "nodes": [n.to_dict() for n in self.nodes],
+            "passes": list(self.passes), "nodes": nodes,
         }
 
 

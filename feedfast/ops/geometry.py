@@ -21,7 +21,7 @@ def _decode_infer(sig: Signature, p: dict[str, Any]) -> Signature:
 def _decode_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     t = d.types()
     out = t.GRAY if p["color"] == "gray" else t.RGB
-    return d.fn().decoders.image(x, device=ctx.decoder_device, output_type=out)
+    return d.fn().decoders.image(x, device=ctx.decoder_device, output_type=out, **ctx.decoder_args)
 
 
 def _decode_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
@@ -253,7 +253,7 @@ def fused_decode_rrc_dali(ctx: Any, decode_p: dict[str, Any], p: dict[str, Any],
     out = t.GRAY if decode_p["color"] == "gray" else t.RGB
     crop = d.fn().decoders.image_random_crop(
         x, device=ctx.decoder_device, output_type=out, random_area=list(p["scale"]),
-        random_aspect_ratio=list(p["ratio"]), num_attempts=10,
+        random_aspect_ratio=list(p["ratio"]), num_attempts=10, **ctx.decoder_args,
     )
     rdev = "gpu" if ctx.decoder_device == "mixed" else "cpu"
     return d.fn().resize(crop, device=rdev, size=[h, w], interp_type=d.interp(p["interpolation"]))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from feedfast.ops.base import Param
 
 ComponentKind = Literal["image", "label", "json", "npy", "bytes"]
 LastBatch = Literal["partial", "pad", "drop"]
@@ -15,6 +17,51 @@ MISSING_POLICIES = ("error", "skip", "empty")
 ON_ERROR_POLICIES = ("raise", "skip")
 LAST_BATCH_POLICIES = ("partial", "pad", "drop")
 DEVICES = ("auto", "cpu", "gpu")
+
+
+DECODER_PARAMS = (
+    Param("hw_decoder_load", "float", 0.65,
+          "share of JPEG decoding sent to the hardware JPEG decoder (A100, H100, H200); the rest runs on "
+          "CUDA cores", low=0.0, high=1.0),
+    Param("device_memory_padding", "int", 211_025_920,
+          "bytes of GPU memory nvJPEG allocates ahead per buffer, so that a larger image does not reallocate",
+          low=0),
+    Param("host_memory_padding", "int", 140_544_512,
+          "bytes of pinned host memory nvJPEG allocates ahead per buffer, likewise", low=0),
+    Param("preallocate_width_hint", "int", 5980,
+          "widest image the hardware decoder preallocates for (0: no preallocation)", low=0, high=65535),
+    Param("preallocate_height_hint", "int", 6430,
+          "tallest image the hardware decoder preallocates for (0: no preallocation)", low=0, high=65535),
+)
+"""The ``decoder`` section's keys: DALI's ``mixed`` (nvJPEG) decoder arguments, NVIDIA's values
+for ImageNet on A100/H100-class GPUs (see ``docs/spec-reference.md`` for where each comes from)."""
+_DECODER_DEFAULTS = {p.name: p.default for p in DECODER_PARAMS}
+
+
+@dataclass(frozen=True)
+class DecoderSettings:
+    """The nvJPEG settings of GPU (``mixed``) decoding; a CPU decode never receives them.
+
+    The defaults are those of :data:`DECODER_PARAMS`.
+    """
+
+    hw_decoder_load: float = _DECODER_DEFAULTS["hw_decoder_load"]
+    device_memory_padding: int = _DECODER_DEFAULTS["device_memory_padding"]
+    host_memory_padding: int = _DECODER_DEFAULTS["host_memory_padding"]
+    preallocate_width_hint: int = _DECODER_DEFAULTS["preallocate_width_hint"]
+    preallocate_height_hint: int = _DECODER_DEFAULTS["preallocate_height_hint"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as the spec's ``decoder`` section (the keys are DALI's argument names)."""
+        return dataclasses.asdict(self)
+
+    def args_for(self, device: str) -> dict[str, Any]:
+        """The decoder arguments of a node placed on ``device``: all of them on ``mixed``, none elsewhere.
+
+        DALI's CPU decoder ignores nvJPEG settings; leaving them out keeps CPU graphs and CPU
+        plans free of settings that do nothing there.
+        """
+        return self.to_dict() if device == "mixed" else {}
 
 
 @dataclass(frozen=True)
@@ -66,6 +113,7 @@ class Spec:
         seed: the seed of every random choice (shuffling and augmentation).
         shuffle_buffer: samples held for shuffling (0 turns sample shuffling off).
         shuffle_shards: whether the shard order changes every epoch.
+        decoder: the nvJPEG settings of GPU decoding (the ``decoder`` section).
         file: where the spec came from, for error messages.
     """
 
@@ -82,6 +130,7 @@ class Spec:
     seed: int = 0
     shuffle_buffer: int = 0
     shuffle_shards: bool = False
+    decoder: DecoderSettings = field(default_factory=DecoderSettings)
     version: int = 1
     file: str = "<spec>"
 
@@ -104,6 +153,7 @@ class Spec:
             "batch": {"size": self.batch_size, "last_batch": self.last_batch},
             "shuffle": {"buffer": self.shuffle_buffer, "shards": self.shuffle_shards},
             "device": self.device,
+            "decoder": self.decoder.to_dict(),
             "seed": self.seed,
         }
 

@@ -32,6 +32,7 @@ Generated from the op registry (`feedfast/ops/registry.py`) by
 | `shuffle.shards` | true or false | `false` |
 | `device` | {devices} | `auto` |
 | `seed` | an integer | `0` |
+| `decoder.KEY` | see [Decoder](#decoder-gpu) | NVIDIA's ImageNet values |
 
 Every op also takes `device: auto | cpu | gpu`, overriding the pipeline's placement for it.
 
@@ -59,12 +60,51 @@ def render_op(op: OpDef) -> str:
     return "\n".join(lines) + "\n"
 
 
+DECODER_HEAD = """## Decoder (GPU)
+
+The `decoder` section tunes DALI's `mixed` decoder (nvJPEG through nvImageCodec), which every
+GPU-placed `decode` uses, fused or not. Its keys are DALI's own argument names, passed only
+on the `mixed` device: a CPU-placed decode never receives them, and `feedfast plan --json`
+shows them on each `mixed` node. Leave the section out to get the defaults below.
+
+```yaml
+decoder: {hw_decoder_load: 0.75}   # any key left out keeps its default
+```
+"""
+
+DECODER_SOURCES = """Where the defaults come from:
+
+- `device_memory_padding`, `host_memory_padding`, `preallocate_width_hint`,
+  `preallocate_height_hint`: NVIDIA's DALI ResNet-50 training example,
+  `docs/examples/use_cases/pytorch/resnet50/main.py` in github.com/NVIDIA/DALI (the version
+  with preallocation hints): 211025920 and 140544512 bytes "for the biggest sample in
+  ImageNet", 5980 x 6430 "for the biggest image in the data set", all on `mixed` only.
+- `hw_decoder_load`: 0.65, DALI's own default for `decoders.image` (DALI operator reference,
+  which says the best share depends on the pipeline's threads and is found by trying).
+  NVIDIA's published A100 decoding figure (about 7,000 images/s, quoted in DALI issue #5362)
+  was taken with 0.75, so 0.65 to 0.75 is the range to try. No H100/H200 figure is
+  published, and feedfast has not measured one yet.
+
+The hints size the hardware decoder's buffers for ImageNet's largest image; on a GPU with
+little memory, or for a dataset of small images, smaller hints (or 0: no preallocation) save
+memory. The hardware JPEG decoder exists on A100, H100 and H200; on GPUs without one (V100,
+consumer GPUs) `hw_decoder_load` does nothing.
+"""
+
+
+def render_decoder() -> str:
+    """The ``decoder`` section's keys, their defaults and where the defaults come from."""
+    rows = ["| key | meaning | allowed | default |", "|---|---|---|---|"]
+    rows += [f"| `decoder.{p.name}` | {p.doc} | {p.allowed()} | {_default(p)} |" for p in m.DECODER_PARAMS]
+    return DECODER_HEAD + "\n" + "\n".join(rows) + "\n\n" + DECODER_SOURCES
+
+
 def render_reference() -> str:
     """The whole reference page as Markdown."""
     quote = lambda xs: ", ".join(f"`{x}`" for x in xs)  # noqa: E731
     head = HEADER.format(kinds=quote(m.COMPONENT_KINDS), missing=quote(m.MISSING_POLICIES),
                          on_error=quote(m.ON_ERROR_POLICIES), last=quote(m.LAST_BATCH_POLICIES), devices=quote(m.DEVICES))
-    return head + "\n" + "\n".join(render_op(op) for op in OPS.values())
+    return head + "\n" + "\n".join(render_op(op) for op in OPS.values()) + "\n" + render_decoder()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Validation of each section of a spec: source, pipeline, outputs, batch, shuffle."""
+"""Validation of each section of a spec: source, pipeline, outputs, batch, shuffle, decoder."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from feedfast.errors import SpecError
 from feedfast.ops.base import Signature, SignatureError
 from feedfast.ops.registry import OPS, suggest
 from feedfast.spec import model as m
+from feedfast.spec.params import coerce
 
 DEFAULT_COMPONENTS = {
     "image": {"ext": "jpg;jpeg;png", "kind": "image"},
@@ -173,3 +174,20 @@ def parse_shuffle(v: Any, file: str) -> tuple[int, bool]:
     if not isinstance(shards, bool):
         raise SpecError("bad value", file=file, key="shuffle.shards", value=shards, allowed="true or false")
     return buf, shards
+
+
+def parse_decoder(v: Any, file: str) -> m.DecoderSettings:
+    """The ``decoder`` section: nvJPEG settings of GPU decoding; a key left out keeps NVIDIA's value."""
+    d = _mapping(v, "decoder", file, "{hw_decoder_load: 0.65}")
+    _no_unknown(d, tuple(p.name for p in m.DECODER_PARAMS), "decoder", file)
+    values = {}
+    for p in m.DECODER_PARAMS:
+        if p.name not in d:
+            continue
+        try:
+            values[p.name] = coerce(p, d[p.name])
+        except ValueError:
+            raise SpecError(f"bad value for `{p.name}` ({p.doc})", file=file, key=f"decoder.{p.name}",
+                            value=d[p.name], allowed=p.allowed(),
+                            fix=f"remove the key for the default, {p.default!r}") from None
+    return m.DecoderSettings(**values)
