@@ -78,6 +78,6 @@ def resolve_spec_path(spec: str | os.PathLike[str]) -> Path:
         "spec file not found, and not the name of a shipped pipeline", file=str(spec),
         allowed="a shipped pipeline name (" + (", ".join(names) or "none in this installation") + ")"
                 " or the path of a .yaml, .toml or .json file",
-        fix=(hint + " Or g" if hint else "G") + "ive the path of a spec file that exists from the working folder, "
+        fix=(f"{hint} or " if hint else "") + "give the path of a spec file that exists from the working folder, "
             "e.g. ./my-spec.yaml or an absolute path",
     )
