@@ -21,6 +21,13 @@ $(STAMP): pyproject.toml Makefile
 	  echo "installing libjpeg and zlib headers for pillow-simd"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q libjpeg-dev zlib1g-dev; fi
+	@# pillow-simd's fast resize paths need AVX2 enabled when it is compiled (its default is SSE4): on a CPU with
+	@# AVX2, build it with CC="cc -mavx2" before the extras (which then find it), and rebuild an installed build
+	@# whose module does not record -mavx2 among its compiler flags (`feedfast doctor` says which build is in use)
+	@if echo ",$(EXTRAS)," | grep -q ",simd," && grep -qsw avx2 /proc/cpuinfo && \
+	  ! grep -qsa -e "-mavx2" $(VENV)/lib/python3*/site-packages/PIL/_imaging.*.so; then \
+	  echo "building pillow-simd with AVX2 (CC='cc -mavx2')"; \
+	  CC="cc -mavx2" $(PIP) install -q --force-reinstall --no-deps --no-binary pillow-simd --no-cache-dir "pillow-simd>=9.0"; fi
 	$(PIP) install -q -e ".[$(EXTRAS)]"
 	@# matplotlib (stall-meter plots) without its Pillow dependency, which would replace pillow-simd's PIL
 	$(PIP) install -q --no-deps matplotlib contourpy cycler fonttools kiwisolver pyparsing python-dateutil
