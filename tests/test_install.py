@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+import feedfast._pil
+from feedfast.cli.common import demo_shards
+from feedfast.errors import BackendError
 from feedfast.spec.shipped import SOURCE
 from tests.helpers import make_shards
 
@@ -118,3 +121,11 @@ def test_installed_wheel_plans_and_benches_by_name_outside_the_repository(instal
 def test_the_source_checkout_reads_pipelines_in_place() -> None:
     assert SOURCE == ROOT / "pipelines"
     assert not (ROOT / "feedfast" / "pipelines").exists(), "pipelines/ is the one source of truth; no copy in feedfast/"
+
+
+def test_without_pil_the_demo_names_both_extras(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = feedfast._pil.importlib.util.find_spec
+    monkeypatch.setattr(feedfast._pil.importlib.util, "find_spec", lambda name, *a: None if name == "PIL" else real(name, *a))
+    with pytest.raises(BackendError, match="the demo dataset needs PIL") as info:
+        demo_shards(quiet=True)
+    assert "feedfast[pillow]" in str(info.value) and "feedfast[simd]" in str(info.value)
