@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from feedfast.cli import sysprobe
-from feedfast.cli.doctor import limits, sample_jpeg
+from feedfast.cli.doctor import limits, pil_simd_level, sample_jpeg
 from feedfast.cli.main import main
 
 FAST = ["--decode-seconds", "0.05"]
@@ -18,7 +18,9 @@ FAST = ["--decode-seconds", "0.05"]
 def test_doctor_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--json", *FAST]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert set(rep) == {"versions", "cuda", "hw_jpeg_decoder", "cpu", "memory", "cache", "decode_benchmark", "limits"}
+    assert set(rep) == {"versions", "cuda", "hw_jpeg_decoder", "cpu", "memory", "cache", "simd", "decode_benchmark",
+                        "limits"}
+    assert rep["simd"]["pil"]["level"] in ("AVX-512", "AVX2", "AVX", "SSE4", "none (no -msse4/-mavx flags)", "unknown")
     v = rep["versions"]
     for key in ("feedfast", "python", "torch", "dali", "webdataset"):
         assert isinstance(v[key], str) and v[key], key
@@ -42,7 +44,7 @@ def test_doctor_text_and_json_file(tmp_path: Path, capsys: pytest.CaptureFixture
     out = tmp_path / "d.json"
     assert main(["doctor", "--json", str(out), *FAST]) == 0
     text = capsys.readouterr().out
-    assert "what would limit throughput here:" in text and "HW JPEG decoder" in text
+    assert "what would limit throughput here:" in text and "HW JPEG decoder" in text and "PIL SIMD build" in text
     assert json.loads(out.read_text())["versions"]["feedfast"]
 
 
@@ -61,11 +63,45 @@ def test_limits_name_each_problem() -> None:
         "cuda": {"available": True}, "hw_jpeg_decoder": "no: ...",
         "versions": {"dali": "not installed (No module named 'nvidia')", "pil": {"simd": False}},
         "cache": {"writable": False, "reason": "PermissionError"},
+        "simd": {"cpu": ["SSE4", "AVX2"], "pil": {"level": "SSE4"}},
     }
     text = "\n".join(limits(rep))
     for needle in ("1 core: CPU decode tops out near 300 img/s", "CUDA cores only", "cgroup allows 1.5 cores",
                    "DALI is not installed", "pillow-simd", "cache folder not writable"):
         assert needle in text, needle
+
+
+def test_pillow_simd_built_without_avx2_on_an_avx2_cpu_is_a_limit() -> None:
+    rep = {
+        "cpu": {"usable": 2, "affinity": 2, "cgroup_quota": None},
+        "decode_benchmark": {"img_per_s": 300.0, "img_per_s_per_core": 150.0},
+        "cuda": {"available": False}, "hw_jpeg_decoder": "no GPU",
+        "versions": {"dali": "2.4.0", "pil": {"simd": True}}, "cache": {"writable": True},
+        "simd": {"cpu": ["SSE4", "AVX2"], "pil": {"level": "SSE4"}},
+    }
+    assert any("built for SSE4 on a CPU with AVX2" in line and "-mavx2" in line for line in limits(rep))
+    rep["simd"]["pil"]["level"] = "AVX2"
+    assert not any("AVX2" in line for line in limits(rep))
+
+
+def _module_with(tmp_path: Path, producer: bytes) -> str:
+    path = tmp_path / "_imaging.so"
+    path.write_bytes(b"\x7fELF\x00junk\x00" + producer + b"\x00more\x00")
+    return str(path)
+
+
+@pytest.mark.parametrize("producer,level", [
+    (b"GNU C17 12.2.0 -mavx2 -msse4 -mtune=generic -march=x86-64 -g -O3", "AVX2"),
+    (b"GNU C17 12.2.0 -msse4 -mtune=generic -march=x86-64 -g -O3", "SSE4"),
+    (b"GNU C17 12.2.0 -mtune=generic -march=x86-64 -O2", "none (no -msse4/-mavx flags)"),
+    (b"", "unknown"),
+])
+def test_pil_simd_level_reads_the_recorded_compiler_flags(tmp_path: Path, producer: bytes, level: str) -> None:
+    found = pil_simd_level(_module_with(tmp_path, producer))
+    assert found["level"] == level
+    if level == "unknown":
+        assert "cannot be told" in found["how"]
+    assert pil_simd_level(str(tmp_path / "missing.so"))["level"] == "unknown"
 
 
 def test_hw_decoder_probe_without_gpu_says_so() -> None:

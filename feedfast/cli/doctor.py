@@ -1,13 +1,16 @@
 """``feedfast doctor``: what this machine offers an input pipeline, and what would limit it.
 
-Versions, CUDA and GPUs, the hardware JPEG decoder, cores, memory, the cache folder, and a
-one-second PIL decode micro-benchmark that turns the core count into an image rate.
+Versions, CUDA and GPUs, the hardware JPEG decoder, cores, memory, the cache folder, the SIMD
+level PIL was compiled for, and a one-second PIL decode micro-benchmark that turns the core
+count into an image rate.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import re
+from pathlib import Path
 from typing import Any
 
 from feedfast.cli import sysprobe
@@ -48,6 +51,48 @@ def sample_jpeg() -> bytes:
     return buf.getvalue()
 
 
+_PRODUCER = re.compile(rb"GNU C[0-9+]* [0-9.]+ ([ -~]{0,400})")
+_LEVELS = (("-mavx512", "AVX-512"), ("-mavx2", "AVX2"), ("-mavx", "AVX"), ("-msse4", "SSE4"))
+
+
+def cpu_simd() -> list[str]:
+    """The SIMD extensions this CPU offers that pillow-simd can use (from /proc/cpuinfo; empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    flags = set(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
+    return [name for flag, name in (("sse4_1", "SSE4"), ("avx2", "AVX2"), ("avx512f", "AVX-512")) if flag in flags]
+
+
+def pil_simd_level(module_path: str | None = None) -> dict[str, Any]:
+    """The SIMD level PIL's C module was compiled for, read from the compiler flags it records.
+
+    GCC writes its command-line flags into the debug information (``DW_AT_producer``, e.g.
+    ``GNU C17 12.2.0 -mavx2 -msse4 ... -O3``); pillow-simd built from source keeps them. A
+    stripped module, or one built by another compiler, records none: the level is then
+    ``unknown`` and the report says so rather than guess.
+    """
+    if module_path is None:
+        try:
+            from PIL import _imaging
+
+            module_path = str(_imaging.__file__)
+        except ImportError as exc:
+            return {"level": "unknown", "how": f"PIL's C module cannot be imported ({exc})", "flags": None}
+    try:
+        data = Path(module_path).read_bytes()
+    except OSError as exc:
+        return {"level": "unknown", "how": f"cannot read {module_path} ({exc})", "flags": None}
+    producers = {m.group(0).decode("ascii", "replace") for m in _PRODUCER.finditer(data)}
+    if not producers:
+        return {"level": "unknown", "how": f"{Path(module_path).name} records no compiler flags (stripped, or "
+                                           "not built by GCC); its SIMD level cannot be told", "flags": None}
+    flags = " ".join(sorted(producers))
+    level = next((name for flag, name in _LEVELS if flag in flags), "none (no -msse4/-mavx flags)")
+    return {"level": level, "how": f"compiler flags recorded in {Path(module_path).name}", "flags": flags[:300]}
+
+
 def decode_benchmark(jpeg: bytes, seconds: float, usable_cores: int) -> dict[str, Any]:
     """Images per second one core decodes (PIL), and the linear estimate for ``usable_cores``."""
     per_core = 1e3 / pil_decode_ms([jpeg], seconds=seconds)
@@ -65,6 +110,7 @@ def collect(decode_seconds: float = 1.0) -> dict[str, Any]:
         "versions": sysprobe.versions(), "cuda": cuda,
         "hw_jpeg_decoder": sysprobe.hw_jpeg_decoder(cuda["available"], jpeg),
         "cpu": cpu, "memory": sysprobe.memory(), "cache": sysprobe.cache_folder(),
+        "simd": {"cpu": cpu_simd(), "pil": pil_simd_level()},
         "decode_benchmark": decode_benchmark(jpeg, decode_seconds, cpu["usable"]),
     }
     report["limits"] = limits(report)
@@ -90,6 +136,11 @@ def limits(r: dict[str, Any]) -> list[str]:
     if not r["versions"]["pil"].get("simd"):
         out.append("Pillow without SIMD: the PIL baseline (bench --compare torch) resizes slower; "
                    "pip install pillow-simd")
+    simd = r["simd"]
+    if r["versions"]["pil"].get("simd") and "AVX2" in simd["cpu"] and simd["pil"]["level"] in ("SSE4", "AVX"):
+        out.append(f"pillow-simd was built for {simd['pil']['level']} on a CPU with AVX2: its resizes run slower than "
+                   "they could; rebuild: CC=\"cc -mavx2\" pip install --force-reinstall --no-deps --no-binary :all: "
+                   "--no-cache-dir pillow-simd")
     if not r["cache"]["writable"]:
         out.append(f"cache folder not writable ({r['cache']['reason']}): shard indexes are rebuilt on every run")
     return out
@@ -118,6 +169,8 @@ def _print(r: dict[str, Any]) -> None:
         ("feedfast", v["feedfast"]), ("python", f"{v['python']} ({v['executable']})"), ("torch", v["torch"]),
         ("DALI", v["dali"]), ("webdataset", v["webdataset"]),
         ("PIL", f"{pil['version']}, {simd}, libjpeg-turbo {pil.get('libjpeg_turbo') or 'no'}"),
+        ("PIL SIMD build", f"{r['simd']['pil']['level']} ({r['simd']['pil']['how']}); "
+                           f"CPU offers {', '.join(r['simd']['cpu']) or 'none known'}"),
         ("CUDA", f"{'available' if c['available'] else 'not available'} (torch CUDA {c['torch_cuda'] or 'none'})"),
         ("driver", c["nvml"]["driver"] or f"none ({c['nvml']['status']})"), ("GPUs", gpus),
         ("HW JPEG decoder", r["hw_jpeg_decoder"]),
