@@ -1,8 +1,10 @@
 """Installed like any library: the built wheel carries the shipped pipelines and runs from anywhere.
 
-The wheel is built offline from a copy of the source tree (so no build folder lands in the
-checkout), installed with ``--target`` into an empty folder, and run from a folder outside
-the repository with only that folder and the dependencies' site-packages importable.
+The wheel is built offline the way pip builds it from an index: an sdist of a copy of the
+source tree (so no build folder lands in the checkout, and MANIFEST.in is checked too), then
+a wheel of that sdist. It is installed with ``--target`` into an empty folder and run from a
+folder outside the repository with only that folder and the dependencies' site-packages
+importable.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -36,7 +39,7 @@ def _pip(*args: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """feedfast's wheel, built offline from a copy of the source tree."""
+    """feedfast's wheel, built offline as pip builds it from PyPI: source tree copy, sdist, wheel."""
     work = tmp_path_factory.mktemp("wheel")
     for name in SOURCES:
         src, dst = ROOT / name, work / "src" / name
@@ -45,8 +48,15 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         else:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst)
-    _pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", str(work / "src"), "-w",
-         str(work / "dist"), cwd=work)
+    build_sdist = "import sys; from setuptools import build_meta; build_meta.build_sdist(sys.argv[1])"
+    done = subprocess.run([sys.executable, "-c", build_sdist, str(work / "sdist")], cwd=work / "src",
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (sdist,) = (work / "sdist").glob("feedfast-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        assert sorted(Path(n).name for n in tar.getnames() if "/pipelines/" in n) == SHIPPED
+    _pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", str(sdist), "-w", str(work / "dist"),
+         cwd=work)
     (built,) = (work / "dist").glob("feedfast-*.whl")
     return built
 
