@@ -73,3 +73,11 @@ GPU_JSON ?= bench-results/gpu-check.json
 gpu-check:
 	@mkdir -p $(dir $(GPU_JSON))
 	$(GPU_PY) benchmarks/gpu_check.py $(if $(WHEELS),--wheels $(WHEELS)) $(if $(DRY_RUN),--dry-run) --json $(GPU_JSON)
+
+# Wheel pieces for gpu-check on a GPU machine without network: run here (pip must reach PyPI); it downloads DALI for
+# CUDA 13 and what it needs for Python 3.12 (benchmarks/gpucheck_wheels.py PACKAGES) and cuts them into pieces of
+# under 60 MB in GPU_WHEELS. Copy the pieces into one folder there and run: make gpu-check WHEELS=that-folder
+GPU_WHEELS ?= bench-results/gpu-wheels
+.PHONY: gpu-wheels
+gpu-wheels:
+	$(GPU_PY) benchmarks/gpucheck_wheels.py --out $(GPU_WHEELS)
