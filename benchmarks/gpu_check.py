@@ -5,36 +5,52 @@ Usage::
     python benchmarks/gpu_check.py [--wheels DIR] [--dry-run] [--json out.json] [--budget 450]
                                    [--samples N] [--only SECTION,...] [--target DIR]
 
-Sections, in order. Each is independent: a failure is recorded as ``error: <one line>`` (with
-the traceback on stderr) and the next section runs.
+Sections, in order (the most important first, so that a short budget cuts the least). Each is
+independent: a failure is recorded as ``error: <one line>`` (with the traceback on stderr) and
+the next section runs.
 
-==================  ===========================================================================
-``setup``           DALI, webdataset, braceexpand, PyYAML, psutil, numpy and PIL import; when one
-                    does not and a wheel folder is given (``--wheels`` or ``$WHEELS``), every
-                    wheel there is installed with ``pip install --no-index --no-deps --target``
-                    (pieces ``NAME.part-*`` are joined first and a joined ``.tar`` unpacked)
-                    and the target folder is put on ``sys.path``.
-``dataset``         the demo dataset (``demo_shards``), or ``--samples N`` photo-like JPEGs.
-``loader_gpu``      imagenet-train images/s, GPU-placed (``mixed`` nvJPEG decode) to ``cuda``.
-``loader_cpu_cuda`` the same CPU-placed, delivered to ``cuda`` (pinned ring, uint8 transfer).
-``loader_cpu_cpu``  the same CPU-placed, delivered to the CPU.
-``stall``           StallMeter's CUDA-event stall against an injected one: a loader sleeping S
-                    ms per batch while each step enqueues T ms of calibrated GPU matmuls, so the
-                    GPU idles max(0, S - T) of every S ms step (S=20, T=10: 0.5; S=5, T=10: 0).
-``nvml``            the meter's NVML figures (gpu_util, gpu_mem_mb) under a GPU-bound loop.
-``train_feedfast``  ResNet-50 (bf16 autocast, channels_last, SGD) fed by feedfast (GPU-placed).
-``train_torch``     the same fed by the torchvision recipe (``make_torch_loader``).
-==================  ===========================================================================
+======================  ========================================================================
+``setup``               DALI, webdataset, braceexpand, PyYAML, psutil, numpy and PIL import; when
+                        one does not and a wheel folder is given (``--wheels`` or ``$WHEELS``),
+                        every wheel there is installed with ``pip install --no-index --no-deps
+                        --target`` (pieces ``NAME.part-*`` are joined first and a joined ``.tar``
+                        unpacked) and the target folder is put on ``sys.path``. The pieces are
+                        made on a machine with network by ``make gpu-wheels`` (see
+                        ``gpucheck_wheels.py``).
+``dataset``             ``--samples N`` photo-like JPEGs (2,048 on a GPU: one training run fits in
+                        one epoch), generated once into feedfast's cache.
+``readme_default``      the README's call, ``feedfast.DataLoader("pipelines/imagenet-train.yaml",
+                        shards=..., batch_size=64)`` with no device or placement: with CUDA it must
+                        yield CUDA tensors on the current device from a GPU-placed plan.
+``train_feedfast_gpu``  (a) ResNet-50 (bf16 autocast, channels_last, SGD) fed by feedfast
+                        GPU-placed (``mixed`` nvJPEG decode) to ``cuda``.
+``train_feedfast_cpu``  (b) the same fed by feedfast CPU-placed through the pinned ring to ``cuda``
+                        (to the CPU in a dry run).
+``train_torch``         (c) the same fed by the torchvision recipe (``make_torch_loader``, 16
+                        workers where there are 16 cores).
+``sync_debug``          one whole epoch of CPU-placed -> cuda and one of GPU-placed under
+                        ``torch.cuda.set_sync_debug_mode("error")``: any host sync fails it.
+``loader_gpu``          imagenet-train images/s alone, GPU-placed to ``cuda``.
+``loader_cpu_cuda``     the same CPU-placed, delivered to ``cuda`` (pinned ring, uint8 transfer).
+``loader_cpu_cpu``      the same CPU-placed, delivered to the CPU.
+``stall``               StallMeter's CUDA-event stall against an injected one: a loader sleeping S
+                        ms per batch while each step enqueues T ms of calibrated GPU matmuls, so
+                        the GPU idles max(0, S - T) of every S ms step (S=20, T=10: 0.5; S=5: 0).
+``nvml``                the meter's NVML figures (gpu_util, gpu_mem_mb) under a GPU-bound loop.
+======================  ========================================================================
+
+Each training feed (a, b, c) gives one row: samples/s, the meter's GPU stall fraction from
+CUDA events, NVML utilization, and seconds from creating the loader to the first batch.
 
 Without CUDA (or with ``--dry-run``) everything that can runs on the CPU at tiny sizes: 64 px
 crops, a few batches, a small dataset, a tiny model when torchvision is missing, the meter's
 clock-backed GPU stand-in (``SimulatedGpu``) for the stall check; sections that need a GPU
 say ``skipped: no CUDA (dry run)``.
 
-One table (what, figure, unit, note) is printed at the end; ``--json`` writes everything.
-A time budget (``--budget``, default 450 s) skips the sections left when it runs out.
-Exit status: 0 when every section ran (a dry run's GPU-only skips included), 1 when any
-section errored or was cut by the budget, 2 for a bad command line.
+One table is printed at the end; ``--json`` writes everything. A time budget (``--budget``,
+default 450 s) skips the sections left when it runs out. Exit status: 0 when every section
+ran (a dry run's GPU-only skips included), 1 when any section errored or was cut by the
+budget, 2 for a bad command line.
 """
 
 from __future__ import annotations
@@ -77,7 +93,12 @@ from gpucheck_sections import (  # noqa: E402
     nvml_section,
     stall_section,
 )
-from gpucheck_train import train_feedfast_section, train_torch_section  # noqa: E402
+from gpucheck_smoke import readme_default_section, sync_debug_section  # noqa: E402
+from gpucheck_train import (  # noqa: E402
+    train_feedfast_cpu_section,
+    train_feedfast_gpu_section,
+    train_torch_section,
+)
 from gpucheck_wheels import setup_section  # noqa: E402
 
 
@@ -95,13 +116,16 @@ class Step:
 STEPS = (
     Step("setup", "setup", setup_section),
     Step("dataset", "dataset", dataset_section),
+    Step("readme_default", "README call, no device/placement", readme_default_section),
+    Step("train_feedfast_gpu", "(a) ResNet-50 <- feedfast GPU-placed", train_feedfast_gpu_section, needs_cuda=True),
+    Step("train_feedfast_cpu", "(b) ResNet-50 <- feedfast CPU-placed, pinned ring", train_feedfast_cpu_section),
+    Step("train_torch", "(c) ResNet-50 <- torchvision recipe", train_torch_section),
+    Step("sync_debug", "sync-debug epoch", sync_debug_section),
     Step("loader_gpu", "loader GPU-placed -> cuda", loader_gpu_section, needs_cuda=True),
     Step("loader_cpu_cuda", "loader CPU-placed -> cuda", loader_cpu_cuda_section, needs_cuda=True),
     Step("loader_cpu_cpu", "loader CPU-placed -> cpu", loader_cpu_cpu_section),
     Step("stall", "stall meter", stall_section),
     Step("nvml", "NVML sampler", nvml_section),
-    Step("train_feedfast", "train <- feedfast", train_feedfast_section),
-    Step("train_torch", "train <- torchvision recipe", train_torch_section),
 )
 
 

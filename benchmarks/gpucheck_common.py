@@ -6,9 +6,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used, so the wheel packer runs without it
+    import torch
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED = ("nvidia.dali", "webdataset", "braceexpand", "yaml", "psutil", "numpy", "PIL")
@@ -36,7 +37,8 @@ class Sizes:
 
 
 GPU_SIZES = Sizes(batch=64, image=None, warmup=5, batches=50, stall_steps=30, nvml_seconds=3.0,
-                  train_warmup=5, train_steps=30, samples=None, small_images=False)
+                  train_warmup=5, train_steps=25, samples=2048, small_images=False)
+"""2,048 samples: 32 batches an epoch, so a training run (30 batches) stays inside one epoch."""
 DRY_SIZES = Sizes(batch=16, image=64, warmup=1, batches=4, stall_steps=10, nvml_seconds=0.5,
                   train_warmup=1, train_steps=3, samples=128, small_images=True)
 
@@ -64,6 +66,8 @@ class Context:
     @property
     def device(self) -> torch.device:
         """Where models and measured work run."""
+        import torch
+
         return torch.device("cuda" if self.cuda else "cpu")
 
 
@@ -99,12 +103,16 @@ class Budget:
 # ---------------------------------------------------------------------------- results
 @dataclass
 class Row:
-    """One line of the final table."""
+    """One line of the final table: a figure with its unit, or a feed's four columns, and a note."""
 
     what: str
-    figure: float | str | None
+    figure: float | str | None = None
     unit: str = ""
     note: str = ""
+    samples_per_s: float | None = None
+    stall: float | None = None
+    gpu_util: float | None = None
+    first_batch_s: float | None = None
 
 
 @dataclass
@@ -122,6 +130,12 @@ class Section:
     def add(self, what: str, figure: float | str | None, unit: str = "", note: str = "") -> None:
         """Append a table row."""
         self.rows.append(Row(what, figure, unit, note))
+
+    def add_feed(self, what: str, *, samples_per_s: float | None, stall: float | None, gpu_util: float | None,
+                 first_batch_s: float | None, note: str = "") -> None:
+        """Append a row in the table's feed columns (samples/s, stall, GPU util, first batch)."""
+        self.rows.append(Row(what, note=note, samples_per_s=samples_per_s, stall=stall, gpu_util=gpu_util,
+                             first_batch_s=first_batch_s))
 
 
 def say(message: str) -> None:

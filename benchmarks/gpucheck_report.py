@@ -7,7 +7,7 @@ import os
 import platform
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,22 +30,38 @@ def table_rows(sections: Sequence[Section]) -> list[Row]:
     """Every section's rows, titled; a skipped or failed section gets a row with its note."""
     rows = []
     for sec in sections:
-        rows += [Row(f"{sec.title}: {r.what}", r.figure, r.unit, r.note) for r in sec.rows]
+        rows += [replace(r, what=f"{sec.title}: {r.what}" if r.what else sec.title) for r in sec.rows]
         if sec.status != "ok":
             rows.append(Row(sec.title, None, "", sec.note))
     return rows
 
 
-def clip(note: str, width: int = 200) -> str:
+def clip(note: str, width: int = 160) -> str:
     """A note cut to ``width`` characters for the table (the JSON keeps it whole)."""
     return note if len(note) <= width else note[: width - 3] + "..."
 
 
+HEADER = ("what", "samples/s", "stall", "GPU util %", "1st batch s", "figure", "note")
+"""The one table's columns: a feed's four figures (samples/s, the meter's GPU stall fraction, NVML
+utilization, seconds to the first batch), or another row's figure with its unit, then the note."""
+
+
+def cells(row: Row) -> tuple[str, ...]:
+    """One row's cells, in :data:`HEADER` order."""
+    figure = "" if row.figure is None and not row.unit else f"{fmt(row.figure)} {row.unit}".rstrip()
+    feed = (row.samples_per_s, row.stall, row.gpu_util, row.first_batch_s)
+    is_feed = any(v is not None for v in feed)
+    return (row.what, *((fmt(v) if is_feed else "") for v in feed), figure, clip(row.note))
+
+
 def render(rows: Sequence[Row]) -> str:
-    """The final table, aligned."""
-    cells = [("what", "figure", "unit", "note")] + [(r.what, fmt(r.figure), r.unit, clip(r.note)) for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(3)]
-    lines = [f"{w:<{widths[0]}}  {f:>{widths[1]}}  {u:<{widths[2]}}  {n}".rstrip() for w, f, u, n in cells]
+    """The final table, aligned: text left, figures right."""
+    table = [HEADER] + [cells(r) for r in rows]
+    widths = [max(len(c[i]) for c in table) for i in range(len(HEADER) - 1)]
+    lines = []
+    for c in table:
+        left = f"{c[0]:<{widths[0]}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(c[1:-2], widths[1:-1]))
+        lines.append(f"{left}  {c[-2]:<{widths[-1]}}  {c[-1]}".rstrip())
     lines.insert(1, "-" * max(len(line) for line in lines))
     return "\n".join(lines)
 

@@ -1,8 +1,16 @@
-"""``gpu_check.py``'s training rows: a model trained on feedfast's batches, then on the torchvision recipe's."""
+"""``gpu_check.py``'s training rows: ResNet-50 (bf16 autocast, channels_last, SGD) fed three ways.
+
+(a) feedfast GPU-placed, (b) feedfast CPU-placed through the pinned ring to CUDA, (c) the
+torchvision recipe; each gives one row: samples/s, the meter's stall fraction (CUDA events),
+NVML utilization and the seconds from creating the loader to the first batch.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+import time
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,7 +20,7 @@ from torch import nn
 
 
 class TinyNet(nn.Module):
-    """A small conv net standing in for ResNet-50 where torchvision is missing."""
+    """A small conv net standing in for ResNet-50 in a dry run, or where torchvision is missing."""
 
     def __init__(self, classes: int = 1000) -> None:
         super().__init__()
@@ -26,29 +34,56 @@ class TinyNet(nn.Module):
         return self.fc(self.features(x))
 
 
-def make_model() -> tuple[nn.Module, str]:
-    """torchvision's ResNet-50 when torchvision imports, else :class:`TinyNet`; and its name."""
+def make_model(dry: bool) -> tuple[nn.Module, str]:
+    """ResNet-50, or :class:`TinyNet` in a dry run or where torchvision is missing; and its name.
+
+    torchvision's import is tried once per run (:func:`resnet50_or_why`), so every feed trains
+    the same model even when another module imports torchvision later.
+    """
+    if dry:
+        return TinyNet(), "TinyNet (dry run)"
+    resnet50, why = resnet50_or_why()
+    if resnet50 is None:
+        return TinyNet(), f"TinyNet stand-in (torchvision: {why})"
+    return resnet50(), "ResNet-50"
+
+
+@functools.cache
+def resnet50_or_why() -> tuple[Any, str]:
+    """torchvision's ``resnet50`` constructor, or None and why torchvision does not import."""
     try:
         import torchvision
     except (ImportError, RuntimeError, AttributeError, OSError) as exc:  # absent, or built for another torch
-        return TinyNet(), f"TinyNet stand-in (torchvision: {one_line(exc)})"
-    return torchvision.models.resnet50(), "ResNet-50"
+        return None, one_line(exc)
+    return torchvision.models.resnet50, ""
 
 
-def train(ctx: Context, batches: Iterator[Any]) -> tuple[dict[str, Any], str, float]:
-    """Train on ``batches`` under a StallMeter; its summary, the model's name and the last loss."""
+@dataclass
+class TrainRun:
+    """What a training run measured: the meter's summary, the model, the last loss, the first batch's wait."""
+
+    summary: dict[str, Any]
+    model: str
+    loss: float
+    first_batch_s: float | None
+
+
+def train(ctx: Context, batches: Iterator[Any], started: float) -> TrainRun:
+    """Train on ``batches`` under a StallMeter; ``started`` is when the loader was created."""
     from feedfast.meter import StallMeter
 
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = True
-    model, name = make_model()
+    model, name = make_model(ctx.dry)
     model = model.to(ctx.device)
     model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs lack it
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     loss_fn = nn.CrossEntropyLoss()
     meter = StallMeter(device="cuda" if ctx.cuda else "cpu", warmup=ctx.sizes.train_warmup)
-    total, loss = ctx.sizes.train_warmup + ctx.sizes.train_steps, torch.zeros(())
+    total, loss, first = ctx.sizes.train_warmup + ctx.sizes.train_steps, torch.zeros(()), None
     for step, (images, labels) in enumerate(meter.wrap(batches), 1):
+        if first is None:
+            first = time.perf_counter() - started
         images = images.to(ctx.device, non_blocking=True).contiguous(memory_format=torch.channels_last)
         labels = labels.to(ctx.device, non_blocking=True)
         with torch.autocast(ctx.device.type, dtype=torch.bfloat16):
@@ -61,7 +96,7 @@ def train(ctx: Context, batches: Iterator[Any]) -> tuple[dict[str, Any], str, fl
             break
     synchronizer(ctx.cuda)()
     meter.stop()
-    return meter.summary(), name, float(loss.detach())
+    return TrainRun(meter.summary(), name, float(loss.detach()), first)
 
 
 def epoch_note(ctx: Context) -> str:
@@ -74,49 +109,71 @@ def epoch_note(ctx: Context) -> str:
             f"(--samples {ctx.sizes.batch * steps * 2} avoids that)")
 
 
-def report_training(ctx: Context, sec: Section, run: tuple[dict[str, Any], str, float], feed: str) -> None:
-    """Rows for a training run (summary, model, last loss); a loss that is not finite fails the check."""
-    summary, model, loss = run
-    sec.add("images/s", summary["samples_per_s"], "img/s",
-            f"{model}, {feed}, {summary['steps']} steps after {summary['warmup_steps']} warm-up{epoch_note(ctx)}")
-    sec.add("stall fraction", summary["stall_fraction"], "fraction",
-            f"{summary['verdict']}; basis {summary['basis']}; wait p50 {summary['wait_p50_ms'] or 0:.1f} ms")
-    sec.add("GPU utilization (NVML)", summary["gpu_util"], "%", "" if summary["gpu_util"] is not None
-            else str(summary["samplers"].get("gpu", "")))
-    sec.data.update({k: summary[k] for k in ("samples_per_s", "stall_fraction", "verdict", "basis", "steps",
-                                             "gpu_util", "wait_p50_ms", "step_p50_ms")}, model=model, loss=loss)
-    if not torch.isfinite(torch.tensor(loss)):
-        raise CheckFailed(f"the loss is {loss}")
+def report_training(ctx: Context, sec: Section, run: TrainRun, feed: str) -> None:
+    """The feed's row (samples/s, stall, GPU util, first batch); a loss that is not finite fails the check."""
+    s = run.summary
+    util = "" if s["gpu_util"] is not None else f"; NVML: {s['samplers'].get('gpu', 'no sampler')}"
+    sec.add_feed("", samples_per_s=s["samples_per_s"], stall=s["stall_fraction"], gpu_util=s["gpu_util"],
+                 first_batch_s=run.first_batch_s,
+                 note=f"{run.model} bf16 channels_last, batch {ctx.sizes.batch}, {feed}; {s['steps']} steps after "
+                      f"{s['warmup_steps']} warm-up; {s['verdict']} ({s['basis']}){util}{epoch_note(ctx)}")
+    sec.data.update({k: s[k] for k in ("samples_per_s", "stall_fraction", "verdict", "basis", "steps",
+                                       "gpu_util", "wait_p50_ms", "step_p50_ms")},
+                    model=run.model, loss=run.loss, first_batch_s=run.first_batch_s)
+    if not torch.isfinite(torch.tensor(run.loss)):
+        raise CheckFailed(f"the loss is {run.loss}")
 
 
-def train_feedfast_section(ctx: Context, sec: Section) -> None:
-    """The training loop fed by feedfast (GPU-placed on CUDA, CPU-placed in a dry run)."""
+def train_on_feedfast(ctx: Context, sec: Section, placement: str, device: str) -> None:
+    """The training loop fed by ``feedfast.DataLoader`` with this placement and delivery device."""
     import feedfast
 
-    placement, device = ("gpu", "cuda") if ctx.cuda else ("cpu", "cpu")
+    started = time.perf_counter()
     loader = feedfast.DataLoader(SPEC, shards=need_shards(ctx), batch_size=ctx.sizes.batch, placement=placement,
                                  device=device, overrides=ctx.overrides)
     batches = forever(loader)
     try:
-        run = train(ctx, batches)
+        run = train(ctx, checked(batches, device), started)
     finally:
         batches.close()
         loader.close()
-    report_training(ctx, sec, run, f"{placement}-placed, {loader.threads} threads")
+    if loader.plan.placement != placement:
+        raise CheckFailed(f"asked for placement {placement!r}, the plan is {loader.plan.placement!r}")
+    report_training(ctx, sec, run, f"feedfast {placement}-placed -> {device}, {loader.threads} threads")
+
+
+def checked(batches: Iterator[Any], device: str) -> Generator[Any, None, None]:
+    """``batches``, each checked to arrive on ``device`` (``cuda``: the current CUDA device)."""
+    want = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device(device)
+    for images, labels in batches:
+        if images.device != want or labels.device != want:
+            raise CheckFailed(f"batches arrived on {images.device}/{labels.device}, not {want}")
+        yield images, labels
+
+
+def train_feedfast_gpu_section(ctx: Context, sec: Section) -> None:
+    """(a) feedfast GPU-placed (``mixed`` nvJPEG decode, GPU augmentation) delivering to CUDA."""
+    train_on_feedfast(ctx, sec, "gpu", "cuda")
+
+
+def train_feedfast_cpu_section(ctx: Context, sec: Section) -> None:
+    """(b) feedfast CPU-placed, through the pinned ring to CUDA (to the CPU in a dry run)."""
+    train_on_feedfast(ctx, sec, "cpu", "cuda" if ctx.cuda else "cpu")
 
 
 def train_torch_section(ctx: Context, sec: Section) -> None:
-    """The training loop fed by the torchvision recipe (webdataset, PIL, DataLoader workers)."""
+    """(c) the torchvision recipe (webdataset, PIL, 16 DataLoader workers where there are 16 cores)."""
     from feedfast._env import usable_cores
     from feedfast.baseline.torch_recipe import make_torch_loader
 
     need_shards(ctx)
     workers = min(16, usable_cores())
+    started = time.perf_counter()
     loader = make_torch_loader(ctx.shard_paths, batch_size=ctx.sizes.batch, num_workers=workers,
                                size=ctx.sizes.image or 224)
     batches = forever(loader)
     try:
-        run = train(ctx, batches)
+        run = train(ctx, batches, started)
     finally:
         batches.close()
-    report_training(ctx, sec, run, f"{workers} DataLoader workers")
+    report_training(ctx, sec, run, f"torchvision recipe, {workers} DataLoader workers")

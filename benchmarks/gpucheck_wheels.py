@@ -1,7 +1,19 @@
-"""``gpu_check.py``'s setup section: the required modules, installed from wheel pieces when missing."""
+"""``gpu_check.py``'s setup section (the required modules, installed from wheel pieces when missing),
+and the helper that makes the pieces on a machine with network.
+
+Making the pieces (``make gpu-wheels``, or ``python benchmarks/gpucheck_wheels.py --out DIR``):
+``pip download`` fetches the wheels of :data:`PACKAGES` for the GPU machine (Python 3.12,
+manylinux x86_64, DALI for CUDA 13, no dependencies resolved: the list is complete), then
+:func:`pack` puts them in one ``wheels.tar`` cut into ``wheels.tar.part-aa``, ``-ab``, ... of
+at most :data:`PIECE_BYTES` each (about 260 MB in all, so five pieces). Copy the pieces into
+one folder on the GPU machine and run ``make gpu-check WHEELS=DIR`` (or ``python
+benchmarks/gpu_check.py --wheels DIR``): the setup section joins, unpacks and installs them.
+``--from DIR`` packs wheels already downloaded instead.
+"""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import shutil
@@ -13,6 +25,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpucheck_common import REQUIRED, Context, Section, one_line, say
+
+PACKAGES = (
+    "nvidia-dali-cuda130", "nvidia-nvimgcodec-cu13", "nvidia-libnvcomp-cu13", "nvidia-nvjpeg",
+    "astunparse", "gast", "libcst", "makefun", "nvtx", "optree", "six", "packaging",
+    "webdataset", "braceexpand", "pyyaml", "psutil",
+)
+"""What the GPU machine lacks (it has torch, torchvision, numpy, PIL; see DALI-NOTES.md):
+DALI for CUDA 13 with its libraries and pure-Python needs, and feedfast's own."""
+PIECE_BYTES = 55 * 2**20
+"""Largest piece: under the 60 MB (60,000,000 bytes) a transfer to the GPU machine takes."""
 
 
 def probe(names: Sequence[str]) -> dict[str, str]:
@@ -171,3 +193,62 @@ def report_modules(sec: Section, missing: dict[str, str]) -> None:
         where = str(Path(getattr(module, "__file__", "") or "?").parent)
         origin = "from the wheels" if installed and where.startswith(installed) else "present"
         sec.add(f"import {name}", str(getattr(module, "__version__", "?")), "", f"{origin}: {where}")
+
+
+# ---------------------------------------------------------------------------- making the pieces
+def download(dest: Path, *, python: str, packages: Sequence[str] = PACKAGES) -> list[Path]:
+    """``pip download`` the wheels of ``packages`` for CPython ``python`` on manylinux x86_64 into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    platforms = [a for tag in ("manylinux2014_x86_64", "manylinux_2_28_x86_64", "manylinux_2_34_x86_64")
+                 for a in ("--platform", tag)]
+    cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--no-deps", "--python-version", python,
+           "--implementation", "cp", *platforms, "--dest", str(dest), *packages]
+    say(" ".join(cmd))
+    subprocess.run(cmd, check=True)
+    return sorted(dest.glob("*.whl"))
+
+
+def pack(wheels: Sequence[Path], out: Path, *, piece_bytes: int = PIECE_BYTES) -> list[Path]:
+    """Tar ``wheels`` and cut the tar into ``out/wheels.tar.part-aa``, ``-ab``, ... (what :func:`join_pieces` joins)."""
+    if not wheels:
+        raise ValueError("no wheels to pack")
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("wheels.tar.part-*"):
+        old.unlink()
+    archive = out / "wheels.tar"
+    with tarfile.open(archive, "w") as tar:
+        for wheel in wheels:
+            tar.add(wheel, arcname=wheel.name)
+    pieces = []
+    with archive.open("rb") as src:
+        for index in range(26 * 26):
+            chunk = src.read(piece_bytes)
+            if not chunk:
+                break
+            piece = out / f"wheels.tar.part-{chr(97 + index // 26)}{chr(97 + index % 26)}"
+            piece.write_bytes(chunk)
+            pieces.append(piece)
+        if src.read(1):
+            raise ValueError(f"more than {26 * 26} pieces of {piece_bytes} bytes")
+    archive.unlink()
+    return pieces
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Download (or take) the wheels and write the pieces; say what to do with them."""
+    p = argparse.ArgumentParser(description="Wheel pieces of under 60 MB for gpu_check.py on a GPU machine "
+                                            "without network (run this where pip can download).")
+    p.add_argument("--out", type=Path, required=True, help="folder for the pieces")
+    p.add_argument("--from", dest="source", type=Path, default=None, help="pack the wheels of this folder instead")
+    p.add_argument("--python", default="3.12", help="the GPU machine's Python (default 3.12)")
+    args = p.parse_args(argv)
+    wheels = sorted(args.source.glob("*.whl")) if args.source else download(args.out / "download", python=args.python)
+    pieces = pack(wheels, args.out)
+    total = sum(piece.stat().st_size for piece in pieces)
+    print(f"{len(wheels)} wheels in {len(pieces)} pieces ({total / 2**20:.0f} MiB) in {args.out}")
+    print("on the GPU machine, with the pieces in DIR: make gpu-check WHEELS=DIR")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,11 +17,13 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-SECTIONS = ["setup", "dataset", "loader_gpu", "loader_cpu_cuda", "loader_cpu_cpu", "stall", "nvml",
-            "train_feedfast", "train_torch"]
+SECTIONS = ["setup", "dataset", "readme_default", "train_feedfast_gpu", "train_feedfast_cpu", "train_torch",
+            "sync_debug", "loader_gpu", "loader_cpu_cuda", "loader_cpu_cpu", "stall", "nvml"]
+NEEDS_CUDA = ("train_feedfast_gpu", "loader_gpu", "loader_cpu_cuda")
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +66,13 @@ def test_dry_run_prints_one_table_and_records_every_section(tmp_path: Path) -> N
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, FEEDFAST_CACHE=str(tmp_path / "cache"), PYTHONPATH=path, PYTHONUNBUFFERED="1")
     env.pop("WHEELS", None)
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--json", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=180, check=False)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--json", str(out)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert lines[0].split()[:4] == ["what", "figure", "unit", "note"] and set(lines[1]) == {"-"}
-    assert "9 sections" in proc.stdout and "all ran" in proc.stdout
+    assert lines[0].split() == ["what", "samples/s", "stall", "GPU", "util", "%", "1st", "batch", "s", "figure", "note"]
+    assert set(lines[1]) == {"-"} and sum(set(line) == {"-"} for line in lines) == 1  # one table
+    assert "12 sections" in proc.stdout and "all ran" in proc.stdout
 
     report = json.loads(out.read_text())
     assert report["exit_code"] == 0 and report["environment"]["dry_run"] is True
@@ -78,20 +81,43 @@ def test_dry_run_prints_one_table_and_records_every_section(tmp_path: Path) -> N
     for name, sec in sections.items():
         assert sec["status"] in ("ok", "skipped"), (name, sec["note"])
         if sec["status"] == "ok":
-            assert any(row["figure"] is not None for row in sec["rows"]), name
+            assert any(row["figure"] is not None or row["samples_per_s"] is not None
+                       or row["first_batch_s"] is not None for row in sec["rows"]), name
         else:
             assert sec["note"].startswith("skipped: "), name
-    for name in ("loader_gpu", "loader_cpu_cuda"):
+    for name in NEEDS_CUDA:
         assert sections[name]["status"] == "skipped" and "dry run" in sections[name]["note"]
+    readme = sections["readme_default"]["data"]  # run from another folder: the spec is found by its shipped name
+    assert readme["device"] == "cpu" and readme["placement"] == "cpu" and readme["shape"][0] == 64
+    assert sections["sync_debug"]["status"] == "skipped" and "host syncs unchecked" in sections["sync_debug"]["note"]
+    epoch = sections["sync_debug"]["data"]["cpu_cpu"]
+    assert epoch["verdict"] == "ran" and epoch["error"] is None and epoch["batches"] == epoch["expected"] > 0
     assert sections["loader_cpu_cpu"]["data"]["images_per_s"] > 0
     stall = sections["stall"]["data"]
     assert abs(stall["sleep_20ms"]["measured"] - 0.5) < 0.1 and stall["sleep_5ms"]["measured"] < 0.05
     assert sections["nvml"]["status"] == "skipped" and "NVML" in sections["nvml"]["note"]
-    for name in ("train_feedfast", "train_torch"):
+    for name in ("train_feedfast_cpu", "train_torch"):
         data = sections[name]["data"]
         assert data["samples_per_s"] > 0 and data["stall_fraction"] is not None and data["verdict"]
+        assert data["first_batch_s"] > 0 and data["model"] == "TinyNet (dry run)"
+        (row,) = sections[name]["rows"]
+        assert row["samples_per_s"] == data["samples_per_s"] and row["stall"] == data["stall_fraction"]
     rows = report["table"]
     assert any(r["what"] == "loader GPU-placed -> cuda" and r["note"].startswith("skipped") for r in rows)
+
+
+def test_the_table_puts_feeds_in_columns_and_other_figures_beside_them(gc: ModuleType) -> None:
+    feed = gc.Section("train", "(a) feed")
+    feed.add_feed("", samples_per_s=2500.0, stall=0.012, gpu_util=97.0, first_batch_s=1.5, note="ResNet-50")
+    other = gc.Section("stall", "stall meter")
+    other.add("20 ms sleep", 0.5, "fraction", "expected 0.50")
+    skipped = gc.Section("gpu", "(b) feed", status="skipped", note="skipped: no CUDA (dry run)")
+    lines = gc.render(gc.table_rows([feed, other, skipped])).splitlines()
+    assert lines[2].split() == ["(a)", "feed", "2,500", "0.012", "97.00", "1.50", "ResNet-50"]
+    assert lines[3].split() == ["stall", "meter:", "20", "ms", "sleep", "0.500", "fraction", "expected", "0.50"]
+    assert lines[4].split()[-5:] == ["skipped:", "no", "CUDA", "(dry", "run)"]
+    assert lines[2].index("2,500") + len("2,500") == lines[0].index("samples/s") + len("samples/s")  # aligned
+    assert lines[3].index("0.500") == lines[0].index("figure")
 
 
 def test_a_failing_section_is_recorded_in_one_line_and_the_run_goes_on(gc: ModuleType,
@@ -118,7 +144,7 @@ def test_a_spent_budget_skips_every_section_and_exits_1(gc: ModuleType, tmp_path
     report = json.loads(out.read_text())
     assert report["exit_code"] == 1 and list(report["sections"]) == SECTIONS
     for name, sec in report["sections"].items():
-        if name in ("loader_gpu", "loader_cpu_cuda"):  # a dry run skips these before looking at the clock
+        if name in NEEDS_CUDA:  # a dry run skips these before looking at the clock
             assert sec["status"] == "skipped" and "dry run" in sec["note"]
         else:
             assert sec["status"] == "over-budget" and sec["note"].startswith("skipped: time budget"), name
@@ -181,3 +207,27 @@ def test_activate_reaches_an_nvidia_folder_hidden_by_a_regular_nvidia_package(
         assert importlib.import_module("nvidia.ffgc_part").OK is True
     finally:
         sys.modules.pop("nvidia.ffgc_part", None)
+
+
+def test_pieces_made_for_the_gpu_machine_are_under_60_mb_and_join_back(gcw: ModuleType, tmp_path: Path) -> None:
+    assert gcw.PIECE_BYTES < 60_000_000 and "nvidia-dali-cuda130" in gcw.PACKAGES
+    made, pieces_dir = tmp_path / "made", tmp_path / "pieces"
+    made.mkdir()
+    wheels = [_wheel(made, name, {f"{name}/__init__.py": "X = 1\n" * 400}) for name in ("ffgc_a", "ffgc_b")]
+    pieces = gcw.pack(wheels, pieces_dir, piece_bytes=1000)
+    assert len(pieces) > 2 and all(p.stat().st_size <= 1000 for p in pieces)
+    assert [p.name for p in pieces][:2] == ["wheels.tar.part-aa", "wheels.tar.part-ab"]
+    assert not (pieces_dir / "wheels.tar").exists()
+    gcw.join_pieces(pieces_dir)
+    assert sorted(w.name for w in pieces_dir.glob("*.whl")) == sorted(w.name for w in wheels)
+    assert all((pieces_dir / w.name).read_bytes() == w.read_bytes() for w in wheels)
+
+
+def test_host_syncs_are_only_forbidden_with_cuda(gc: ModuleType) -> None:
+    smoke = importlib.import_module("gpucheck_smoke")
+    with smoke.host_syncs_forbidden(False):
+        assert torch.zeros(2).sum().item() == 0.0  # no CUDA: a no-op
+    if torch.cuda.is_available():
+        with pytest.raises(RuntimeError), smoke.host_syncs_forbidden(True):
+            torch.ones(2, device="cuda").sum().item()
+        assert torch.cuda.get_sync_debug_mode() == 0
