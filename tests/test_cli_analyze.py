@@ -177,3 +177,11 @@ def test_page_cache_tools(tmp_path: Path) -> None:
     finally:
         staged.cleanup()
     assert not staged.folder.exists()
+
+
+def test_analyze_counts_delivered_samples_not_padding(shards: list[str], tmp_path: Path) -> None:
+    rep = _analyze(shards, tmp_path, "--set", "batch.last_batch=pad", "--batches", "5")
+    cold = rep["runs"]["cold"]  # 23 samples in batches of 4: batch 1 warms up, 2 to 6 are timed, 6 holds 3 + 1 pad
+    assert cold["batches"] == 5 and cold["samples"] == 4 * 4 + 3
+    assert cold["samples_per_s"] == pytest.approx(cold["samples"] / cold["wall_s"])
+    assert rep["runs"]["synthetic"]["samples"] == 5 * 4  # pre-made batches have no padding

@@ -1,7 +1,13 @@
-"""The torchvision-style baseline: webdataset + PIL + torchvision transforms + DataLoader.
+"""The baselines feedfast is compared against, and how the comparison alternates.
 
-torchvision itself is not a dependency; :mod:`feedfast.baseline.pil_ops` re-implements the
-transforms the ImageNet recipe uses, with torchvision's semantics.
+- :mod:`~feedfast.baseline.torch_recipe`: torchvision's own ImageNet transforms in a
+  ``torch.utils.data.DataLoader`` over the same shards (torchvision: the ``compare`` extra).
+- :mod:`~feedfast.baseline.dali_recipe`: a hand-written DALI pipeline built from a plan's
+  parameters, as a DALI user would write it.
+- :mod:`~feedfast.baseline.rounds`: the order of alternating rounds and the spread of ratios.
+
+:mod:`~feedfast.baseline.pil_ops` is feedfast's own re-implementation of the torchvision
+transforms, used by the ``pil`` backend; no baseline uses it.
 """
 
 from feedfast.baseline.torch_recipe import (

@@ -1,38 +1,35 @@
-"""The standard torchvision ImageNet recipe on WebDataset shards, as users write it.
+"""The torchvision ImageNet recipe on WebDataset shards: the baseline feedfast is measured against.
 
-``webdataset.WebDataset`` reads the tars, ``.decode("pil")`` decodes with PIL, the
-torchvision transforms (re-implemented in :mod:`feedfast.baseline.pil_ops`) run per sample,
-and a ``torch.utils.data.DataLoader`` with ``num_workers`` processes batches the result.
-This is the baseline feedfast is measured against.
+The transforms are torchvision's own (``torchvision.transforms``, built as its reference
+training scripts build them, ``references/classification/presets.py``), never feedfast's
+re-implementation. The images come from a map-style dataset that reads the shards through
+feedfast's indexes (:class:`feedfast.baseline.shard_dataset.ShardSamples`), and a
+``torch.utils.data.DataLoader`` with ``num_workers`` persistent worker processes batches them.
 
-Worker split, for S shards and W workers (every sample delivered exactly once per epoch):
+Batches, for N samples in batches of B (every sample exactly once per epoch): the sampler
+hands whole batches of indices to the workers in turn, so every batch holds B samples but
+the last, which holds ``N % B`` when that is not 0. With 7 samples and B = 2 an epoch is
+``[0, 1] [2, 3] [4, 5] [6]`` (``shuffle=False``), whatever the number of workers.
 
-==========  =======================================================================
-``W <= 1``  one process reads every shard in order.
-``S >= W``  webdataset's ``split_by_worker``: worker ``k`` reads shards ``k, k+W, ...``.
-``S < W``   ``split_by_worker`` would leave ``W - S`` workers idle (and webdataset
-            would raise for their empty stream), so every worker reads every shard
-            and keeps samples ``k, k+W, ...``; tar reading is repeated W times but
-            decoding and transforms are not.
-==========  =======================================================================
-
-Each worker yields its own batches, so an epoch may end with up to W partial batches.
+Randomness: inside a DataLoader worker the transforms draw from torch's global generator,
+which the DataLoader seeds per worker from its own seeded generator, as in any torch job;
+in-process (``num_workers=0``) they draw from a private generator seeded with ``seed``, so
+the caller's global torch RNG is left alone.
 """
 
 from __future__ import annotations
 
 import os
-import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import torch
 import torch.utils.data
-import webdataset as wds
 from PIL import Image
 
-from feedfast.baseline import pil_ops
+from feedfast.baseline.shard_dataset import ShardSamples
+from feedfast.baseline.vision import transforms
 from feedfast.errors import UserError
 
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
@@ -55,12 +52,12 @@ def _positive_int(name: str, value: object, example: int) -> None:
 
 @dataclass(frozen=True)
 class TorchRecipe:
-    """The torchvision ImageNet transforms, train or val.
+    """The torchvision ImageNet transforms, train or val, checked on construction.
 
-    Train: ``RandomResizedCrop(size, scale, ratio)``, ``RandomHorizontalFlip(flip_p)``,
-    ``ToTensor()``, ``Normalize(mean, std)``. Val: ``Resize(resize)``,
-    ``CenterCrop(size)``, ``ToTensor()``, ``Normalize(mean, std)``. Settings are checked
-    on construction.
+    Train: ``RandomResizedCrop(size, scale, ratio, bilinear, antialias=True)``,
+    ``RandomHorizontalFlip(flip_p)`` (left out when ``flip_p`` is 0), ``PILToTensor()``,
+    ``ConvertImageDtype(torch.float)``, ``Normalize(mean, std)``. Val: ``Resize(resize)``,
+    ``CenterCrop(size)``, then the same three.
     """
 
     train: bool = True
@@ -71,7 +68,6 @@ class TorchRecipe:
     flip_p: float = 0.5
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
-    interpolation: Image.Resampling = Image.BILINEAR
 
     def __post_init__(self) -> None:
         _positive_int("size", self.size, 224)
@@ -79,86 +75,54 @@ class TorchRecipe:
         pairs = (("scale", self.scale, "(0.08, 1.0)"), ("ratio", self.ratio, "(3/4, 4/3)"))
         for name, pair, example in pairs:
             if len(pair) != 2 or not 0 < pair[0] <= pair[1]:
-                rule = "a pair (lo, hi) with 0 < lo <= hi"
-                _fail(name, pair, rule, f"pass e.g. {name}={example}")
+                _fail(name, pair, "a pair (lo, hi) with 0 < lo <= hi", f"pass e.g. {name}={example}")
         if not 0.0 <= self.flip_p <= 1.0:
             _fail("flip_p", self.flip_p, "in [0, 1]", "pass e.g. flip_p=0.5")
         if len(self.mean) != 3 or len(self.std) != 3 or 0 in self.std:
-            rule = "3 values each, std non-zero"
-            _fail("mean/std", (self.mean, self.std), rule, "pass per-RGB-channel stats")
+            _fail("mean/std", (self.mean, self.std), "3 values each, std non-zero", "pass per-RGB-channel stats")
+
+    def compose(self) -> Any:
+        """The torchvision ``Compose`` of this recipe.
+
+        Raises:
+            UserError: torchvision is not installed.
+        """
+        tv = transforms()
+        bilinear = tv.InterpolationMode.BILINEAR
+        if self.train:
+            head = [tv.RandomResizedCrop(self.size, scale=self.scale, ratio=self.ratio, interpolation=bilinear,
+                                         antialias=True)]
+            head += [tv.RandomHorizontalFlip(self.flip_p)] if self.flip_p > 0 else []
+        else:
+            head = [tv.Resize(self.resize, interpolation=bilinear, antialias=True), tv.CenterCrop(self.size)]
+        tail = [tv.PILToTensor(), tv.ConvertImageDtype(torch.float), tv.Normalize(self.mean, self.std)]
+        return tv.Compose(head + tail)
 
     def describe(self) -> list[str]:
-        """The equivalent torchvision transforms, one string each, in order.
-
-        Returns:
-            For example ``["RandomResizedCrop(224, scale=(0.08, 1.0), ...)", ...]``.
-        """
-        head = (
-            [
-                f"RandomResizedCrop({self.size}, scale={self.scale}, ratio={self.ratio})",
-                f"RandomHorizontalFlip(p={self.flip_p})",
-            ]
-            if self.train
-            else [f"Resize({self.resize})", f"CenterCrop({self.size})"]
-        )
-        return head + ["ToTensor()", f"Normalize(mean={self.mean}, std={self.std})"]
-
-    def apply(self, img: Image.Image, rng: random.Random) -> torch.Tensor:
-        """Run the recipe on one image.
-
-        Args:
-            img: RGB input image.
-            rng: Source of randomness for the train crop and flip (unused for val).
-
-        Returns:
-            A normalised float32 tensor ``(3, size, size)``.
-        """
-        if self.train:
-            out = pil_ops.random_resized_crop(
-                img, self.size, self.scale, self.ratio, rng=rng, interpolation=self.interpolation
-            )
-            if rng.random() < self.flip_p:
-                out = pil_ops.hflip(out)
-        else:
-            resized = pil_ops.resize_shorter(img, self.resize, self.interpolation)
-            out = pil_ops.center_crop(resized, self.size)
-        return pil_ops.normalize(pil_ops.to_tensor(out), self.mean, self.std)
+        """torchvision's own description of each transform, in order."""
+        return [repr(t) for t in self.compose().transforms]
 
 
-class RecipeTransform:
-    """Picklable per-sample transform with its own RNG in each DataLoader worker.
+class SeededTransform:
+    """A torchvision transform that draws from a private generator when run outside a DataLoader worker.
 
-    The RNG is made on first use: from ``seed`` in-process, or from the worker's
-    ``torch.utils.data.get_worker_info().seed`` (distinct per worker and per epoch, and
-    reproducible because the loader's generator is seeded).
+    Picklable. In a worker it runs as is, on the worker's global generator (seeded by the
+    DataLoader). In-process it swaps its own generator state in around each call, so that a
+    seeded loader repeats itself without touching the caller's RNG.
     """
 
-    def __init__(self, recipe: TorchRecipe, seed: int) -> None:
-        self.recipe = recipe
-        self.seed = seed
-        self._rng: random.Random | None = None
+    def __init__(self, transform: Any, seed: int) -> None:
+        self.transform = transform
+        self._state = torch.Generator().manual_seed(seed).get_state()
 
     def __call__(self, img: Image.Image) -> torch.Tensor:
-        if self._rng is None:
-            info = torch.utils.data.get_worker_info()
-            self._rng = random.Random(self.seed if info is None else info.seed)
-        return self.recipe.apply(img, self._rng)
-
-
-def split_samples_by_worker(samples: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """Keep samples ``k, k+W, ...`` in DataLoader worker ``k`` of ``W``; all samples in-process.
-
-    Args:
-        samples: The full sample stream, identical in every worker.
-
-    Yields:
-        This worker's share of the samples.
-    """
-    info = torch.utils.data.get_worker_info()
-    worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-    for index, sample in enumerate(samples):
-        if index % workers == worker:
-            yield sample
+        if torch.utils.data.get_worker_info() is not None:
+            return self.transform(img)
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self._state)
+            out = self.transform(img)
+            self._state = torch.get_rng_state()
+        return out
 
 
 def make_torch_loader(
@@ -176,34 +140,38 @@ def make_torch_loader(
     std: tuple[float, ...] = IMAGENET_STD,
     seed: int = 0,
     pin_memory: bool | None = None,
+    shuffle: bool = False,
+    index_paths: Sequence[str] | None = None,
+    image_ext: str = "jpg;jpeg;png",
+    label_ext: str = "cls",
 ) -> torch.utils.data.DataLoader:
-    """Build the standard webdataset + PIL + torchvision-transforms + DataLoader pipeline.
-
-    Shards are read in the given order (no shuffling) on a single node; the module
-    docstring tables how shards and samples are split across workers. Workers are not
-    persistent.
+    """Build the torchvision recipe's DataLoader over local tar shards.
 
     Args:
-        shards: Tar shard paths, at least one.
-        batch_size: Samples per batch, >= 1; the last batch of each worker may be smaller.
-        num_workers: DataLoader worker processes; 0 runs in-process.
-        train: Train recipe if true, val recipe otherwise (see :class:`TorchRecipe`).
-        size: Output side length.
-        resize: Val only: shorter side before the centre crop.
-        scale: Train only: RandomResizedCrop area bounds.
-        ratio: Train only: RandomResizedCrop aspect-ratio bounds.
-        flip_p: Train only: horizontal flip probability.
-        mean: Normalisation mean per RGB channel.
-        std: Normalisation standard deviation per RGB channel.
-        seed: Seed of the augmentation RNGs and the loader's generator, >= 0.
-        pin_memory: Pin batches; ``None`` pins only when CUDA is available.
+        shards: local tar shard paths, at least one, read in this order.
+        batch_size: samples per batch, >= 1; only an epoch's last batch may be smaller.
+        num_workers: DataLoader worker processes (persistent); 0 runs in-process.
+        train: train recipe if true, val recipe otherwise (see :class:`TorchRecipe`).
+        size: output side length.
+        resize: val only: shorter side before the centre crop.
+        scale: train only: RandomResizedCrop area bounds.
+        ratio: train only: RandomResizedCrop aspect-ratio bounds.
+        flip_p: train only: horizontal flip probability.
+        mean: normalisation mean per RGB channel.
+        std: normalisation standard deviation per RGB channel.
+        seed: seed of the loader's generator (shuffle, worker seeds) and of the in-process RNG, >= 0.
+        pin_memory: pin batches; None pins only when CUDA is available.
+        shuffle: a new permutation of the samples every epoch (the reference recipe's sampler).
+        index_paths: the shards' index files, one each (feedfast's, e.g. ``loader.shards.index_paths``);
+            None builds or reuses each shard's own.
+        image_ext: ``;``-separated image extensions.
+        label_ext: the label's extension.
 
     Returns:
-        A DataLoader yielding ``[images, labels]``: float32 ``(B, 3, size, size)`` and
-        int64 ``(B,)``.
+        A DataLoader yielding ``[images, labels]``: float32 ``(B, 3, size, size)`` and int64 ``(B,)``.
 
     Raises:
-        UserError: If an argument is invalid.
+        UserError: an argument is invalid, or torchvision is not installed.
     """
     if isinstance(shards, (str, bytes)) or len(shards) == 0:
         _fail("shards", shards, "a non-empty list of tar paths", "pass e.g. ['train-0000.tar']")
@@ -211,34 +179,17 @@ def make_torch_loader(
     for name, value in (("num_workers", num_workers), ("seed", seed)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             _fail(name, value, "an int >= 0", f"pass e.g. {name}=0")
-    recipe = TorchRecipe(
-        train=train,
-        size=size,
-        resize=resize,
-        scale=(scale[0], scale[1]),
-        ratio=(ratio[0], ratio[1]),
-        flip_p=flip_p,
-        mean=tuple(mean),
-        std=tuple(std),
-    )
-    urls = [os.fspath(shard) for shard in shards]
-    split_samples = num_workers > len(urls)
-    dataset = wds.WebDataset(
-        urls,
-        shardshuffle=False,
-        nodesplitter=wds.single_node_only,
-        workersplitter=None if split_samples else wds.split_by_worker,
-        empty_check=not split_samples,
-    )
-    if split_samples:
-        dataset = dataset.compose(split_samples_by_worker)
-    transform = RecipeTransform(recipe, seed)
-    dataset = dataset.decode("pil").to_tuple("jpg;jpeg;png", "cls").map_tuple(transform, int)
+    recipe = TorchRecipe(train=train, size=size, resize=resize, scale=(scale[0], scale[1]),
+                         ratio=(ratio[0], ratio[1]), flip_p=flip_p, mean=tuple(mean), std=tuple(std))
+    dataset = ShardSamples([os.fspath(s) for s in shards], index_paths,
+                           image_exts=frozenset(e.lower() for e in image_ext.split(";")), label_ext=label_ext,
+                           transform=SeededTransform(recipe.compose(), seed))
     return torch.utils.data.DataLoader(
         dataset,
         batch_size=batch_size,
+        shuffle=shuffle,
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-        persistent_workers=False,
+        persistent_workers=num_workers > 0,
         generator=torch.Generator().manual_seed(seed),
     )

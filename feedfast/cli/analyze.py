@@ -125,9 +125,11 @@ def _runs(cold: Any, make: Any, plan: RunPlan) -> dict[str, Any]:
 
 
 def _timed(loader: Any, batches: Any, plan: RunPlan, label: str) -> dict[str, Any]:
+    """Time ``batches``; samples/s counts the samples ``loader`` delivered (not its padding), or every row."""
     plan = dataclasses.replace(plan, label=label)
+    delivered = None if loader is None else (lambda: int(loader.stats()["delivered"]))
     try:  # a loader starts its pipeline on the first request, so time to first batch counts from now
-        figs, _ = timed_run(batches, plan, started=time.perf_counter())
+        figs, _ = timed_run(batches, plan, started=time.perf_counter(), delivered=delivered)
     finally:
         if loader is not None:
             loader.close()

@@ -1,8 +1,16 @@
-"""``feedfast bench``: throughput of a spec on shards, optionally beside the torch recipe.
+"""``feedfast bench``: throughput of a spec on shards, optionally beside a baseline.
 
 With ``--step-ms X`` the consumer simulates a model step of X ms (``time.sleep``, which frees
 the core as a GPU step does; see :mod:`feedfast.cli.measure`) and the run reports the stall
 that loader would cause at that compute rate and what would remove it.
+
+With ``--compare torch`` (torchvision's transforms in a torch DataLoader) or ``--compare dali``
+(a hand-written DALI pipeline), both loaders read the same shards and samples with the same
+batch size and worker count. Each takes its first batch untimed (baselines first, so their
+worker processes fork before feedfast's threads start); then ``--rounds`` rounds time each
+loader in alternating order (:mod:`feedfast.baseline.rounds`), each round after ``--warmup``
+untimed batches, and the median per-round ratio is printed with its spread. Each loader's
+CPU and memory figures count this process and its own worker processes.
 """
 
 from __future__ import annotations
@@ -11,18 +19,22 @@ import argparse
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from feedfast._env import usable_cores
+from feedfast.baseline.contenders import Contender, make_baseline
+from feedfast.baseline.rounds import ratio_spread, round_order
 from feedfast.cli.advice import step_recommendation
 from feedfast.cli.common import check_positive, demo_shards, find_spec, gpu_cell, table, write_json
-from feedfast.cli.measure import RunPlan, forever, timed_run
+from feedfast.cli.measure import Ownership, RunPlan, combine_runs, forever, timed_run
 from feedfast.errors import UserError
 
 EXAMPLES = """examples:
   feedfast bench                                   # demo dataset, imagenet-train
   feedfast bench pipelines/imagenet-val.yaml --shards 'data/val-{0000..0063}.tar'
   feedfast bench imagenet-train --shards 'data/*.tar' --threads 2 --compare torch --json out.json
+  feedfast bench imagenet-train --compare dali --rounds 7 --batches 20   # beside a hand-written DALI pipeline
   feedfast bench imagenet-train --step-ms 120 --seconds 20 --plot wait.png   # stall at 120 ms steps
 """
 
@@ -45,7 +57,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--step-ms", type=float, default=None,
                    help="simulate a model step of this many ms per batch (sleep) and report the stall")
     p.add_argument("--plot", default=None, metavar="PATH", help="write a PNG of per-batch wait time")
-    p.add_argument("--compare", choices=("torch",), default=None, help="also run the torchvision-style recipe")
+    p.add_argument("--compare", choices=("torch", "dali"), default=None,
+                   help="also time a baseline on the same shards: torchvision's transforms in a torch DataLoader "
+                        "(torch), or a hand-written DALI pipeline (dali)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="timed rounds per loader, in alternating order (default 5 with --compare, else 1)")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="spec override key=value")
     p.add_argument("--on-error", choices=("raise", "skip"), default=None,
                    help="undecodable samples: stop with an error naming them, or skip and count them "
@@ -59,7 +75,7 @@ def add_parser(sub: Any) -> None:
 
 def check_args(args: argparse.Namespace) -> None:
     """Reject out-of-range numbers and unwritable outputs before anything runs."""
-    for name in ("batches", "seconds", "batch_size", "threads", "step_ms"):
+    for name in ("batches", "seconds", "batch_size", "threads", "step_ms", "rounds"):
         check_positive(name.replace("_", "-"), getattr(args, name))
     if args.warmup < 0:
         raise UserError(f"--warmup must be >= 0, got {args.warmup}")
@@ -74,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     check_args(args)
     spec_path = find_spec(args.spec)
     shards = args.shards or demo_shards(args.quiet)
+    owners = Ownership()
     started = time.perf_counter()
     loader = feedfast.DataLoader(spec_path, shards=shards, batch_size=args.batch_size, num_workers=args.threads,
                                  placement=args.device, overrides=args.overrides, on_error=args.on_error,
@@ -81,28 +98,62 @@ def run(args: argparse.Namespace) -> int:
     step_s = args.step_ms / 1e3 if args.step_ms else None
     plan = RunPlan(warmup=args.warmup, count=args.batches, seconds=args.seconds, step_s=step_s,
                    quiet=args.quiet, label="feedfast")
+    contenders = [Contender("feedfast", forever(loader), started, loader.close,
+                            delivered=lambda: int(loader.stats()["delivered"]))]
     try:
-        figs, meter = timed_run(forever(loader), plan, started=started)
+        if args.compare:
+            contenders.append(make_baseline(args.compare, loader))
+        runs, meter = _rounds(contenders, plan, args.rounds or (5 if args.compare else 1), owners)
     finally:
-        loader.close()
-    res = _result(figs, loader, spec_path)
+        for contender in contenders:
+            contender.close()
+    res = _result(runs["feedfast"], loader, spec_path)
     if step_s is not None:
-        res["step"] = _step(figs, args.step_ms, loader)
+        res["step"] = _step(res, args.step_ms, loader)
     if args.plot:
         res["plot"] = str(meter.plot(args.plot))
-    if args.compare == "torch":
-        res["compare"] = _compare_torch(loader, plan, args)
-        res["compare"]["ratio"] = res["samples_per_s"] / max(res["compare"]["samples_per_s"], 1e-9)
+    if args.compare:
+        res["compare"] = compare_figures(contenders[1], runs, step=step_s is not None)
     if args.json_path != "-":  # JSON on stdout stays parseable
         _print(res)
     write_json(args.json_path, res)
     return 0
 
 
+def _rounds(contenders: list[Contender], plan: RunPlan, rounds: int,
+            owners: Ownership) -> tuple[dict[str, dict[str, Any]], Any]:
+    """Each contender's figures over ``rounds`` alternating rounds, and feedfast's last meter.
+
+    First each contender takes one batch, untimed (baselines first: their worker processes fork
+    before feedfast's threads run); its time to first batch counts from its construction.
+    """
+    first = {}
+    for c in reversed(contenders):
+        first[c.name] = c.first_batch()
+        owners.processes(c.name)  # the worker processes it started are its own
+    by_name = {c.name: c for c in contenders}
+    figures: dict[str, list[dict[str, Any]]] = {c.name: [] for c in contenders}
+    meter = None
+    for number, order in enumerate(round_order([c.name for c in contenders], rounds)):
+        for name in order:
+            c = by_name[name]
+            label = name if rounds == 1 else f"{name} {number + 1}/{rounds}"
+            figs, run_meter = timed_run(c.batches, dataclasses.replace(plan, label=label), started=time.perf_counter(),
+                                        delivered=c.delivered, processes=_scope(owners, name))
+            figures[name].append(figs)
+            meter = run_meter if name == "feedfast" else meter
+    return {name: {**combine_runs(runs), "time_to_first_batch_s": first[name]} for name, runs in figures.items()}, meter
+
+
+def _scope(owners: Ownership, name: str) -> Callable[[], list[Any]]:
+    return lambda: owners.processes(name)
+
+
 def _result(figs: dict[str, Any], loader: Any, spec_path: Any) -> dict[str, Any]:
     per_sample = loader.shards.bytes / max(loader.shards.total, 1)
     stats = loader.stats()
-    res = {k: figs[k] for k in RUN_KEYS}
+    res = {k: figs[k] for k in (*RUN_KEYS, "rounds", "round_samples_per_s", "batch_ms", "wait_ms_per_batch",
+                                "stall_fraction", "verdict")}
     res.update(mb_per_s=figs["samples_per_s"] * per_sample / 1e6, skipped=stats["skipped"], padded=stats["padded"],
                gpu_util=figs["gpu_util"], gpu_status=figs["gpu_status"], spec=str(spec_path),
                placement=loader.plan.placement, threads=loader.threads, batch_size=loader.spec.batch_size,
@@ -130,42 +181,24 @@ def _step(figs: dict[str, Any], step_ms: float, loader: Any) -> dict[str, Any]:
             "cores": usable_cores(), "recommendation": text}
 
 
-def _compare_torch(loader: Any, plan: RunPlan, args: argparse.Namespace) -> dict[str, Any]:
-    from feedfast.baseline.torch_recipe import make_torch_loader
-
-    params = _recipe_params(loader)
-    started = time.perf_counter()
-    tl = make_torch_loader(list(loader.shards.paths), batch_size=loader.spec.batch_size,
-                           num_workers=loader.threads, **params)
-    figs, _ = timed_run(forever(tl), dataclasses.replace(plan, label="torch", gpu=False), started=started)
-    out = {k: figs[k] for k in RUN_KEYS}
-    if plan.step_s is not None:
-        out.update(stall_fraction=figs["stall_fraction"], verdict=figs["verdict"])
-    out["recipe"] = "webdataset + PIL + RandomResizedCrop/flip or Resize/CenterCrop + Normalize, torch DataLoader"
+def compare_figures(baseline: Contender, runs: dict[str, dict[str, Any]], *, step: bool) -> dict[str, Any]:
+    """The ``compare`` object: the baseline's figures and the median feedfast/baseline ratio with its spread."""
+    base = runs[baseline.name]
+    spread = ratio_spread(runs["feedfast"]["round_samples_per_s"], base["round_samples_per_s"])
+    out = {k: base[k] for k in (*RUN_KEYS, "rounds", "round_samples_per_s")}
+    out.update(baseline=baseline.name, recipe=baseline.recipe, ratio=spread.median, ratio_spread=spread.to_dict(),
+               ratio_spread_text=spread.text(),
+               order=[list(order) for order in round_order(["feedfast", baseline.name], base["rounds"])])
+    if step:
+        out.update(stall_fraction=base["stall_fraction"], verdict=base["verdict"])
     return out
-
-
-def _recipe_params(loader: Any) -> dict[str, Any]:
-    """The torch recipe's settings that match the spec's image field."""
-    ops = {o.op: o.params for f in loader.spec.fields.values() for o in f.ops}
-    if "random_resized_crop" in ops:
-        p = ops["random_resized_crop"]
-        size = p["size"] if isinstance(p["size"], int) else p["size"][0]
-        flip = ops.get("flip", {}).get("horizontal", 0.0)
-        return {"train": True, "size": size, "scale": p["scale"], "ratio": p["ratio"], "flip_p": flip}
-    if "center_crop" in ops:
-        size = ops["center_crop"]["size"]
-        resize = ops.get("resize", {}).get("size", 256)
-        return {"train": False, "size": size if isinstance(size, int) else size[0],
-                "resize": resize if isinstance(resize, int) else resize[0]}
-    raise UserError("--compare torch needs an image pipeline with random_resized_crop or center_crop")
 
 
 def _print(res: dict[str, Any]) -> None:
     rows = [
         ("spec", res["spec"]), ("placement", f"{res['placement']} ({res['threads']} threads)"),
-        ("samples/s", f"{res['samples_per_s']:.1f}"), ("MB/s read", f"{res['mb_per_s']:.1f}"),
-        ("batches", res["batches"]), ("samples", res["samples"]),
+        ("samples/s", _rate(res)), ("MB/s read", f"{res['mb_per_s']:.1f}"),
+        ("batches", res["batches"]), ("samples delivered", res["samples"]),
         ("time to first batch", f"{res['time_to_first_batch_s']:.2f} s"),
         ("CPU utilization", f"{res['cpu_util']:.0f} %"),
         ("GPU utilization", gpu_cell(res["gpu_util"], res["gpu_status"])),
@@ -177,9 +210,26 @@ def _print(res: dict[str, Any]) -> None:
         rows += [(f"stall at {s['step_ms']:g} ms steps", stall),
                  ("required samples/s", f"{s['required_samples_per_s']:.1f}"), ("to remove it", s["recommendation"])]
     if "compare" in res:
-        c = res["compare"]
-        rows += [("torch recipe samples/s", f"{c['samples_per_s']:.1f}"),
-                 ("ratio feedfast/torch", f"{c['ratio']:.2f}x")]
+        rows += _compare_rows(res["compare"])
     if "plot" in res:
         rows.append(("plot", res["plot"]))
     print("feedfast bench\n" + table(rows))
+
+
+def _rate(figs: dict[str, Any]) -> str:
+    """Samples/s, with how many rounds its median is of."""
+    return f"{figs['samples_per_s']:.1f}" + (f" (median of {figs['rounds']} rounds)" if figs["rounds"] > 1 else "")
+
+
+def _compare_rows(c: dict[str, Any]) -> list[tuple[str, Any]]:
+    name = c["baseline"]
+    firsts = {n: [k + 1 for k, order in enumerate(c["order"]) if order[0] == n] for n in ("feedfast", name)}
+    order = "; ".join(f"{n} first in round{'s' if len(ks) > 1 else ''} {', '.join(map(str, ks))}"
+                      for n, ks in firsts.items() if ks)
+    return [
+        (f"{name} baseline", c["recipe"]),
+        (f"{name} samples/s", _rate(c)),
+        (f"{name} CPU / peak RSS", f"{c['cpu_util']:.0f} % / {c['peak_rss_mb']:.0f} MB (this process and its workers)"),
+        (f"ratio feedfast/{name}", c["ratio_spread_text"]),
+        ("round order", order),
+    ]
