@@ -11,9 +11,11 @@ Pixels agree with the ``pil`` backend within the tolerances stated in
 Why it is faster: PIL releases the GIL while it decodes and resizes, so ``workers`` threads
 decode in parallel with no pickling and no copies between processes; each sample is read
 with ``os.pread``, decoded at reduced size when its crop allows (JPEG DCT scaling) and
-cropped and resized in one call; pixels go straight into the batch (flips as reversed views),
-and ``normalize`` runs vectorized in torch over each chunk of a batch, in the thread that
-wrote it, while the pixels are still in cache. When the plan defers ``normalize`` to a CUDA
+cropped and resized in one call; its pixels are read from PIL's memory without a copy where
+Pillow exports them, and written straight into the batch (flips as reversed views), and
+``normalize`` runs vectorized in NumPy as they are written, in the thread that made them,
+while they are in cache (NumPy releases the GIL and starts no threads of its own, where
+torch would start its intra-op threads in every worker thread). When the plan defers ``normalize`` to a CUDA
 consumer (the cheap-transfer pass), the field is yielded as uint8 HWC, as the DALI path
 leaves it before its copy.
 
@@ -168,33 +170,41 @@ class _Epoch:
         job.finish_chunk(error)
 
     def _fill(self, job: _Job, a: int, b: int) -> None:
-        staging: dict[str, torch.Tensor] = {}
+        arrays = {name: out.numpy() for name, out in job.outputs.items() if isinstance(out, torch.Tensor)}
         for i in range(a, b):
             if job.cancelled or job.error is not None:
                 return
             values = self._sample(job.refs[i])
             for f in self.fields:
-                out, value = job.outputs[f.name], values[f.name]
-                if isinstance(out, list):
-                    out[i] = value
+                value = values[f.name]
+                if f.name not in arrays:
+                    job.outputs[f.name][i] = value
                 elif f.normalize is None:
-                    out[i].numpy()[...] = value
+                    np.copyto(arrays[f.name][i], value)
                 else:
-                    if f.name not in staging:
-                        staging[f.name] = self._staging(f)
-                    staging[f.name][i - a].numpy()[...] = value
-        for f in self.fields:
-            if f.name in staging:
-                job.outputs[f.name][a:b] = _normalized(staging[f.name][: b - a], f.normalize)
+                    self._normalize_into(arrays[f.name][i], value, f.normalize)
 
-    def _staging(self, f: _Field) -> torch.Tensor:
-        """This thread's reusable uint8 buffer for one chunk of a field."""
-        cache = getattr(self._local, "staging", None)
-        if cache is None:
-            cache = self._local.staging = {}
-        if f.name not in cache:
-            cache[f.name] = torch.empty((self.chunk, *f.hwc), dtype=torch.uint8)
-        return cache[f.name]
+    def _normalize_into(self, out: np.ndarray, pixels: np.ndarray, params: dict[str, Any]) -> None:
+        """``normalize`` of one image's uint8 HWC pixels into its slot of the batch, in NumPy.
+
+        NumPy (which releases the GIL) rather than torch, so the pool's threads do not each
+        start torch's intra-op threads; the arithmetic is :func:`_normalized`'s, bit for bit.
+        """
+        chw = params["layout"] == "CHW"
+        mean, inv = _constants(params, chw)
+        dst = out if out.dtype == np.float32 else self._scratch(out.shape)
+        np.copyto(dst, pixels.transpose(2, 0, 1) if chw else pixels, casting="unsafe")
+        np.subtract(dst, mean, out=dst)
+        np.multiply(dst, inv, out=dst)
+        if dst is not out:
+            np.copyto(out, dst, casting="same_kind")
+
+    def _scratch(self, shape: tuple[int, ...]) -> np.ndarray:
+        """This thread's float32 buffer for one image (for outputs of another dtype)."""
+        buf = getattr(self._local, "scratch", None)
+        if buf is None or buf.shape != shape:
+            buf = self._local.scratch = np.empty(shape, dtype=np.float32)
+        return buf
 
     def _sample(self, ref: SampleRef) -> dict[str, Any]:
         shard = self.paths[ref.shard]
@@ -238,12 +248,18 @@ class _Epoch:
             os.close(fd)
 
 
+def _constants(params: dict[str, Any], chw: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``normalize``'s mean and 1/std in pixel units as float32, shaped to broadcast over CHW or HWC."""
+    mean = np.array([m * 255.0 for m in params["mean"]], dtype=np.float32)
+    inv = np.array([1.0 / (s * 255.0) for s in params["std"]], dtype=np.float32)
+    return (mean[:, None, None], inv[:, None, None]) if chw else (mean, inv)
+
+
 def _normalized(pixels: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
     """``normalize`` of uint8 NHWC pixels, the arithmetic of :func:`~feedfast.ops.color.normalize_tensor`."""
-    mean = torch.tensor([m * 255.0 for m in params["mean"]], dtype=torch.float32)
-    inv = torch.tensor([1.0 / (s * 255.0) for s in params["std"]], dtype=torch.float32)
+    mean, inv = (torch.from_numpy(c) for c in _constants(params, params["layout"] == "CHW"))
     if params["layout"] == "CHW":
-        pixels, mean, inv = pixels.permute(0, 3, 1, 2), mean.view(-1, 1, 1), inv.view(-1, 1, 1)
+        pixels = pixels.permute(0, 3, 1, 2)
     out = torch.empty(pixels.shape, dtype=torch.float32)
     out.copy_(pixels)
     out.sub_(mean).mul_(inv)

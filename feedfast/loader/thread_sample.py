@@ -23,6 +23,7 @@ reduction by more than :data:`REDUCING_GAP` first averages pixel blocks (Pillow'
 
 from __future__ import annotations
 
+import ctypes
 import io
 import math
 import random
@@ -225,7 +226,7 @@ def _pixels(img: Any, view: View, scale: float) -> np.ndarray:
             x0, y0, x1, y1 = x0 - clip[0], y0 - clip[1], x1 - clip[0], y1 - clip[1]
         box = (max(0.0, x0), max(0.0, y0), min(float(img.width), x1), min(float(img.height), y1))
         result = img.resize(view.size, view.resample, box=box, reducing_gap=REDUCING_GAP if scale > 1 else None)
-    arr = np.asarray(result)
+    arr = exported_pixels(result)
     if arr.ndim == 2:
         arr = arr[:, :, None]
     if view.hflip:
@@ -233,6 +234,59 @@ def _pixels(img: Any, view: View, scale: float) -> np.ndarray:
     if view.vflip:
         arr = arr[::-1]
     return arr
+
+
+class _ArrowSchema(ctypes.Structure):
+    pass
+
+
+class _ArrowArray(ctypes.Structure):
+    pass
+
+
+_ArrowSchema._fields_ = [
+    ("format", ctypes.c_char_p), ("name", ctypes.c_char_p), ("metadata", ctypes.c_char_p), ("flags", ctypes.c_int64),
+    ("n_children", ctypes.c_int64), ("children", ctypes.POINTER(ctypes.POINTER(_ArrowSchema))),
+    ("dictionary", ctypes.c_void_p), ("release", ctypes.c_void_p), ("private_data", ctypes.c_void_p)]
+_ArrowArray._fields_ = [
+    ("length", ctypes.c_int64), ("null_count", ctypes.c_int64), ("offset", ctypes.c_int64),
+    ("n_buffers", ctypes.c_int64), ("n_children", ctypes.c_int64), ("buffers", ctypes.POINTER(ctypes.c_void_p)),
+    ("children", ctypes.POINTER(ctypes.POINTER(_ArrowArray))), ("dictionary", ctypes.c_void_p),
+    ("release", ctypes.c_void_p), ("private_data", ctypes.c_void_p)]
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype, _capsule_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+
+
+class _Exported:
+    """A NumPy array interface over an image's memory that keeps the Arrow export alive."""
+
+    def __init__(self, address: int, shape: tuple[int, ...], keep: Any) -> None:
+        self.__array_interface__ = {"data": (address, True), "shape": shape, "typestr": "|u1", "version": 3}
+        self._keep = keep
+
+
+def exported_pixels(img: Any) -> np.ndarray:
+    """The image's pixels as a uint8 HW or HWC array without a copy where Pillow can export them.
+
+    Pillow (12 and later) exports an image held in one memory block through the Arrow C data
+    interface: RGB as a list of 4 bytes per pixel (a padding byte, dropped by a view).
+    Elsewhere, ``np.asarray`` (one copy through ``tobytes``).
+    """
+    if img.mode != "RGB":  # exporting an "L" image crashed pillow-simd 12.1.1 here: RGB only
+        return np.asarray(img)
+    try:
+        schema_capsule, array_capsule = img.__arrow_c_array__()
+    except (AttributeError, ValueError):
+        return np.asarray(img)
+    schema = _ArrowSchema.from_address(_capsule_pointer(schema_capsule, b"arrow_schema"))
+    array = _ArrowArray.from_address(_capsule_pointer(array_capsule, b"arrow_array"))
+    width, height = img.size
+    keep = (schema_capsule, array_capsule, img)
+    if schema.format == b"+w:4" and not array.offset:
+        child = array.children[0].contents
+        if child.offset == 0 and child.length == width * height * 4:
+            return np.asarray(_Exported(child.buffers[1], (height, width, 4), keep))[:, :, :3]
+    return np.asarray(img)
 
 
 def program_values(program: PilProgram, raw: Sequence[bytes], rng: random.Random) -> dict[str, Any]:
