@@ -59,6 +59,16 @@ def resnet50_or_why() -> tuple[Any, str]:
 
 
 @dataclass
+class Trainee:
+    """A model on the device, in channels_last, with its optimizer; built before the loader, so
+    that the time to the first batch is the loader's alone."""
+
+    model: nn.Module
+    name: str
+    opt: torch.optim.Optimizer
+
+
+@dataclass
 class TrainRun:
     """What a training run measured: the meter's summary, the model, the last loss, the first batch's wait."""
 
@@ -68,17 +78,21 @@ class TrainRun:
     first_batch_s: float | None
 
 
-def train(ctx: Context, batches: Iterator[Any], started: float) -> TrainRun:
-    """Train on ``batches`` under a StallMeter; ``started`` is when the loader was created."""
-    from feedfast.meter import StallMeter
-
+def prepare(ctx: Context) -> Trainee:
+    """ResNet-50 (or the tiny net) on ``ctx.device`` in channels_last, and SGD."""
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = True
     model, name = make_model(ctx.dry)
     model = model.to(ctx.device)
     model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs lack it
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-    loss_fn = nn.CrossEntropyLoss()
+    return Trainee(model, name, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4))
+
+
+def train(ctx: Context, trainee: Trainee, batches: Iterator[Any], started: float) -> TrainRun:
+    """Train on ``batches`` (bf16 autocast) under a StallMeter; ``started`` is when the loader was created."""
+    from feedfast.meter import StallMeter
+
+    model, opt, loss_fn = trainee.model, trainee.opt, nn.CrossEntropyLoss()
     meter = StallMeter(device="cuda" if ctx.cuda else "cpu", warmup=ctx.sizes.train_warmup)
     total, loss, first = ctx.sizes.train_warmup + ctx.sizes.train_steps, torch.zeros(()), None
     for step, (images, labels) in enumerate(meter.wrap(batches), 1):
@@ -96,7 +110,7 @@ def train(ctx: Context, batches: Iterator[Any], started: float) -> TrainRun:
             break
     synchronizer(ctx.cuda)()
     meter.stop()
-    return TrainRun(meter.summary(), name, float(loss.detach()), first)
+    return TrainRun(meter.summary(), trainee.name, float(loss.detach()), first)
 
 
 def epoch_note(ctx: Context) -> str:
@@ -128,12 +142,13 @@ def train_on_feedfast(ctx: Context, sec: Section, placement: str, device: str) -
     """The training loop fed by ``feedfast.DataLoader`` with this placement and delivery device."""
     import feedfast
 
+    trainee = prepare(ctx)
     started = time.perf_counter()
     loader = feedfast.DataLoader(SPEC, shards=need_shards(ctx), batch_size=ctx.sizes.batch, placement=placement,
                                  device=device, overrides=ctx.overrides)
     batches = forever(loader)
     try:
-        run = train(ctx, checked(batches, device), started)
+        run = train(ctx, trainee, checked(batches, device), started)
     finally:
         batches.close()
         loader.close()
@@ -168,12 +183,13 @@ def train_torch_section(ctx: Context, sec: Section) -> None:
 
     need_shards(ctx)
     workers = min(16, usable_cores())
+    trainee = prepare(ctx)
     started = time.perf_counter()
     loader = make_torch_loader(ctx.shard_paths, batch_size=ctx.sizes.batch, num_workers=workers,
                                size=ctx.sizes.image or 224)
     batches = forever(loader)
     try:
-        run = train(ctx, batches, started)
+        run = train(ctx, trainee, batches, started)
     finally:
         batches.close()
     report_training(ctx, sec, run, f"torchvision recipe, {workers} DataLoader workers")
