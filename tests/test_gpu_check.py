@@ -231,3 +231,21 @@ def test_host_syncs_are_only_forbidden_with_cuda(gc: ModuleType) -> None:
         with pytest.raises(RuntimeError), smoke.host_syncs_forbidden(True):
             torch.ones(2, device="cuda").sum().item()
         assert torch.cuda.get_sync_debug_mode() == 0
+
+
+def test_sync_debug_fails_on_a_host_sync_or_a_short_epoch_and_names_the_path(
+        gc: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    smoke = importlib.import_module("gpucheck_smoke")
+    ctx = gc.make_context(gc.parse_args(["--dry-run"]))
+    ctx.cuda = True  # the verdicts as on a GPU machine; the epochs themselves are stand-ins
+    check_failed = importlib.import_module("gpucheck_common").CheckFailed
+    results = {"cpu": (4, 4, "RuntimeError: called a synchronizing CUDA operation"), "gpu": (4, 4, None)}
+    monkeypatch.setattr(smoke, "epoch_without_syncs", lambda c, placement, device: results[placement])
+    sec = gc.Section("sync_debug", "sync-debug epoch")
+    with pytest.raises(check_failed, match="cpu-placed -> cuda: RuntimeError: called a synchronizing"):
+        smoke.sync_debug_section(ctx, sec)
+    assert [(r.what, r.figure) for r in sec.rows] == [("cpu-placed -> cuda, one epoch", "FAIL"),
+                                                     ("gpu-placed -> cuda, one epoch", "pass")]
+    results["cpu"] = (3, 4, None)
+    with pytest.raises(check_failed, match="3 of 4 batches: the epoch ended early"):
+        smoke.sync_debug_section(ctx, gc.Section("sync_debug", "sync-debug epoch"))
