@@ -15,9 +15,9 @@ cropped and resized in one call; its pixels are read from PIL's memory without a
 Pillow exports them, and written straight into the batch (flips as reversed views), and
 ``normalize`` runs vectorized in NumPy as they are written, in the thread that made them,
 while they are in cache (NumPy releases the GIL and starts no threads of its own, where
-torch would start its intra-op threads in every worker thread). When the plan defers ``normalize`` to a CUDA
-consumer (the cheap-transfer pass), the field is yielded as uint8 HWC, as the DALI path
-leaves it before its copy.
+torch would start its intra-op threads in every worker thread). When the plan defers
+``normalize`` to a CUDA consumer (the cheap-transfer pass), the field is yielded as uint8
+HWC, as the DALI path leaves it before its copy.
 
 Work is queued in chunks of a batch; the steps up to ``prefetch_factor`` batches ahead of
 the one being consumed are in flight. A spec with an image op outside
@@ -131,12 +131,13 @@ class _Epoch:
         n = len(refs)
         outputs: dict[str, Any] = {}
         for f in self.fields:
-            if f.kind == "host" or None in f.hwc:
+            dims = [d for d in f.hwc if d is not None]
+            if f.kind == "host" or len(dims) != 3:
                 outputs[f.name] = [None] * n
             elif f.normalize is None:
-                outputs[f.name] = torch.empty((n, *f.hwc), dtype=torch.uint8)
+                outputs[f.name] = torch.empty((n, *dims), dtype=torch.uint8)
             else:
-                h, w, c = f.hwc
+                h, w, c = dims
                 shape = (n, c, h, w) if f.normalize["layout"] == "CHW" else (n, h, w, c)
                 outputs[f.name] = torch.empty(shape, dtype=_DTYPES[f.normalize["dtype"]])
         starts = range(0, n, self.chunk)

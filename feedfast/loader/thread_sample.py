@@ -77,7 +77,8 @@ class View:
         sx, sy = (x1 - x0) / self.size[0], (y1 - y0) / self.size[1]
         box = (x0 + left * sx, y0 + top * sy, x0 + (left + width) * sx, y0 + (top + height) * sy)
         if self.resample is None:  # not resampled yet: view pixels are source pixels
-            return replace(self, box=box, size=(width, height), clip=tuple(int(round(c)) for c in box))
+            x0, y0, x1, y1 = (int(round(c)) for c in box)
+            return replace(self, box=box, size=(width, height), clip=(x0, y0, x1, y1))
         return replace(self, box=box, size=(width, height))
 
 
@@ -151,7 +152,7 @@ def fast_values(program: PilProgram, raw: Sequence[bytes], rng: random.Random) -
     values: list[Any] = [None] * len(program.steps)
     opened: dict[int, tuple[Any, PilStep, bytes]] = {}
     for step in program.steps:
-        value = values[step.inputs[0]] if step.inputs else None
+        value: Any = values[step.inputs[0]] if step.inputs else None
         if step.op == "read":
             values[step.id] = raw[step.id]
         elif step.op == "decode":
