@@ -32,6 +32,7 @@ def test_bench_writes_figures(shards: list[str], tmp_path: Path, capsys: pytest.
     assert c["order"] == [["feedfast", "torch"], ["torch", "feedfast"]]
     assert len(c["ratio_spread"]["ratios"]) == 2 and c["ratio"] == pytest.approx(c["ratio_spread"]["median"])
     assert c["peak_rss_mb"] > 0 and "RandomResizedCrop(size=(32, 32)" in c["recipe"]
+    assert c["warmup_per_round"] == 1 * 2 + 1  # drains one worker's two prefetched batches, then one more
     text = capsys.readouterr().out
     assert "ratio feedfast/torch" in text and "2 rounds)" in text and "torch first in round 2" in text
 
@@ -227,7 +228,7 @@ def test_compare_rows_print_the_median_ratio_and_its_spread(capsys: pytest.Captu
     def figs(rates: list[float]) -> dict:
         return {"samples_per_s": sorted(rates)[len(rates) // 2], "round_samples_per_s": rates, "rounds": len(rates),
                 "batches": 4, "samples": 16, "wall_s": 1.0, "time_to_first_batch_s": 0.5, "cpu_util": 90.0,
-                "peak_rss_mb": 700.0, "stall_fraction": None, "verdict": "no steps measured"}
+                "peak_rss_mb": 700.0, "stall_fraction": None, "verdict": "no steps measured", "warmup_per_round": 3}
 
     base = Contender("torch", iter(()), 0.0, lambda: None, recipe="torchvision")
     runs = {"feedfast": figs([300.0, 200.0, 100.0, 400.0]), "torch": figs([100.0, 100.0, 100.0, 100.0])}

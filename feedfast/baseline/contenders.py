@@ -31,6 +31,7 @@ class Contender:
         close: releases its threads, processes and memory.
         delivered: its running count of delivered samples, when its batches may hold padding.
         recipe: what it runs, in words.
+        ahead: at most how many batches it holds ready when asked again after a pause.
     """
 
     name: str
@@ -39,6 +40,7 @@ class Contender:
     close: Callable[[], None]
     delivered: Callable[[], int] | None = None
     recipe: str = ""
+    ahead: int = 0
 
     def first_batch(self) -> float:
         """Take one batch; return the seconds from construction to it (time to first batch)."""
@@ -91,7 +93,8 @@ def _torch(loader: Any, settings: BaselineSettings, started: float) -> Contender
 
     recipe = (f"torchvision {torchvision.__version__} transforms: {', '.join(r.describe())}; PIL decode from a "
               f"map-style dataset over the shards' indexes; torch DataLoader, {loader.threads} persistent workers")
-    return Contender("torch", batches, started, close, recipe=recipe)
+    ahead = loader.threads * (torch_loader.prefetch_factor or 0)  # each worker's queued batches
+    return Contender("torch", batches, started, close, recipe=recipe, ahead=ahead)
 
 
 def _dali(loader: Any, settings: BaselineSettings, started: float) -> Contender:
@@ -108,4 +111,4 @@ def _dali(loader: Any, settings: BaselineSettings, started: float) -> Contender:
     where = "mixed decode, GPU ops" if device_id is not None else "CPU"
     recipe = (f"hand-written DALI ({where}, {loader.threads} threads): readers.webdataset with feedfast's indexes, "
               f"{ops}, crop_mirror_normalize; DALIGenericIterator (PARTIAL last batch)")
-    return Contender("dali", batches, started, batches.close, recipe=recipe)
+    return Contender("dali", batches, started, batches.close, recipe=recipe, ahead=2)  # DALI's prefetch_queue_depth

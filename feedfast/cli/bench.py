@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     plan = RunPlan(warmup=args.warmup, count=args.batches, seconds=args.seconds, step_s=step_s,
                    quiet=args.quiet, label="feedfast")
     contenders = [Contender("feedfast", forever(loader), started, loader.close,
-                            delivered=lambda: int(loader.stats()["delivered"]))]
+                            delivered=lambda: int(loader.stats()["delivered"]), ahead=2 * loader.prefetch)]
     try:
         if args.compare:
             contenders.append(make_baseline(args.compare, loader))
@@ -126,23 +126,28 @@ def _rounds(contenders: list[Contender], plan: RunPlan, rounds: int,
 
     First each contender takes one batch, untimed (baselines first: their worker processes fork
     before feedfast's threads run); its time to first batch counts from its construction.
+    Beside another loader, each round's warm-up also drains what the contender prepared while
+    the other one ran (``ahead + 1`` batches at least), so no round starts on a full queue.
     """
     first = {}
     for c in reversed(contenders):
         first[c.name] = c.first_batch()
         owners.processes(c.name)  # the worker processes it started are its own
     by_name = {c.name: c for c in contenders}
+    warmups = {c.name: max(plan.warmup, c.ahead + 1) if len(contenders) > 1 else plan.warmup for c in contenders}
     figures: dict[str, list[dict[str, Any]]] = {c.name: [] for c in contenders}
     meter = None
     for number, order in enumerate(round_order([c.name for c in contenders], rounds)):
         for name in order:
             c = by_name[name]
             label = name if rounds == 1 else f"{name} {number + 1}/{rounds}"
-            figs, run_meter = timed_run(c.batches, dataclasses.replace(plan, label=label), started=time.perf_counter(),
-                                        delivered=c.delivered, processes=_scope(owners, name))
+            round_plan = dataclasses.replace(plan, label=label, warmup=warmups[name])
+            figs, run_meter = timed_run(c.batches, round_plan, started=time.perf_counter(), delivered=c.delivered,
+                                        processes=_scope(owners, name))
             figures[name].append(figs)
             meter = run_meter if name == "feedfast" else meter
-    return {name: {**combine_runs(runs), "time_to_first_batch_s": first[name]} for name, runs in figures.items()}, meter
+    return {name: {**combine_runs(runs), "time_to_first_batch_s": first[name], "warmup_per_round": warmups[name]}
+            for name, runs in figures.items()}, meter
 
 
 def _scope(owners: Ownership, name: str) -> Callable[[], list[Any]]:
@@ -152,8 +157,8 @@ def _scope(owners: Ownership, name: str) -> Callable[[], list[Any]]:
 def _result(figs: dict[str, Any], loader: Any, spec_path: Any) -> dict[str, Any]:
     per_sample = loader.shards.bytes / max(loader.shards.total, 1)
     stats = loader.stats()
-    res = {k: figs[k] for k in (*RUN_KEYS, "rounds", "round_samples_per_s", "batch_ms", "wait_ms_per_batch",
-                                "stall_fraction", "verdict")}
+    res = {k: figs[k] for k in (*RUN_KEYS, "rounds", "round_samples_per_s", "warmup_per_round", "batch_ms",
+                                "wait_ms_per_batch", "stall_fraction", "verdict")}
     res.update(mb_per_s=figs["samples_per_s"] * per_sample / 1e6, skipped=stats["skipped"], padded=stats["padded"],
                gpu_util=figs["gpu_util"], gpu_status=figs["gpu_status"], spec=str(spec_path),
                placement=loader.plan.placement, threads=loader.threads, batch_size=loader.spec.batch_size,
@@ -185,7 +190,7 @@ def compare_figures(baseline: Contender, runs: dict[str, dict[str, Any]], *, ste
     """The ``compare`` object: the baseline's figures and the median feedfast/baseline ratio with its spread."""
     base = runs[baseline.name]
     spread = ratio_spread(runs["feedfast"]["round_samples_per_s"], base["round_samples_per_s"])
-    out = {k: base[k] for k in (*RUN_KEYS, "rounds", "round_samples_per_s")}
+    out = {k: base[k] for k in (*RUN_KEYS, "rounds", "round_samples_per_s", "warmup_per_round")}
     out.update(baseline=baseline.name, recipe=baseline.recipe, ratio=spread.median, ratio_spread=spread.to_dict(),
                ratio_spread_text=spread.text(),
                order=[list(order) for order in round_order(["feedfast", baseline.name], base["rounds"])])
