@@ -39,3 +39,9 @@ def launcher_rank() -> tuple[int, int, int]:
         return int(v) if v.strip().lstrip("-").isdigit() else default
 
     return _int("RANK", 0), _int("WORLD_SIZE", 1), _int("LOCAL_RANK", 0)
+
+
+def launcher_local_rank() -> int | None:
+    """``LOCAL_RANK`` as set by torchrun (or another launcher), None when unset or not an integer."""
+    v = os.environ.get("LOCAL_RANK", "").strip()
+    return int(v) if v.isdigit() else None

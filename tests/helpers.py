@@ -33,3 +33,111 @@ def keys_of_epoch(loader: Any) -> list[str]:
     for _ in loader:
         keys += [k for _, k in loader.last_origins[: loader.last_valid]]
     return keys
+
+
+class FakeStream:
+    """A stand-in CUDA stream for the device layer: it logs what it was told to wait for."""
+
+    def __init__(self, gpu: "FakeGpu", name: str) -> None:
+        self.gpu, self.name = gpu, name
+
+    def wait_stream(self, other: "FakeStream") -> None:
+        self.gpu.log.append(("wait_stream", self.name, other.name))
+
+    def wait_event(self, event: "FakeEvent") -> None:
+        self.gpu.log.append(("wait_event", self.name, event.id))
+
+    def synchronize(self) -> None:
+        self.gpu.log.append(("synchronize", self.name))
+
+    def __repr__(self) -> str:
+        return f"FakeStream({self.name})"
+
+
+class FakeEvent:
+    """A stand-in CUDA event: complete when the fake GPU says so (at once when ``auto``)."""
+
+    def __init__(self, gpu: "FakeGpu") -> None:
+        self.gpu, self.id, self.done, self.stream = gpu, len(gpu.events), False, ""
+        gpu.events.append(self)
+
+    def record(self, stream: FakeStream | None = None) -> None:
+        self.stream = stream.name if stream is not None else self.gpu.active
+        self.done = self.gpu.auto
+        self.gpu.log.append(("record", self.stream, self.id))
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.gpu.log.append(("host_sync", self.id))
+        self.done = True
+
+
+class FakeGpu:
+    """A stand-in device layer (see ``feedfast.loader.devices.DeviceLayer``) that records the order of stream work.
+
+    Device tensors are CPU tensors; ``copy_in`` clones on the active stream and logs it.
+    With ``auto=False`` events stay pending until :meth:`complete` is called.
+    """
+
+    cuda = True
+
+    def __init__(self, auto: bool = True) -> None:
+        import torch
+
+        self.device = torch.device("cuda", 0)
+        self.auto = auto
+        self.log: list[tuple[Any, ...]] = []
+        self.events: list[FakeEvent] = []
+        self.training = FakeStream(self, "training")
+        self.streams = 0
+        self.active = "training"
+
+    def new_stream(self) -> FakeStream:
+        self.streams += 1
+        return FakeStream(self, f"side{self.streams}")
+
+    def current_stream(self) -> FakeStream:
+        return self.training
+
+    def new_event(self) -> FakeEvent:
+        return FakeEvent(self)
+
+    def on(self, stream: FakeStream) -> Any:
+        import contextlib
+
+        gpu = self
+
+        @contextlib.contextmanager
+        def ctx() -> Any:
+            before, gpu.active = gpu.active, stream.name
+            try:
+                yield stream
+            finally:
+                gpu.active = before
+
+        return ctx()
+
+    def host_buffer(self, numel: int, dtype: Any, pin: bool) -> Any:
+        import torch
+
+        return torch.empty(numel, dtype=dtype)
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        import torch
+
+        return torch.empty(shape, dtype=dtype)
+
+    def copy_in(self, host: Any) -> Any:
+        self.log.append(("copy", self.active, host.data_ptr()))
+        return host.clone()
+
+    def keep_for(self, tensor: Any, stream: FakeStream) -> None:
+        self.log.append(("keep", stream.name))
+
+    def complete(self, upto: int | None = None) -> None:
+        """Finish the work of every event (or of events with id < ``upto``)."""
+        for e in self.events:
+            if upto is None or e.id < upto:
+                e.done = True

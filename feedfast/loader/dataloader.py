@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from pathlib import Path
 from typing import Any, Iterator, Sequence, cast
 
@@ -12,7 +13,9 @@ import torch
 from feedfast import _env
 from feedfast.compile.plan import Plan, build_plan
 from feedfast.errors import UserError
-from feedfast.loader.epoch import EpochPipe, make_pipeline, release_memory, run_epoch
+from feedfast.loader.ahead import Ahead
+from feedfast.loader.devices import DeviceLayer, delivery_here, layer_for
+from feedfast.loader.epoch import Batch, EpochPipe, make_pipeline, release_memory, run_epoch
 from feedfast.loader.options import at_least_zero, check_torch_kwargs, positive, settle_spec, threads_for
 from feedfast.loader.prefetch import PinnedRing
 from feedfast.loader.state import STATE_VERSION, check_state, decode_checkpoint, encode_checkpoint
@@ -45,10 +48,14 @@ class DataLoader:
         drop_last: True drops incomplete batches (``last_batch: drop``).
         num_workers: DALI CPU threads (0 means 1); default: all cores.
         pin_memory: stage CUDA copies in pinned memory (default True).
-        prefetch_factor: batches DALI and the pinned ring hold ahead (default 2).
+        prefetch_factor: batches made ahead of the training step on the loader's background
+            thread, and DALI's queue depth (default 2).
         seed: overrides the spec's seed (order and augmentation).
-        device: where batches are delivered: ``cpu`` or ``cuda[:n]``.
+        device: where batches are delivered: ``cpu``, ``cuda`` (this rank's GPU: ``LOCAL_RANK``
+            under torchrun, else the current device) or ``cuda:N``. Default: the rank's GPU
+            when the pipeline runs on the GPU, else the CPU.
         placement: where the pipeline runs: ``auto``, ``cpu`` or ``gpu`` (default: the spec's).
+            How the two combine is one rule, documented in :mod:`feedfast.loader.devices`.
         last_batch: ``partial``, ``pad`` or ``drop`` (see :mod:`feedfast.sources.assign`).
         rank, world_size: default from torch.distributed, else RANK/WORLD_SIZE.
         overrides: ``key.path=value`` spec overrides.
@@ -73,7 +80,7 @@ class DataLoader:
         self, spec: Any, *, shards: str | os.PathLike[str] | Sequence[str], batch_size: int | None = None,
         shuffle: bool | None = None, drop_last: bool | None = None, num_workers: int | None = None,
         pin_memory: bool = True, prefetch_factor: int | None = None, seed: int | None = None,
-        device: str | torch.device = "cpu", placement: str | None = None, last_batch: str | None = None,
+        device: str | torch.device | None = None, placement: str | None = None, last_batch: str | None = None,
         rank: int | None = None, world_size: int | None = None, overrides: Sequence[str] = (),
         cache_dir: str | os.PathLike[str] | None = None, pin_memory_device: str | None = None,
         on_error: str | None = None, max_pixels: int | None = None, backend: str = "dali",
@@ -81,7 +88,6 @@ class DataLoader:
     ) -> None:
         check_torch_kwargs(torch_kwargs)
         self.spec = settle_spec(load_spec(spec, overrides), batch_size, shuffle, drop_last, last_batch, seed)
-        self.device = torch.device(pin_memory_device or device)
         self.threads = threads_for(num_workers)
         self.prefetch = positive("prefetch_factor", 2 if prefetch_factor is None else prefetch_factor)
         dr, dw = _dist_rank()
@@ -91,15 +97,17 @@ class DataLoader:
         if backend not in ("dali", "pil"):
             raise UserError(f"backend must be 'dali' or 'pil', got {backend!r}")
         self.backend = backend
-        consumer = "cuda" if self.device.type == "cuda" else "cpu"
         if backend == "pil":
             from feedfast.compile.pil import compile_pil
 
             compile_pil(self.spec)  # an op without a PIL form fails here, not mid-epoch
-            placement, consumer = "cpu", "cpu"
+            placement = "cpu"
+        delivery = delivery_here(placement or self.spec.device, pin_memory_device or device)
+        self.device = delivery.device
+        self.device_id = delivery.device_id  # DALI's GPU: the same index as the output tensors and streams
+        consumer = "cpu" if backend == "pil" else self.device.type
         self.workers = 0 if num_workers is None and backend == "pil" else (num_workers or 0)
-        self.plan: Plan = build_plan(self.spec, device=placement, consumer=consumer)
-        self.device_id = (self.device.index or 0) if self.plan.placement == "gpu" else None
+        self.plan: Plan = build_plan(self.spec, device=delivery.placement, consumer=consumer)
         if on_error is not None and on_error not in ("raise", "skip"):
             raise UserError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.spec = self.spec.replace(on_error=on_error) if on_error else self.spec
@@ -110,21 +118,29 @@ class DataLoader:
             transfer=Transfer(retries=3 if remote_retries is None else at_least_zero("remote_retries", remote_retries)),
         )
         self._mixed: dict[int, ShardSet] = {}
+        self._lock = threading.Lock()  # the Mix draws, which the producer and the caller both read
         self._mix, base = open_dataset(shards, self.spec, self._cache_dir, **open_kw)
         self.shards: ShardSet = self.shards_for(0) if self._mix else cast(ShardSet, base)
         if backend == "pil" and any(k != "file" for k in self.shards.read_kinds):
             raise UserError("backend='pil' reads local shards only; use backend='dali' for remote shards")
         self._check_size()
-        self.ring = PinnedRing(self.device, depth=self.prefetch + 1, pin=pin_memory)
+        # slots: the producer's queue (prefetch), the batch being made, and one spare
+        self.ring = PinnedRing(self.device, depth=self.prefetch + 2, pin=pin_memory, layer=self._layer())
         self.epoch = 0
         self._resume: tuple[int, str | None] | None = None
         self._stats = {"delivered": 0, "skipped": len(self.shards.skipped), "padded": 0, "dropped": 0, "batches": 0}
         self.last_origins: list[tuple[str, str]] = []
         self.last_valid = 0
         self._step = 0
-        self._pipe: EpochPipe | None = None  # the DALI pipeline of the open epoch
+        self._checkpoint: str | None = None  # the backend's state after the last batch handed to the caller
+        self._producer: Ahead[Batch] | None = None  # the background thread of the open epoch
+        self._pipe: EpochPipe | None = None  # the DALI pipeline of the open epoch (owned by the producer)
         self._open = False  # an epoch was started and not closed (either backend)
-        self._ahead: EpochPipe | None = None
+        self._ahead: EpochPipe | None = None  # the next epoch's pipeline, built by the producer
+
+    def _layer(self) -> DeviceLayer:
+        """The device layer of the batches' device (tests replace it with a stand-in)."""
+        return layer_for(self.device)
 
     def _check_size(self) -> None:
         n, b, w = self.shards.total, self.spec.batch_size, self.world
@@ -138,12 +154,14 @@ class DataLoader:
         """The epoch's dataset: the shards, or under a :class:`Mix` that epoch's draw."""
         if self._mix is None:
             return self.shards
-        if epoch not in self._mixed:
-            mix, sets = self._mix
-            if len(self._mixed) > 2:
-                self._mixed.pop(min(self._mixed))
-            self._mixed[epoch] = mixed_epoch(sets, mix, seed=self.spec.seed, epoch=epoch, cache_dir=self._cache_dir)
-        return self._mixed[epoch]
+        with self._lock:
+            if epoch not in self._mixed:
+                mix, sets = self._mix
+                if len(self._mixed) > 2:
+                    self._mixed.pop(min(self._mixed))
+                self._mixed[epoch] = mixed_epoch(sets, mix, seed=self.spec.seed, epoch=epoch,
+                                                 cache_dir=self._cache_dir)
+            return self._mixed[epoch]
 
     def epoch_plan(self, epoch: int | None = None) -> EpochPlan:
         """This rank's plan for an epoch (default: the current one)."""
@@ -167,40 +185,50 @@ class DataLoader:
             raise UserError(f"epoch must be >= 0, got {epoch}")
         if epoch != self.epoch:
             self._resume = None  # a resume point belongs to the epoch it was saved in
-        self.epoch = epoch
-        if self._ahead is not None and self._ahead.epoch != epoch:
-            ahead, self._ahead = self._ahead, None
-            _drop(ahead)
+        self.epoch = epoch  # a prepared pipeline of another epoch is dropped by the next iteration
 
     def __iter__(self) -> Iterator[Any]:
         """Iterate one epoch: the one set by ``set_epoch``/``load_state_dict`` at the first ``next()``."""
         return self._iterate()
 
-    def _batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Any]:
+    def _batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Batch]:
+        """The epoch's batches, made on the producer thread (see :mod:`feedfast.loader.ahead`)."""
         if self.backend == "pil":
             from feedfast.loader.pil_epoch import run_pil_epoch
 
-            self._open = True
             for batch in run_pil_epoch(self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world,
                                        batch_size=self.spec.batch_size, workers=self.workers, seed=self.spec.seed,
                                        epoch=epoch, start=start, prefetch_factor=self.prefetch):
-                slot = self.ring.slot()
-                tensors = {k: v for k, v in batch.fields.items() if isinstance(v, torch.Tensor)}
-                batch.fields.update(self.ring.upload(slot, tensors))
-                yield batch
+                yield self._upload_host(batch)
             return
         ahead, self._ahead = self._ahead, None
         if ahead is not None and (ahead.epoch, start, checkpoint) == (epoch, 0, None):
             pipe = ahead
         else:
-            _drop(ahead)
+            self._drop(ahead)
             pipe = self._build(epoch, ep, start, checkpoint)
-        self._pipe, self._open = pipe, True
-        rng = random.Random(f"{self.spec.seed}/{epoch}/{self.rank}/{start}")
-        for batch in run_epoch(pipe, self.plan, ep, self.ring, rng, self.shards_for(epoch)):
-            if pipe.all_scheduled and self._ahead is None:
-                self._prepare(epoch + 1)
-            yield batch
+        self._pipe = pipe
+        try:
+            rng = random.Random(f"{self.spec.seed}/{epoch}/{self.rank}/{start}")
+            for batch in run_epoch(pipe, self.plan, ep, self.ring, rng, self.shards_for(epoch)):
+                if pipe.all_scheduled and self._ahead is None:
+                    self._prepare(epoch + 1)
+                yield batch
+        finally:
+            self.ring.drain()  # the side stream may still read DALI's buffers
+            self._pipe = None
+            self._drop(pipe)
+
+    def _upload_host(self, batch: Batch) -> Batch:
+        """A batch of host tensors (a backend without a device stage) staged and copied through the ring."""
+        slot = self.ring.slot()
+        host = {k: v for k, v in batch.fields.items() if isinstance(v, torch.Tensor)}
+        if self.ring.cuda:
+            host = {k: self.ring.staging(slot, k, tuple(v.shape), v.dtype).copy_(v) for k, v in host.items()}
+        ready = self.ring.upload(slot, host)
+        batch.fields.update(ready.tensors)
+        batch.ready = ready
+        return batch
 
     def _build(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> EpochPipe:
         return make_pipeline(
@@ -217,8 +245,9 @@ class DataLoader:
         asks for another epoch (``set_epoch``) or never comes, the prepared pipeline is
         dropped; the cost is at most ``prefetch_factor`` batches of decoding.
         """
-        self._ahead = self._build(epoch, self.epoch_plan(epoch), 0, None)
-        self._ahead.prefetch()
+        ahead = self._build(epoch, self.epoch_plan(epoch), 0, None)
+        ahead.prefetch()
+        self._ahead = ahead
 
     def _iterate(self) -> Iterator[Any]:
         # runs at the first next(), like torch's DataLoader: a set_epoch after iter() counts
@@ -227,14 +256,22 @@ class DataLoader:
             (start, checkpoint), self._resume = self._resume, None
         ep = self.epoch_plan(epoch)
         self._close_current()
-        self._step = start
-        for batch in self._batches(epoch, ep, start, checkpoint):
-            self._step += 1
-            self._count(batch, ep)
-            if self._step == ep.steps:  # the epoch is complete once its last batch is out
-                self.epoch = epoch + 1
-                self._stats["dropped"] += ep.dropped
-            yield self._shape(batch.fields)
+        self._step, self._checkpoint = start, checkpoint
+        producer: Ahead[Batch] = Ahead(lambda: self._batches(epoch, ep, start, checkpoint), depth=self.prefetch,
+                                       name=f"feedfast-rank{self.rank}-epoch{epoch}")
+        self._producer, self._open = producer, True
+        try:
+            for batch in producer:
+                fields = self.ring.hand_over(batch.ready) if batch.ready is not None else batch.fields
+                self._step += 1
+                self._checkpoint = batch.checkpoint
+                self._count(batch, ep)
+                if self._step == ep.steps:  # the epoch is complete once its last batch is out
+                    self.epoch = epoch + 1
+                    self._stats["dropped"] += ep.dropped
+                yield self._shape({**batch.fields, **fields})
+        finally:
+            producer.close()  # an abandoned iteration stops making batches; its state stays readable
 
     def _count(self, batch: Any, ep: EpochPlan) -> None:
         size = len(batch.origins)
@@ -271,7 +308,7 @@ class DataLoader:
         return {
             "version": STATE_VERSION, "epoch": self.epoch, "step": self._step if mid else 0,
             "seed": self.spec.seed, "rank": self.rank, "world_size": self.world,
-            "dali": encode_checkpoint(self._pipe.pipe.checkpoint()) if mid and self._pipe is not None else None,
+            "dali": encode_checkpoint(self._checkpoint) if mid and self._checkpoint else None,
             "stats": self.stats(),
         }
 
@@ -286,14 +323,23 @@ class DataLoader:
             self._resume = (int(state["step"]), None) if state["step"] else None
 
     def close(self) -> None:
-        """Release the DALI pipelines, their threads and pooled memory (iteration can start again)."""
-        ahead, self._ahead = self._ahead, None
-        _drop(ahead)
+        """Stop the background thread, release the DALI pipelines and pooled memory (iteration can start again)."""
         self._close_current()
+        ahead, self._ahead = self._ahead, None
+        self._drop(ahead)
+        if self.plan.placement == "gpu":
+            release_memory(None)  # the pools kept across epochs on the GPU
 
     def _close_current(self) -> None:
-        pipe, self._pipe, self._open = self._pipe, None, False
-        _drop(pipe)
+        producer, self._producer, self._open = self._producer, None, False
+        if producer is not None:
+            producer.close()  # the producer destroys its pipeline on its way out
+
+    def _drop(self, ep_pipe: EpochPipe | None) -> None:
+        """Destroy a pipeline; on the CPU also give back DALI's pools (a GPU keeps them across epochs)."""
+        if ep_pipe is not None:
+            pipe, ep_pipe.pipe = ep_pipe.pipe, None
+            release_memory(pipe, pools=self.plan.placement != "gpu")
 
     def __enter__(self) -> "DataLoader":
         return self
@@ -307,9 +353,3 @@ class DataLoader:
         except Exception:  # noqa: BLE001 - never raise from a finalizer at interpreter exit
             return
 
-
-def _drop(ep_pipe: EpochPipe | None) -> None:
-    """Destroy a pipeline and give back its memory."""
-    if ep_pipe is not None:
-        pipe, ep_pipe.pipe = ep_pipe.pipe, None
-        release_memory(pipe)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import re
 import sys
 import warnings
 from dataclasses import dataclass
@@ -13,16 +12,14 @@ import torch
 
 from feedfast.compile.dali import ReaderConfig, build_pipeline
 from feedfast.compile.plan import Plan
-from feedfast.errors import BackendError, FeedfastError, SampleError
+from feedfast.errors import BackendError
 from feedfast.loader import convert
-from feedfast.loader.prefetch import PinnedRing
+from feedfast.loader.diagnose import diagnose, first_line
+from feedfast.loader.prefetch import PinnedRing, Ready
 from feedfast.ops.color import normalize_tensor
 from feedfast.sources.assign import EpochPlan
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.stream import StreamEpoch
-from feedfast.sources.validate import DEFAULT_MAX_PIXELS
-
-_FAILED = re.compile(r"Failed to decode sample #(\d+) : ([^\n|]*)")
 
 
 @dataclass
@@ -32,6 +29,8 @@ class Batch:
     fields: dict[str, Any]
     origins: list[tuple[str, str]]
     valid: int
+    checkpoint: str | None = None  # the backend's state after this batch (DALI's checkpoint)
+    ready: Any = None  # the event that marks the batch's device tensors ready (see PinnedRing)
 
 
 def make_pipeline(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
@@ -57,7 +56,7 @@ def make_pipeline(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
     try:
         pipe.build()
     except RuntimeError as exc:
-        raise BackendError(f"DALI could not build the pipeline for {spec.file}: {_first_line(exc)}") from exc
+        raise BackendError(f"DALI could not build the pipeline for {spec.file}: {first_line(exc)}") from exc
     return EpochPipe(pipe, omap, epoch, start, remaining, depth)
 
 
@@ -71,14 +70,18 @@ def _stream_source(reader: ReaderConfig, plan: Plan, shards: ShardSet, ep: Epoch
     reader.feed, reader.stream = stream.feeder, stream
 
 
-def release_memory(pipe: Any = None) -> None:
-    """Destroy a pipeline now and give back what it held: DALI's pools and free heap pages.
+def release_memory(pipe: Any = None, *, pools: bool = True) -> None:
+    """Destroy a pipeline now and give back what it held: DALI's pools (when ``pools``) and free heap pages.
 
     A pipeline is built per epoch. DALI's Python ``Pipeline`` sits in reference cycles, so
     it would be freed only by the cyclic GC (a full collection costs 0.2 to 0.4 s here);
     shutting its backend down directly (``Pipeline._shutdown``, what its ``__del__`` calls)
     frees the C++ side at once. Without the release, pooled and fragmented heap memory
     grows resident size by a few hundred MB over the first epochs before levelling off.
+
+    On a GPU (``pools=False``) DALI's memory pools are kept: the next epoch's pipeline reuses
+    the device and pinned pools nvJPEG grew, instead of allocating them again while the GPU
+    waits; the loader's ``close()`` releases them.
     """
     shutdown = getattr(pipe, "_shutdown", None)
     if callable(shutdown):
@@ -87,6 +90,8 @@ def release_memory(pipe: Any = None) -> None:
         import gc
 
         gc.collect()
+    if not pools:
+        return
     try:
         from nvidia.dali import backend
 
@@ -112,40 +117,6 @@ def _malloc_trim() -> None:
 
 def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
     return (seed * 1_000_003 + epoch * 7919 + rank * 104_729) % (2**31 - 1)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return next((ln for ln in lines if "Error" in ln or "error" in ln), lines[0] if lines else repr(exc))
-
-
-def diagnose(exc: RuntimeError, plan: Plan, step: int, shards: ShardSet, stream: Any = None) -> FeedfastError:
-    """Turn a DALI failure into an error naming the shard and sample where possible.
-
-    The reader's ``source_info`` names the sample. An external source has none: the
-    stream transport (``stream``) names the sample by its number in the batch, or reads
-    the step's images again and probes them.
-    """
-    from feedfast.loader.convert import sample_origin
-    from feedfast.sources.checked import find_bad_image
-
-    text = str(exc)
-    hint = "set on_error='skip' (spec `source: {on_error: skip}`) to leave undecodable samples out"
-    m = _FAILED.search(text)
-    if m and m.group(2).strip():
-        shard, key = sample_origin(m.group(2).strip())
-        return SampleError("DALI could not decode a sample", shard=shard, key=key, reason=f"{_first_line(exc)}; {hint}")
-    if m and stream is not None:
-        shard, key = stream.origins(step, int(m.group(1)) + 1)[-1]
-        return SampleError("DALI could not decode a sample", shard=shard, key=key, reason=f"{_first_line(exc)}; {hint}")
-    exts = [{e.lower() for e in c.ext.split(";")} for c in plan.spec.components.values() if c.kind == "image"]
-    if stream is not None:
-        found = stream.bad_sample(step, exts, DEFAULT_MAX_PIXELS) if exts else None
-    else:
-        found = find_bad_image(list(shards.paths), list(shards.index_paths), exts, DEFAULT_MAX_PIXELS) if exts else None
-    if found:
-        return SampleError("DALI could not decode a sample", shard=found[0], key=found[1], reason=f"{found[2]}; {hint}")
-    return FeedfastError(f"DALI pipeline failed at epoch step {step}: {_first_line(exc)}")
 
 
 @dataclass
@@ -189,7 +160,11 @@ class EpochPipe:
 
 def run_epoch(ep_pipe: EpochPipe, plan: Plan, ep: EpochPlan, ring: PinnedRing, rng: random.Random,
               shards: ShardSet) -> Iterator[Batch]:
-    """Yield this rank's batches of the epoch from the pipe's start step on."""
+    """Yield this rank's batches of the epoch from the pipe's start step on (run on the producer thread).
+
+    Each batch's device tensors are copied on the ring's side stream; ``Batch.ready`` is the
+    event the consumer's stream waits for (:meth:`PinnedRing.hand_over`).
+    """
     omap = ep_pipe.omap
     raw_at = len(omap.fields)
     for step in range(ep_pipe.start, ep.steps):
@@ -197,34 +172,53 @@ def run_epoch(ep_pipe: EpochPipe, plan: Plan, ep: EpochPlan, ring: PinnedRing, r
             outs = ep_pipe.next()
         except RuntimeError as exc:
             raise diagnose(exc, plan, step, shards, omap.stream) from exc
+        checkpoint = ep_pipe.pipe.checkpoint()
         size, valid = ep.batch_sizes[step], ep.valid[step]
         where = omap.stream.origins(step, size) if omap.stream else convert.origins(outs[raw_at], size)
-        yield Batch(_fields(outs, omap, plan, size, ring, rng, where), where, valid)
+        ready = _fields(outs, omap, plan, size, ring, rng, where)
+        yield Batch(ready.tensors, where, valid, checkpoint, ready)
 
 
 def _fields(outs: Any, omap: Any, plan: Plan, size: int, ring: PinnedRing, rng: random.Random,
-            where: list[tuple[str, str]]) -> dict[str, Any]:
+            where: list[tuple[str, str]]) -> Ready:
+    """One batch's fields: host outputs staged and copied, device outputs copied, host ops run."""
     slot = ring.slot()
     host: dict[str, torch.Tensor] = {}
-    device: dict[str, torch.Tensor] = {}
+    on_gpu: dict[str, Any] = {}
     for i, name in enumerate(omap.fields):
         tl = outs[i]
         dense = tl.as_tensor()  # one contiguous tensor: the spec declares fixed-size fields
-        shape, dtype = tuple(dense.shape()), convert.dali_dtype_to_torch(tl)
         if type(tl).__name__ == "TensorListGPU":
-            out = torch.empty(shape, dtype=dtype, device=ring.device)
-            device[name] = convert.tensorlist_to_torch(dense, out, torch.cuda.current_stream(ring.device))[:size]
-        else:
-            host[name] = convert.tensorlist_to_torch(dense, ring.staging(slot, name, shape, dtype))[:size]
-    result: dict[str, Any] = {**ring.upload(slot, host), **device}
-    for name, params in omap.deferred.items():
-        result[name] = normalize_tensor(result[name], params)
+            if ring.cuda:
+                on_gpu[name] = dense
+                continue
+            dense = dense.as_cpu()  # placement gpu, device cpu: asked for, warned about at construction
+        shape, dtype = tuple(dense.shape()), convert.dali_dtype_to_torch(tl)
+        host[name] = convert.tensorlist_to_torch(dense, ring.staging(slot, name, shape, dtype))[:size]
+    kept: dict[str, Any] = {}
     for name, nid in plan.outputs.items():
         if plan.nodes[nid].device == "host":
             comp, chain = convert.host_chain(plan.nodes, nid)
             raw = outs[len(omap.fields) + plan.components.index(comp)]
-            values = convert.run_host_ops(chain, raw, size, rng, where)
-            result[name] = convert.collate(values, plan.nodes[nid].sig.kind)
-            if isinstance(result[name], torch.Tensor) and ring.device.type != "cpu":
-                result[name] = result[name].to(ring.device, non_blocking=True)
-    return result
+            value = convert.collate(convert.run_host_ops(chain, raw, size, rng, where), plan.nodes[nid].sig.kind)
+            if isinstance(value, torch.Tensor) and ring.cuda:
+                host[name] = ring.staging(slot, name, tuple(value.shape), value.dtype).copy_(value)
+            else:
+                kept[name] = value
+
+    def device_fields() -> dict[str, torch.Tensor]:
+        made = {}
+        for name, dense in on_gpu.items():
+            out = ring.layer.empty(tuple(dense.shape()), convert.dali_dtype_to_torch(dense))
+            made[name] = convert.tensorlist_to_torch(dense, out, ring.stream)[:size]
+        return made
+
+    def normalize(fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        for name, params in omap.deferred.items():
+            fields[name] = normalize_tensor(fields[name], params)
+        return fields
+
+    ready = ring.upload(slot, host, on_device=normalize if omap.deferred else None,
+                        device_fields=device_fields if on_gpu else None)
+    ready.tensors.update(kept)
+    return ready

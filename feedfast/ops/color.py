@@ -52,17 +52,38 @@ def normalize_tensor(t: Any, p: dict[str, Any]) -> Any:
     """Normalize a uint8 HWC (or NHWC) torch tensor as the spec's `normalize` says.
 
     Used by the portable backend and by the cheap-transfer pass, which normalizes on the
-    consumer's device after a uint8 copy.
+    consumer's device after a uint8 copy. The constants are made once per device and
+    parameters, on the device itself (no host-to-device copy, so no host synchronization).
     """
     import torch
 
     dtype = {"float32": torch.float32, "float16": torch.float16}[p["dtype"]]
-    mean = torch.tensor([m * 255.0 for m in p["mean"]], dtype=torch.float32, device=t.device)
-    inv = torch.tensor([1.0 / (s * 255.0) for s in p["std"]], dtype=torch.float32, device=t.device)
+    mean, inv = _constants(t.device, tuple(p["mean"]), tuple(p["std"]))
     out = (t.to(torch.float32) - mean) * inv
     if p["layout"] == "CHW":
         out = out.movedim(-1, -3)
     return out.to(dtype).contiguous()
+
+
+_CONSTANTS: dict[tuple[str, tuple[float, ...], tuple[float, ...]], tuple[Any, Any]] = {}
+
+
+def _constants(device: Any, mean: tuple[float, ...], std: tuple[float, ...]) -> tuple[Any, Any]:
+    """``mean * 255`` and ``1 / (std * 255)`` as float32 tensors on ``device``, cached.
+
+    Built with ``torch.full`` on the device: a fill kernel, never a blocking copy from host memory.
+    """
+    import torch
+
+    key = (str(device), mean, std)
+    found = _CONSTANTS.get(key)
+    if found is None:
+        def on_device(values: list[float]) -> Any:
+            return torch.cat([torch.full((1,), v, dtype=torch.float32, device=device) for v in values])
+
+        found = (on_device([m * 255.0 for m in mean]), on_device([1.0 / (s * 255.0) for s in std]))
+        _CONSTANTS[key] = found
+    return found
 
 
 NORMALIZE = OpDef(
