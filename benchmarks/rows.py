@@ -44,6 +44,39 @@ def feedfast_pil(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
     return _forever(lambda: loader)
 
 
+def feedfast_threads(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
+    """feedfast's threaded CPU path on imagenet-train: ``DataLoader(backend="threads")`` where the
+    loader offers it, else :func:`~feedfast.loader.thread_epoch.run_thread_epoch` epoch after epoch."""
+    import feedfast
+
+    try:
+        loader = feedfast.DataLoader(SPEC, shards=shards, batch_size=batch, num_workers=workers, backend="threads")
+    except feedfast.UserError:
+        return _thread_epochs(shards, batch, workers)
+    return _forever(lambda: loader)
+
+
+def _thread_epochs(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
+    from feedfast import _env
+    from feedfast.compile.plan import build_plan
+    from feedfast.loader.thread_epoch import run_thread_epoch
+    from feedfast.sources.assign import plan_epoch
+    from feedfast.sources.dataset import open_shards
+    from feedfast.spec import load_spec
+
+    spec = load_spec(SPEC).replace(batch_size=batch)
+    shard_set = open_shards(shards, spec, _env.cache_dir())
+    plan = build_plan(spec, device="cpu")
+    epoch = 0
+    while True:
+        ep = plan_epoch(list(shard_set.sizes), batch_size=batch, rank=0, world=1, last_batch=spec.last_batch,
+                        seed=spec.seed, epoch=epoch, shuffle_shards=spec.shuffle_shards)
+        for b in run_thread_epoch(plan, shard_set, ep, rank=0, world=1, batch_size=batch, workers=workers,
+                                  seed=spec.seed, epoch=epoch):
+            yield b.fields["image"], b.fields["label"]
+        epoch += 1
+
+
 def torch_recipe(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
     """The torchvision DataLoader recipe: webdataset, PIL decode, RandomResizedCrop, flip, ToTensor, Normalize."""
     from feedfast.baseline.torch_recipe import make_torch_loader
@@ -97,6 +130,7 @@ def pil_decode_only(shards: list[str], batch: int, workers: int) -> Iterator[Any
 
 
 ROWS: dict[str, tuple[Callable[..., Iterator[Any]], str]] = {
+    "feedfast threaded CPU": (feedfast_threads, "feedfast's threaded CPU path (pillow-simd in threads)"),
     "feedfast DALI CPU": (feedfast_dali, "feedfast.DataLoader(imagenet-train.yaml), DALI on the CPU"),
     "hand-written DALI": (hand_dali, "the same graph written directly in DALI"),
     "torchvision recipe": (torch_recipe, "webdataset + PIL + RandomResizedCrop/flip/ToTensor/Normalize, torch DataLoader"),

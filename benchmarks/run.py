@@ -1,10 +1,18 @@
 """``make bench``: feedfast against hand-written DALI, the torchvision recipe, and a decode ceiling.
 
-Generates realistic shards once (photo-like JPEGs of ImageNet sizes), then measures every
-row in the same script, in alternating order over several rounds, each row in a fresh
-process-local iterator; prints medians and ratios, writes JSON and a PNG chart.
+Two sets of natural photographs (see ``benchmarks/photos.py`` for where they come from),
+made once in feedfast's cache folder:
 
-Usage: python benchmarks/run.py [--samples 2048] [--rounds 5] [--batches 20] [--workers 2]
+- ``imagenet``: ImageNet-like JPEGs (shorter side 300 to 500 px), batch ``--batch-size``;
+- ``highres``: 2 to 14 megapixel JPEGs, where reduced-size decoding applies, batch
+  ``--highres-batch-size``.
+
+(``--sets synthetic`` runs the synthetic photo-like set of earlier reports, for comparison.)
+Every row of a set is measured in the same script, in alternating order over several rounds,
+each row in a fresh iterator; medians, ratios with the issue's targets marked met or not,
+JSON and a PNG chart per set.
+
+Usage: python benchmarks/run.py [--sets imagenet,highres] [--rounds 5] [--batches 20] [--workers 2]
 """
 
 from __future__ import annotations
@@ -18,71 +26,108 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rows import ROWS, time_row  # noqa: E402
 
-
-def dataset(samples: int) -> list[str]:
-    """The benchmark shards (made once in the cache folder), indexed."""
-    from feedfast.sources.demo import synth_dataset
-
-    return synth_dataset(samples=samples, per_shard=256, seed=1,
-                         announce=lambda out: print(f"generating {samples} photo-like JPEGs in {out} (once) ...", flush=True))
-
-
 STOCK = "torchvision recipe, stock Pillow"
+THREADS, HAND, TORCH, CEILING = "feedfast threaded CPU", "hand-written DALI", "torchvision recipe", "PIL decode only (1 core)"
 
 
-def stock_rate(shards: list[str], args: argparse.Namespace) -> float:
+@dataclass(frozen=True)
+class BenchSet:
+    """One data set and how it is timed."""
+
+    name: str
+    rows: tuple[str, ...]
+    batch_size: int
+    batches: int
+    warmup: int
+    targets: dict[str, float]
+
+
+def bench_sets(args: argparse.Namespace) -> dict[str, BenchSet]:
+    every = tuple(ROWS)
+    return {
+        "imagenet": BenchSet("imagenet", every, args.batch_size, args.batches, args.warmup,
+                             {f"{THREADS} / {HAND}": 1.2, f"{THREADS} / {TORCH}": 2.0,
+                              f"{THREADS} / decode-only ceiling": 0.6}),
+        "highres": BenchSet("highres", (THREADS, "feedfast DALI CPU", HAND, TORCH), args.highres_batch_size,
+                            args.highres_batches, 1, {f"{THREADS} / {TORCH}": 5.0}),
+        "synthetic": BenchSet("synthetic", every, args.batch_size, args.batches, args.warmup, {}),
+    }
+
+
+def dataset(name: str, args: argparse.Namespace) -> list[str]:
+    """The set's shards (made once in the cache folder), indexed."""
+    if name == "synthetic":
+        from feedfast.sources.demo import synth_dataset
+
+        return synth_dataset(samples=args.samples, per_shard=256, seed=1,
+                             announce=lambda out: print(f"generating {args.samples} photo-like JPEGs in {out} (once)"))
+    from photos import photo_dataset
+
+    if name == "highres":
+        return photo_dataset("highres", samples=args.highres_samples, per_shard=16)
+    return photo_dataset("imagenet", samples=args.samples, per_shard=256)
+
+
+def stock_rate(shards: list[str], bench: BenchSet, args: argparse.Namespace) -> float:
     """The torchvision recipe run by ``--stock-python`` (torch with stock Pillow)."""
     cmd = [args.stock_python, str(Path(__file__).resolve().parent / "stock_row.py"), "--shards", *shards,
-           "--batch-size", str(args.batch_size), "--workers", str(args.workers), "--warmup", str(args.warmup),
-           "--batches", str(args.batches)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
+           "--batch-size", str(bench.batch_size), "--workers", str(args.workers), "--warmup", str(bench.warmup),
+           "--batches", str(bench.batches)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, check=True)
     return float(json.loads(out.stdout.strip().splitlines()[-1])["samples_per_s"])
 
 
-def measure(shards: list[str], args: argparse.Namespace) -> dict[str, list[float]]:
+def measure(shards: list[str], bench: BenchSet, args: argparse.Namespace) -> dict[str, list[float]]:
     """rows -> samples/s per round, rounds alternating the row order."""
-    names = list(ROWS) + ([STOCK] if args.stock_python else [])
+    names = list(bench.rows) + ([STOCK] if args.stock_python else [])
     results: dict[str, list[float]] = {name: [] for name in names}
     for r in range(args.rounds):
-        order = names if r % 2 == 0 else names[::-1]
-        for name in order:
+        for name in names if r % 2 == 0 else names[::-1]:
             if name == STOCK:
-                results[name].append(stock_rate(shards, args))
-                print(f"round {r + 1}/{args.rounds}  {name:<26} {results[name][-1]:8.1f} samples/s", flush=True)
-                continue
-            make = ROWS[name][0]
-            it = make(shards, args.batch_size, args.workers)
-            rate = time_row(it, warmup=args.warmup, batches=args.batches)
-            close = getattr(it, "close", None)
-            if close:
-                close()
-            del it
-            gc.collect()
+                rate = stock_rate(shards, bench, args)
+            else:
+                it = ROWS[name][0](shards, bench.batch_size, args.workers)
+                rate = time_row(it, warmup=bench.warmup, batches=bench.batches)
+                close = getattr(it, "close", None)
+                if close:
+                    close()
+                del it
+                gc.collect()
             results[name].append(rate)
-            print(f"round {r + 1}/{args.rounds}  {name:<26} {rate:8.1f} samples/s", flush=True)
+            print(f"{bench.name} round {r + 1}/{args.rounds}  {name:<32} {rate:8.1f} samples/s", flush=True)
     return results
 
 
-def summarize(results: dict[str, list[float]], args: argparse.Namespace) -> dict:
+def ratios(med: dict[str, float], workers: int) -> dict[str, float]:
+    """Each contender against the others, as medians of the rounds."""
+    out: dict[str, float] = {}
+    for num in (THREADS, "feedfast DALI CPU"):
+        for den in (HAND, TORCH, STOCK, "feedfast PIL backend"):
+            if num in med and den in med:
+                out[f"{num} / {den}"] = med[num] / med[den]
+        if CEILING in med:
+            out[f"{num} / decode-only ceiling"] = med[num] / (med[CEILING] * workers)
+    if HAND in med and TORCH in med:
+        out[f"{HAND} / {TORCH}"] = med[HAND] / med[TORCH]
+    return out
+
+
+def summarize(results: dict[str, list[float]], bench: BenchSet, args: argparse.Namespace) -> dict:
     med = {k: statistics.median(v) for k, v in results.items()}
-    ff = med["feedfast DALI CPU"]
-    ceiling = med["PIL decode only (1 core)"] * args.workers
+    got = ratios(med, args.workers)
+    targets = {name: {"target": t, "measured": got.get(name), "met": got.get(name, 0.0) >= t}
+               for name, t in bench.targets.items()}
     return {
-        "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "settings": vars(args), "rounds": results, "median_samples_per_s": med,
-        "ratios": {
-            "feedfast / hand-written DALI": ff / med["hand-written DALI"],
-            "feedfast / torchvision recipe": ff / med["torchvision recipe"],
-            "hand-written DALI / torchvision recipe": med["hand-written DALI"] / med["torchvision recipe"],
-            "feedfast PIL backend / torchvision recipe": med["feedfast PIL backend"] / med["torchvision recipe"],
-            f"feedfast / decode-only ceiling ({args.workers} cores)": ff / ceiling,
-            **({"feedfast / torchvision recipe, stock Pillow": ff / med[STOCK]} if STOCK in med else {}),
-        },
+        "set": bench.name, "batch_size": bench.batch_size, "batches": bench.batches, "warmup": bench.warmup,
+        "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+                    "load_average_at_end": os.getloadavg()},
+        "settings": vars(args), "rounds": results, "median_samples_per_s": med, "ratios": got, "targets": targets,
     }
 
 
@@ -93,43 +138,59 @@ def chart(summary: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = list(summary["median_samples_per_s"])
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(names) + 1.2))
     for i, n in enumerate(names):
         ax.scatter(summary["rounds"][n], [i] * len(summary["rounds"][n]), color="0.6", s=12, zorder=2)
     ax.barh(names, [summary["median_samples_per_s"][n] for n in names], color="#4c72b0", zorder=1)
     ax.invert_yaxis()
     ax.set_xlabel("samples/s (bars: median; dots: rounds)")
-    ax.set_title(f"imagenet-train, batch {summary['settings']['batch_size']}, {summary['settings']['workers']} workers")
+    ax.set_title(f"imagenet-train on the {summary['set']} photos, batch {summary['batch_size']}, "
+                 f"{summary['settings']['workers']} workers")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
+def report(summary: dict) -> None:
+    print(f"\n{summary['set']}: medians over {len(next(iter(summary['rounds'].values())))} rounds")
+    for name, rate in summary["median_samples_per_s"].items():
+        print(f"  {name:<32} {rate:8.1f} samples/s")
+    for name, ratio in summary["ratios"].items():
+        target = summary["targets"].get(name)
+        mark = f"  (target >= {target['target']:g}x: {'met' if target['met'] else 'NOT met'})" if target else ""
+        print(f"  {name:<60} {ratio:5.2f}x{mark}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--samples", type=int, default=2048)
+    ap.add_argument("--sets", default="imagenet,highres", help="comma-separated: imagenet, highres, synthetic")
+    ap.add_argument("--samples", type=int, default=2048, help="images in the imagenet (or synthetic) set")
+    ap.add_argument("--highres-samples", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--highres-batch-size", type=int, default=16)
+    ap.add_argument("--highres-batches", type=int, default=4)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--out", default="bench-results")
     ap.add_argument("--stock-python", default=None,
                     help="an interpreter with torch and stock Pillow: adds the recipe as most users run it")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    shards = dataset(args.samples)
-    results = measure(shards, args)
-    summary = summarize(results, args)
+    sets = bench_sets(args)
     out = Path(args.out)
     out.mkdir(exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(summary, indent=2) + "\n")
-    chart(summary, out / "bench.png")
-    print(f"\nmedians over {args.rounds} rounds ({time.perf_counter() - t0:.0f} s):")
-    for name, rate in summary["median_samples_per_s"].items():
-        print(f"  {name:<26} {rate:8.1f} samples/s")
-    for name, ratio in summary["ratios"].items():
-        print(f"  {name:<45} {ratio:5.2f}x")
-    print(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+    summaries = []
+    for name in args.sets.split(","):
+        if name not in sets:
+            ap.error(f"--sets: unknown set {name!r}; choose from {', '.join(sets)}")
+        summary = summarize(measure(dataset(name, args), sets[name], args), sets[name], args)
+        (out / f"bench-{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+        chart(summary, out / f"bench-{name}.png")
+        summaries.append(summary)
+    for summary in summaries:
+        report(summary)
+    print(f"\n{time.perf_counter() - t0:.0f} s; wrote bench-<set>.json and .png in {out}")
 
 
 if __name__ == "__main__":

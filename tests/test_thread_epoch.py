@@ -266,3 +266,26 @@ def test_a_corrupt_jpeg_raises_sample_error_naming_shard_and_key(tmp_path: Path,
                               seed=0, epoch=0))
     assert (info.value.shard, info.value.key) == (path, "bad")
     assert "`decode` failed (pipeline.image[0])" in info.value.reason
+
+
+def test_decoding_only_the_rows_a_crop_reads_gives_the_same_rows() -> None:
+    from feedfast.sources.synth import make_image
+
+    buf = io.BytesIO()
+    make_image(np.random.default_rng(2), 300, 200).save(buf, format="JPEG", quality=90)
+    jpeg = buf.getvalue()
+    full = np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"))
+    top = Image.open(io.BytesIO(jpeg))
+    assert thread_sample.load_rows(top, 77)
+    assert np.array_equal(np.asarray(top.convert("RGB"))[:77], full[:77])
+    assert not np.asarray(top.convert("RGB"))[120:].any()  # rows below were never decoded
+    cut = Image.open(io.BytesIO(jpeg[: len(jpeg) // 4]))  # the data ends above row 150
+    assert not thread_sample.load_rows(cut, 150)
+
+
+def test_rows_needed_covers_the_box_and_the_filter_reach() -> None:
+    crop_first = thread_sample.View(0, (10.0, 20.0, 110.0, 120.0), (32, 32), (10, 20, 110, 120), resample=2)
+    assert thread_sample.rows_needed([crop_first], 1.0, 400) == 121  # clipped to the crop: its rows only
+    resize_first = thread_sample.View(0, (0.0, 50.0, 300.0, 150.0), (60, 20), (0, 0, 300, 400), resample=2)
+    assert thread_sample.rows_needed([resize_first], 1.0, 400) == 150 + 16 + 1  # the filter reads 3 x 5 + 1 rows below
+    assert thread_sample.rows_needed([resize_first], 2.0, 200) == 84 + 1  # 75 + 3 x 2.5 + 1, rounded up

@@ -9,6 +9,8 @@ view computed by one ``resize(size, box=...)`` (or one ``crop``), with:
 
 - reduced-size JPEG decoding (DCT scaling, ``Image.draft``): the largest factor of 2, 4 or 8
   that keeps every box the source feeds at least its output size;
+- JPEG rows decoded only down to the lowest row a box (and its filter) reads
+  (:func:`load_rows`): libjpeg decodes top to bottom, so the rest is never decoded;
 - flips left to the writer (a reversed NumPy view), and ``normalize`` to the batch.
 
 What differs from the ``pil`` backend: nothing where no draft applies (the resize reads the
@@ -205,7 +207,8 @@ def _materialize(views: dict[str, View], opened: dict[int, tuple[Any, PilStep, b
             if factor > 1 and img.format == "JPEG":
                 drafted = img.draft(img.mode, (width // factor, height // factor))
                 scale = width / drafted[1][2] if drafted else 1.0
-            img.load()
+            if not load_rows(img, rows_needed(mine.values(), scale, img.height)):
+                raise NeedsFallback  # the rows did not decode: the full decode says why
             target = "L" if step.params["color"] == "gray" else "RGB"
             decoded = img if img.mode == target else img.convert(target)
         except (*_PIL_ERRORS, Image.DecompressionBombError) as exc:
@@ -213,6 +216,57 @@ def _materialize(views: dict[str, View], opened: dict[int, tuple[Any, PilStep, b
         for name, view in mine.items():
             out[name] = _pixels(decoded, view, scale)
     return out
+
+
+_FILTER_REACH = 3.0
+"""Pixels a resampling filter reads beyond its box, per unit of scale (Lanczos: 3)."""
+
+
+def rows_needed(views: Any, scale: float, height: int) -> int:
+    """How many rows from the top of the (drafted) image the views read: their boxes and filters."""
+    need = 0.0
+    for v in views:
+        bottom = math.ceil(v.clip[3] / scale)
+        if v.resample is not None:
+            reach = _FILTER_REACH * max((v.box[3] - v.box[1]) / scale / v.size[1], 1.0) + 1.0
+            bottom = min(bottom, math.ceil(v.box[3] / scale + reach))
+        need = max(need, bottom)
+    return min(height, int(need) + 1)
+
+
+_MARK = bytes(random.Random(7).randrange(256) for _ in range(4099))
+
+
+def load_rows(img: Any, rows: int) -> bool:
+    """Decode a JPEG only down to row ``rows`` (rows below stay black); other images in full.
+
+    libjpeg decodes top to bottom, so rows below the lowest one a crop reads are not worth
+    decoding. Pillow decodes the rows of a shortened tile, then libjpeg reports "too few
+    scanlines" and Pillow "broken data stream": expected. Whether the rows themselves decoded
+    is told by the last one, filled beforehand with a mark that decoding overwrites. False
+    when it did not (a damaged or truncated JPEG): the caller decodes in full to get the error.
+    A JPEG damaged only below the rows a crop reads is delivered.
+    """
+    from PIL import Image
+
+    tile = img.tile
+    if img.format != "JPEG" or len(tile) != 1 or tile[0][0] != "jpeg" or rows >= tile[0][1][3] - tile[0][1][1]:
+        img.load()
+        return True
+    x0, y0, x1, _ = tile[0][1]
+    extents = (x0, y0, x1, y0 + rows)
+    img.tile = [tile[0]._replace(extents=extents) if hasattr(tile[0], "_replace") else
+                (tile[0][0], extents, *tile[0][2:])]
+    img.load_prepare()
+    width = img.width
+    size = width * len(img.getbands())
+    mark = (_MARK * (size // len(_MARK) + 1))[:size]
+    img.im.paste(Image.frombytes(img.mode, (width, 1), mark).im, (0, rows - 1, width, rows))
+    try:
+        img.load()
+    except OSError:
+        img.tile = []
+    return img.crop((0, rows - 1, width, rows)).tobytes() != mark
 
 
 def _pixels(img: Any, view: View, scale: float) -> np.ndarray:
