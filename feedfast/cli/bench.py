@@ -51,9 +51,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default=None, help="pipeline placement")
     length = p.add_mutually_exclusive_group()
-    length.add_argument("--batches", type=int, default=30, help="batches to time after warm-up (default 30)")
-    length.add_argument("--seconds", type=float, default=None, help="time this long instead of --batches")
-    p.add_argument("--warmup", type=int, default=3, help="batches taken before timing starts (default 3)")
+    length.add_argument("--batches", type=int, default=30, help="batches to time per round, after warm-up (default 30)")
+    length.add_argument("--seconds", type=float, default=None, help="time this long per round instead of --batches")
+    p.add_argument("--warmup", type=int, default=3, help="batches taken before each round's timing starts (default 3)")
     p.add_argument("--step-ms", type=float, default=None,
                    help="simulate a model step of this many ms per batch (sleep) and report the stall")
     p.add_argument("--plot", default=None, metavar="PATH", help="write a PNG of per-batch wait time")
