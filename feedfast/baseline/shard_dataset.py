@@ -102,7 +102,10 @@ class ShardSamples(torch.utils.data.Dataset):
         return {**self.__dict__, "_files": {}}  # descriptors stay in the process that opened them
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except (OSError, TypeError):  # already closed, or at interpreter exit with ``os`` torn down
+            pass
 
 
 def _samples(shard: str, index_path: str | None) -> list[Sample]:
