@@ -8,10 +8,12 @@ import os
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from feedfast.errors import ShardError
+from feedfast.sources.checkworker import Failed, pool
 from feedfast.sources.index import Sample, first_member, load_index, read_index, shard_digest, write_atomic
-from feedfast.sources.validate import SNIFF_BYTES, probe_image, to_png
+from feedfast.sources.validate import SNIFF_BYTES, Verdict
 
 
 @dataclass
@@ -51,73 +53,129 @@ def image_members(sample: Sample, image_exts: list[set[str]]) -> list[tuple[int,
 def _verdicts(path: str, samples: list[Sample], image_exts: list[set[str]], max_pixels: int,
               cache: Path, decode: bool) -> dict[str, dict[str, str]]:
     """{"bad": {key: reason}, "convert": {key: reason}}, from the cache when fresh."""
-    tag = shard_digest(path, max_pixels, sorted(map(sorted, image_exts)), decode, [s.key for s in samples])
+    tag = shard_digest(path, max_pixels, sorted(map(sorted, image_exts)), decode, [s.key for s in samples], CHECK_RULES)
     cached = cache / "checks" / f"{Path(path).stem}-{tag}.json"
     if cached.is_file():
         return json.loads(cached.read_text(encoding="utf-8"))
     result: dict[str, dict[str, str]] = {"bad": {}, "convert": {}}
-    with open_shard(path) as f:
-        for s in samples:
-            for off, size, name in image_members(s, image_exts):
-                data = read_member(f, off, size if decode else min(size, SNIFF_BYTES))
-                v = probe_image(data, max_pixels=max_pixels, decode=decode)
-                if v.status != "ok":
-                    result[v.status].setdefault(s.key, f"{name}: {v.reason}")
+    for key, name, v in check_members(path, samples, image_exts, max_pixels, decode):
+        if v.status != "ok":
+            result[v.status].setdefault(key, f"{name}: {v.reason}")
+    for key in result["bad"]:
+        result["convert"].pop(key, None)  # a sample with one bad image is left out whole
     write_atomic(cached, json.dumps(result))
     return result
+
+
+CHECK_RULES = 2  # bump when what a verdict means changes: cached verdicts of older rules are not reused
+
+
+def check_members(path: str, samples: list[Sample], image_exts: list[set[str]], max_pixels: int,
+                  decode: bool) -> Iterator[tuple[str, str, Verdict]]:
+    """(key, member name, verdict) of every image component, checked in worker processes under a time limit."""
+    where = [(s.key, off, size, name) for s in samples for off, size, name in image_members(s, image_exts)]
+    verdicts = _run_checks(path, where, max_pixels, decode)
+    again = [w for w, v in zip(where, verdicts) if v.status == "more"]  # header only, and DALI must decide
+    full = iter(_run_checks(path, again, max_pixels, True)) if again else iter(())
+    for (key, _, _, name), v in zip(where, verdicts):
+        yield key, name, next(full) if v.status == "more" else v
+
+
+def _run_checks(path: str, where: list[tuple[str, int, int, str]], max_pixels: int, decode: bool) -> list[Verdict]:
+    def jobs() -> Iterator[tuple[object, ...]]:
+        with open_shard(path) as f:
+            for _, off, size, _ in where:
+                cut = size if decode else min(size, SNIFF_BYTES)
+                yield ("check", read_member(f, off, cut), max_pixels, decode, cut == size)
+
+    labels = (f"{path!r}, sample {key!r} ({name})" for key, _, _, name in where)
+    return [Verdict("bad", a.reason) if isinstance(a, Failed) else a for a in pool().map(jobs(), labels=labels)]
 
 
 def check_shard(path: str, samples: list[Sample], image_exts: list[set[str]], *,
                 max_pixels: int, cache: Path, decode: bool = True) -> ShardCheck:
     """Check a shard's image components; write a side shard of re-encoded images when needed.
 
-    With ``decode=False`` only headers are read (see :func:`probe_image`). The caller
-    gives DALI an index of ``ShardCheck.kept``.
+    With ``decode=False`` only headers are read (see :mod:`feedfast.sources.validate`).
+    An image that cannot be re-encoded after all (a header looked fine) is ``bad``. The
+    caller gives DALI an index of ``ShardCheck.kept``.
     """
     v = _verdicts(path, samples, image_exts, max_pixels, cache, decode)
-    bad, convert = v["bad"], v["convert"]
+    bad, convert = dict(v["bad"]), dict(v["convert"])
     if not bad and not convert:
         return ShardCheck(samples)
-    kept = [s for s in samples if s.key not in bad and s.key not in convert]
-    check = ShardCheck(kept, dict(bad), dict(convert))
     moved = [s for s in samples if s.key in convert]
+    side = None
     if moved:
-        tag = shard_digest(path, max_pixels, sorted(convert))
-        side = cache / "converted" / f"{Path(path).stem}-{tag}.tar"
-        _write_side_shard(path, side, moved, image_exts)
+        side, failed = _side_shard(path, moved, image_exts, cache, max_pixels)
+        for key, reason in failed.items():
+            bad[key] = reason
+            convert.pop(key)
+    kept = [s for s in samples if s.key not in bad and s.key not in convert]
+    check = ShardCheck(kept, bad, convert)
+    if side is not None:
         idx, side_samples = load_index(side, cache)
         check.side_shard, check.side_index, check.side_count = str(side), str(idx), len(side_samples)
     return check
 
 
-def _write_side_shard(src: str, out: Path, samples: list[Sample], image_exts: list[set[str]]) -> None:
+def _side_shard(path: str, moved: list[Sample], image_exts: list[set[str]], cache: Path,
+                max_pixels: int) -> tuple[Path | None, dict[str, str]]:
+    """The side shard of re-encoded samples (written once) and {key: reason} of those that could not be."""
+    tag = shard_digest(path, max_pixels, sorted(s.key for s in moved), CHECK_RULES)
+    side = cache / "converted" / f"{Path(path).stem}-{tag}.tar"
+    failed_file = side.with_name(side.name + ".failed.json")
+    if failed_file.is_file():
+        failed: dict[str, str] = json.loads(failed_file.read_text(encoding="utf-8"))
+        return (side if side.is_file() else None), failed
+    failed = _write_side_shard(path, side, moved, image_exts)
+    write_atomic(failed_file, json.dumps(failed))
+    return (side if side.is_file() else None), failed
+
+
+def _write_side_shard(src: str, out: Path, samples: list[Sample], image_exts: list[set[str]]) -> dict[str, str]:
+    """Write the samples with their images as PNG (names keep their extension: DALI sniffs the format).
+
+    Returns {key: reason} of the samples left out because an image could not be re-encoded.
+    """
+    images = [(s, m) for s in samples for m in s.members
+              if m.name in {name for _, _, name in image_members(s, image_exts)}]
+    with open_shard(src) as f:
+        jobs = (("png", read_member(f, m.offset, m.size)) for _, m in images)
+        labels = (f"{src!r}, sample {s.key!r} ({m.name})" for s, m in images)
+        pngs: dict[str, bytes] = {}
+        failed: dict[str, str] = {}
+        for (s, m), answer in zip(images, pool().map(jobs, labels=labels)):
+            if isinstance(answer, (Failed, str)):
+                failed.setdefault(s.key, f"{m.name}: {getattr(answer, 'reason', answer)}")
+            else:
+                pngs[m.name] = answer
+    done = [s for s in samples if s.key not in failed]
+    if not done:
+        return failed
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    images = {name for s in samples for _, _, name in image_members(s, image_exts)}
     with open_shard(src) as f, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-        for s in samples:
+        for s in done:
             for m in s.members:
-                data = read_member(f, m.offset, m.size)
-                if m.name in images:
-                    data = to_png(data)  # the name keeps its extension: DALI sniffs the format
+                data = pngs[m.name] if m.name in pngs else read_member(f, m.offset, m.size)
                 info = tarfile.TarInfo(m.name)
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     os.replace(tmp, out)
+    return failed
 
 
 def find_bad_image(paths: list[str], index_paths: list[str], image_exts: list[set[str]],
                    max_pixels: int) -> tuple[str, str, str] | None:
     """The first image DALI could not decode in these shards, as (shard, key, reason).
 
-    Used after DALI failed a batch under ``on_error: raise`` without naming the sample.
+    Used after DALI failed a batch under ``on_error: raise`` without naming the sample:
+    each image is decoded by PIL and by DALI's CPU decoder (in the check workers); the
+    first that is not ``ok`` (bad, or readable only by PIL) is the one.
     """
     for path, idx in zip(paths, index_paths):
-        samples = read_index(idx, path)
-        with open_shard(path) as f:
-            for s in samples:
-                for off, size, name in image_members(s, image_exts):
-                    v = probe_image(read_member(f, off, size), max_pixels=max_pixels)
-                    if v.status != "ok":
-                        return path, s.key, f"{name}: {v.reason}"
+        for key, name, v in check_members(path, read_index(idx, path), image_exts, max_pixels, True):
+            if v.status != "ok":
+                return path, key, f"{name}: {v.reason}"
     return None

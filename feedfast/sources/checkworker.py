@@ -1,0 +1,251 @@
+"""Image checks in worker processes, each image under a time limit.
+
+A hostile file can make a decoder loop for half a minute, write to the terminal, or
+crash the process that decodes it. So feedfast checks images in a few worker processes
+(``python -m feedfast.sources.checkworker``): one image per job, a wall-clock limit per
+job (the worker is killed and replaced when it runs over), a crash is a verdict like any
+other, and the workers' own output (DALI's ``[ERROR]`` lines, libpng warnings) goes to
+Python logging at DEBUG level instead of the terminal.
+
+Jobs are tuples: ``("check", data, max_pixels, decode)`` answers a
+:class:`~feedfast.sources.validate.Verdict`; ``("png", data)`` answers PNG bytes or a
+failure reason. The pool is shared by a process and started on first use.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import pickle
+import selectors
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import IO, Any, Iterable, Iterator
+
+log = logging.getLogger("feedfast.check")
+
+DEFAULT_CHECK_SECONDS = 3.0
+_HEADER = struct.Struct("<Q")
+_START_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A job that produced no answer: it ran over its time limit or its worker died."""
+
+    reason: str
+
+
+def _write(f: IO[bytes], obj: Any) -> None:
+    blob = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    f.write(_HEADER.pack(len(blob)) + blob)
+    f.flush()
+
+
+def _read(f: IO[bytes]) -> Any:
+    head = f.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        raise EOFError("worker closed its pipe")
+    size = _HEADER.unpack(head)[0]
+    blob = f.read(size)
+    if len(blob) < size:
+        raise EOFError("worker closed its pipe")
+    return pickle.loads(blob)  # noqa: S301 - our own child process
+
+
+class _Worker:
+    """One worker process, its pipes and its captured output."""
+
+    def __init__(self) -> None:
+        self.log = tempfile.TemporaryFile()
+        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "feedfast.sources.checkworker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, env=env)
+        self.started = time.monotonic()
+        self.ready = False
+        self.job: tuple[int, float] | None = None  # (job number, deadline)
+
+    def send(self, job: Any) -> None:
+        assert self.proc.stdin is not None
+        _write(self.proc.stdin, job)
+
+    def receive(self) -> Any:
+        assert self.proc.stdout is not None
+        return _read(self.proc.stdout)
+
+    def drain_log(self, what: str) -> None:
+        """Route what the worker printed since the last call to logging."""
+        self.log.seek(0)
+        text = self.log.read().decode("utf-8", "replace").strip()
+        self.log.seek(0)
+        self.log.truncate()
+        if text:
+            log.debug("decoder output while checking %s:\n%s", what, text)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        self.log.close()
+
+
+class CheckPool:
+    """A few worker processes that run check jobs, each under ``seconds`` of wall time."""
+
+    def __init__(self, size: int, seconds: float = DEFAULT_CHECK_SECONDS) -> None:
+        self.size, self.seconds = max(1, size), seconds
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def map(self, jobs: Iterable[Any], *, labels: Iterable[str] | None = None,
+            seconds: float | None = None) -> Iterator[Any]:
+        """Answers to ``jobs`` in order: each worker's answer, or :class:`Failed`."""
+        with self._lock:
+            yield from self._map(iter(jobs), iter(labels) if labels is not None else None,
+                                 self.seconds if seconds is None else seconds)
+
+    def _map(self, jobs: Iterator[Any], labels: Iterator[str] | None, seconds: float) -> Iterator[Any]:
+        while len(self._workers) < self.size:
+            self._workers.append(_Worker())
+        pending: deque[tuple[int, Any, str]] = deque()
+        answers: dict[int, Any] = {}
+        issued = emitted = 0
+        exhausted = False
+        sel = selectors.DefaultSelector()
+        try:
+            while True:
+                while not exhausted and len(pending) < 2 * self.size:
+                    job = next(jobs, None)
+                    if job is None:
+                        exhausted = True
+                        break
+                    pending.append((issued, job, next(labels, f"job {issued}") if labels else f"job {issued}"))
+                    issued += 1
+                self._assign(pending, sel, seconds)
+                while emitted in answers:
+                    yield answers.pop(emitted)
+                    emitted += 1
+                if exhausted and emitted == issued:
+                    return
+                self._wait(sel, answers, seconds)
+        finally:
+            for i, w in enumerate(self._workers):
+                if w.job is not None:  # abandoned mid-way: its answer must not reach the next caller
+                    w.job = None
+                    self._replace(i, sel)
+            sel.close()
+
+    def _assign(self, pending: deque[tuple[int, Any, str]], sel: selectors.BaseSelector, seconds: float) -> None:
+        for i, w in enumerate(self._workers):
+            if w.job is None and pending and w.ready:
+                number, job, label = pending.popleft()
+                try:
+                    w.send(job)
+                except OSError:
+                    pending.appendleft((number, job, label))
+                    self._replace(i, sel)
+                    continue
+                w.job = (number, time.monotonic() + seconds)
+                w.label = label  # type: ignore[attr-defined]
+            if w.proc.stdout is not None and not _registered(sel, w):
+                sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+
+    def _wait(self, sel: selectors.BaseSelector, answers: dict[int, Any], seconds: float) -> None:
+        now = time.monotonic()
+        deadlines = [w.job[1] for w in self._workers if w.job] + \
+                    [w.started + _START_SECONDS for w in self._workers if not w.ready]
+        timeout = max(0.0, min(deadlines, default=now + 1) - now)
+        for key, _ in sel.select(timeout):
+            w = key.data
+            try:
+                answer = w.receive()
+            except (EOFError, OSError, pickle.UnpicklingError):
+                self._died(w, sel, answers, f"the decoder crashed (exit status {w.proc.wait()})")
+                continue
+            if not w.ready:
+                w.ready = True
+                w.drain_log("start-up")
+                continue
+            if w.job is not None:
+                answers[w.job[0]] = answer
+                w.drain_log(getattr(w, "label", "an image"))
+                w.job = None
+        now = time.monotonic()
+        for w in list(self._workers):
+            if w.job is not None and now > w.job[1]:
+                self._died(w, sel, answers, f"checking took longer than {seconds:g} s (a hostile or huge file)")
+            elif not w.ready and now > w.started + _START_SECONDS:
+                raise RuntimeError(f"an image check worker did not start within {_START_SECONDS:g} s")
+
+    def _died(self, w: _Worker, sel: selectors.BaseSelector, answers: dict[int, Any], reason: str) -> None:
+        if w.job is not None:
+            answers[w.job[0]] = Failed(reason)
+            w.job = None
+        self._replace(self._workers.index(w), sel)
+
+    def _replace(self, i: int, sel: selectors.BaseSelector) -> None:
+        w = self._workers[i]
+        if w.proc.stdout is not None and _registered(sel, w):
+            sel.unregister(w.proc.stdout)
+        w.drain_log(getattr(w, "label", "an image")) if not w.log.closed else None
+        w.kill()
+        self._workers[i] = _Worker()
+
+    def close(self) -> None:
+        """Stop every worker."""
+        workers, self._workers = self._workers, []
+        for w in workers:
+            w.kill()
+
+
+def _registered(sel: selectors.BaseSelector, w: _Worker) -> bool:
+    try:
+        sel.get_key(w.proc.stdout)  # type: ignore[arg-type]
+        return True
+    except KeyError:
+        return False
+
+
+_POOL: CheckPool | None = None
+
+
+def pool() -> CheckPool:
+    """The process's check pool (as many workers as cores, at most 4), started on first use."""
+    global _POOL
+    if _POOL is None:
+        _POOL = CheckPool(min(4, os.cpu_count() or 1))
+        atexit.register(_POOL.close)
+    return _POOL
+
+
+def _serve() -> None:
+    """The worker's loop: answer jobs from stdin on stdout until stdin closes."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything a decoder prints goes to the captured stream, never into the protocol
+    from feedfast.sources.decoders import DaliDecoder
+    from feedfast.sources.validate import answer
+
+    dali = DaliDecoder()
+    dali.warm()  # import and build now, outside any job's time limit
+    _write(out, "ready")
+    inp = sys.stdin.buffer
+    while True:
+        try:
+            job = _read(inp)
+        except EOFError:
+            return
+        _write(out, answer(job, dali))
+
+
+if __name__ == "__main__":
+    _serve()

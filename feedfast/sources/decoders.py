@@ -1,0 +1,181 @@
+"""The decoders a verdict asks: PIL and DALI's CPU decoder, one image at a time.
+
+These functions run inside a check worker (:mod:`feedfast.sources.checkworker`), a
+separate process, because a hostile file can make a decoder loop for tens of seconds,
+print to the terminal or crash the process. Every exception of every class a decoder
+raises becomes a :class:`Probe` with a reason; nothing here raises.
+
+``Probe.kind`` says why PIL failed: ``data`` (the bytes are broken: truncated, corrupt),
+``support`` (this PIL build cannot read the format: no codec, an unimplemented variant,
+an unknown format) or ``limit`` (empty, or more pixels than allowed). Only a ``support``
+failure lets DALI's success deliver the image: a truncated JPEG that DALI fills with
+grey is still reported as truncated.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+DALI_FORMATS = frozenset({"JPEG", "MPO", "PNG", "TIFF", "BMP", "PPM", "JPEG2000", "WEBP"})
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one decoder made of one image: ``ok`` with PIL's format name, or a failure ``kind`` and reason."""
+
+    ok: bool
+    fmt: str = ""
+    kind: str = ""  # "" | "data" | "support" | "limit"
+    reason: str = ""
+
+
+def short(exc: BaseException) -> str:
+    """``Type: first line`` of an exception, at most 200 characters."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
+
+
+_SUPPORT_TEXT = ("not available", "not supported", "unsupported", "unimplemented", "cannot identify", "unknown")
+
+
+def _pil_kind(exc: BaseException) -> str:
+    from PIL import Image
+
+    if isinstance(exc, (Image.UnidentifiedImageError, ImportError, NotImplementedError)):
+        return "support"
+    if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning, MemoryError)):
+        return "limit"
+    text = str(exc).lower()
+    return "support" if any(t in text for t in _SUPPORT_TEXT) else "data"
+
+
+def pil_probe(data: bytes, *, max_pixels: int, decode: bool) -> Probe:
+    """Open ``data`` with PIL: header, pixel count, and with ``decode`` the pixels (JPEG at 1/8 scale)."""
+    from PIL import Image
+
+    if not data:
+        return Probe(False, kind="limit", reason="zero-byte image")
+    limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None  # our own limit decides, below; a worker checks one image at a time
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            img = Image.open(io.BytesIO(data))
+            w, h = img.size
+            if w * h > max_pixels:
+                return Probe(False, img.format or "?", "limit",
+                             f"image of {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels}")
+            fmt = img.format or "?"
+            if decode:
+                if fmt == "JPEG":
+                    img.draft("RGB", (max(1, w // 8), max(1, h // 8)))
+                img.load()
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is a verdict, whatever its class
+        from PIL import Image as _Image
+
+        if isinstance(exc, _Image.UnidentifiedImageError):
+            return Probe(False, kind="support", reason="not an image file PIL knows (no known image format)")
+        return Probe(False, kind=_pil_kind(exc), reason=f"PIL: {short(exc)}")
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+    return Probe(True, fmt)
+
+
+def pil_png(data: bytes) -> bytes:
+    """Re-encode an image PIL reads as PNG: its first frame (or the composite of a layered
+    file), 16-bit scaled to 8, in RGB, RGBA or L."""
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        img = Image.open(io.BytesIO(data))
+        img.load()  # the first frame, or a PSD's composite: never seek (PSD has no frame 0 to seek back to)
+        img = to_8bit(img)
+        out = io.BytesIO()
+        img.save(out, "PNG", compress_level=1)
+    return out.getvalue()
+
+
+def to_8bit(img: Any) -> Any:
+    """``img`` in L, RGB or RGBA with 8 bits per channel; 16-bit and 32-bit grey are scaled, not clipped."""
+    import numpy as np
+    from PIL import Image
+
+    mode = img.mode
+    if mode in ("L", "RGB", "RGBA"):
+        return img
+    if mode.startswith("I;16") or mode == "I":
+        arr = np.asarray(img)
+        arr = arr.astype(np.uint32) >> 8 if mode.startswith("I;16") or arr.max(initial=0) > 255 else arr
+        return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "L")
+    if mode == "F":
+        arr = np.asarray(img, dtype=np.float32)
+        scale = 255.0 if arr.max(initial=0.0) <= 1.0 else 1.0
+        return Image.fromarray(np.clip(arr * scale, 0, 255).astype(np.uint8), "L")
+    if mode in ("1", "LA") and "transparency" not in img.info:
+        return img.convert("L") if mode == "1" else img.convert("RGBA")
+    alpha = mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in img.info
+    return img.convert("RGBA" if alpha else "RGB")
+
+
+class DaliDecoder:
+    """DALI's CPU image decoder over one image at a time, rebuilt after a failure.
+
+    ``available`` is False when DALI cannot be imported or built here; callers then
+    rely on PIL alone.
+    """
+
+    def __init__(self) -> None:
+        self._pipe: Any = None
+        self.available = True
+        try:
+            import nvidia.dali  # noqa: F401
+        except Exception:  # noqa: BLE001 - DALI absent or broken: PIL alone decides
+            self.available = False
+
+    def _build(self) -> Any:
+        from nvidia.dali import fn, pipeline_def, types
+
+        @pipeline_def(batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1)
+        def one_image() -> Any:
+            raw = fn.external_source(name="raw", dtype=types.UINT8, ndim=1)
+            return fn.decoders.image(raw, device="cpu", output_type=types.RGB)
+
+        pipe = one_image()
+        pipe.build()
+        return pipe
+
+    def warm(self) -> None:
+        """Import DALI and build the pipeline (decoding a 2x2 PNG), so the first real image is not slowed."""
+        from PIL import Image
+
+        if self.available:
+            out = io.BytesIO()
+            Image.new("RGB", (2, 2)).save(out, "PNG")
+            self.decode(out.getvalue())
+
+    def decode(self, data: bytes) -> tuple[Any, str]:
+        """(HWC uint8 array, "") when DALI decodes ``data``, else (None, reason)."""
+        if not self.available:
+            return None, "DALI is not available"
+        import numpy as np
+
+        try:
+            if self._pipe is None:
+                self._pipe = self._build()
+            self._pipe.feed_input("raw", [np.frombuffer(data, dtype=np.uint8)])
+            (out,) = self._pipe.run()
+            return np.array(out.as_array()[0]), ""
+        except Exception as exc:  # noqa: BLE001 - any DALI failure is a verdict; the pipeline is rebuilt
+            self._pipe = None
+            return None, f"DALI: {_dali_reason(exc)}"
+
+
+def _dali_reason(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    useful = [ln for ln in lines if "rror" in ln or "ailed" in ln or "nvImageCodec" in ln]
+    text = (useful[-1] if useful else lines[0] if lines else type(exc).__name__)
+    return text[:200]
