@@ -120,6 +120,8 @@ class _Epoch:
         self.batch_size, self.seed, self.epoch = batch_size, seed, epoch
         self.fields = _fields(plan, program)
         self.fast = fast_program(program)
+        self.constants = {f.name: _constants(f.normalize, f.normalize["layout"] == "CHW")
+                          for f in self.fields if f.normalize}
         self.chunk = max(1, math.ceil(batch_size / (2 * threads)))
         self._fds: dict[int, int] = {}
         self._fd_lock = threading.Lock()
@@ -183,18 +185,17 @@ class _Epoch:
                 elif f.normalize is None:
                     np.copyto(arrays[f.name][i], value)
                 else:
-                    self._normalize_into(arrays[f.name][i], value, f.normalize)
+                    self._normalize_into(arrays[f.name][i], value, f.name)
 
-    def _normalize_into(self, out: np.ndarray, pixels: np.ndarray, params: dict[str, Any]) -> None:
+    def _normalize_into(self, out: np.ndarray, pixels: np.ndarray, name: str) -> None:
         """``normalize`` of one image's uint8 HWC pixels into its slot of the batch, in NumPy.
 
         NumPy (which releases the GIL) rather than torch, so the pool's threads do not each
         start torch's intra-op threads; the arithmetic is :func:`_normalized`'s, bit for bit.
         """
-        chw = params["layout"] == "CHW"
-        mean, inv = _constants(params, chw)
+        mean, inv = self.constants[name]
         dst = out if out.dtype == np.float32 else self._scratch(out.shape)
-        np.copyto(dst, pixels.transpose(2, 0, 1) if chw else pixels, casting="unsafe")
+        np.copyto(dst, pixels.transpose(2, 0, 1) if mean.ndim == 3 else pixels, casting="unsafe")
         np.subtract(dst, mean, out=dst)
         np.multiply(dst, inv, out=dst)
         if dst is not out:
