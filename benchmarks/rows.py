@@ -32,7 +32,8 @@ def feedfast_dali(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
     """feedfast.DataLoader on imagenet-train, DALI CPU."""
     import feedfast
 
-    loader = feedfast.DataLoader(SPEC, shards=shards, batch_size=batch, num_workers=workers, placement="cpu")
+    loader = feedfast.DataLoader(SPEC, shards=shards, batch_size=batch, num_workers=workers, placement="cpu",
+                                 backend="dali")
     return _forever(lambda: loader)
 
 
