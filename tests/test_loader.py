@@ -111,11 +111,11 @@ def test_state_dict_resumes_mid_epoch_and_across_the_epoch_boundary(small_spec: 
 
 
 def test_close_and_context_manager(small_spec: dict, shards: list[str]) -> None:
-    with _loader(small_spec, shards) as loader:
+    with _loader(small_spec, shards, backend="dali") as loader:
         it = iter(loader)
         next(it)
-        assert loader._pipe is not None and loader._producer is not None and loader._producer.alive
-    assert loader._pipe is None and loader._producer is None
+        assert loader.source.pipe is not None and loader._producer is not None and loader._producer.alive
+    assert loader.source.pipe is None and loader._producer is None
     assert sum(1 for _ in loader) == 6  # usable again after close
 
 

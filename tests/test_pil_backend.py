@@ -121,7 +121,7 @@ def test_host_ops_on_the_label_component(shards: list[str]) -> None:
 @pytest.mark.parametrize("rank,world,policy", [(0, 1, "pad"), (0, 3, "partial"), (2, 3, "drop")])
 def test_same_batches_of_keys_as_the_dali_loader(small_spec: dict, shards: list[str], rank: int, world: int,
                                                  policy: str) -> None:
-    loader = feedfast.DataLoader(small_spec, shards=shards, rank=rank, world_size=world, last_batch=policy,
+    loader = feedfast.DataLoader(small_spec, shards=shards, rank=rank, world_size=world, last_batch=policy, backend="dali",
                                  num_workers=2)
     dali = []
     for _ in loader:
@@ -179,7 +179,7 @@ def _reference(jpeg: bytes) -> np.ndarray:
 def val_runs(shards: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One epoch of the val pipeline (resize 40, crop 32) through DALI and PIL, and the reference."""
     overrides = [f"pipeline.image[1].size={RESIZE}", f"pipeline.image[2].size={CROP}"]
-    loader = feedfast.DataLoader(VAL, shards=shards, overrides=overrides, batch_size=8, placement="cpu",
+    loader = feedfast.DataLoader(VAL, shards=shards, overrides=overrides, batch_size=8, placement="cpu", backend="dali",
                                  num_workers=2, cache_dir=tmp_path_factory.getbasetemp() / "ffcache")
     dali, keys = [], []
     for images, _ in loader:
@@ -262,7 +262,7 @@ def test_a_corrupt_jpeg_raises_sample_error_naming_shard_and_key(tmp_path: Path,
 # --- through feedfast.DataLoader(backend="pil") ----------------------------------------------
 
 def test_dataloader_pil_backend_matches_dali_samples_and_resumes(small_spec: dict, shards: list[str]) -> None:
-    dali = feedfast.DataLoader(small_spec, shards=shards, num_workers=1)
+    dali = feedfast.DataLoader(small_spec, shards=shards, num_workers=1, backend="dali")
     pil = feedfast.DataLoader(small_spec, shards=shards, backend="pil", num_workers=0)
     d_keys, p_batches = [], []
     for _ in dali:

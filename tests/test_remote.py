@@ -60,6 +60,7 @@ def _epoch(loader: feedfast.DataLoader) -> Batches:
 
 def _run(spec: dict, shards: Any, epochs: int = 1, **kw: Any) -> Batches:
     kw.setdefault("num_workers", 2)
+    kw.setdefault("backend", "dali")  # local and remote runs through the same backend
     loader = feedfast.DataLoader(spec, shards=shards, **kw)
     out = [b for _ in range(epochs) for b in _epoch(loader)]
     loader.close()

@@ -66,6 +66,10 @@ class Plan:
     consumer: str = "cpu"
     passes: list[str] = field(default_factory=list)
 
+    def deferred_outputs(self) -> dict[str, dict[str, Any]]:
+        """Output fields whose ``normalize`` runs on the consumer's device after the copy, with its parameters."""
+        return {name: self.nodes[nid].params for name, nid in self.outputs.items() if self.nodes[nid].deferred}
+
     def consumers(self, node_id: int) -> list[Node]:
         """The nodes that read ``node_id``'s output."""
         return [n for n in self.nodes if node_id in n.inputs]

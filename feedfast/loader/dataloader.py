@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import threading
 from pathlib import Path
 from typing import Any, Iterator, Sequence, cast
@@ -14,11 +13,13 @@ from feedfast import _env
 from feedfast.compile.plan import Plan, build_plan
 from feedfast.errors import UserError
 from feedfast.loader.ahead import Ahead
+from feedfast.loader.backends import DaliSource, EpochSource, ProgramSource, choose_backend
 from feedfast.loader.devices import DeviceLayer, delivery_here, layer_for
-from feedfast.loader.epoch import Batch, EpochPipe, make_pipeline, release_memory, run_epoch
+from feedfast.loader.epoch import Batch
 from feedfast.loader.options import at_least_zero, check_torch_kwargs, positive, settle_spec, threads_for
 from feedfast.loader.prefetch import PinnedRing
 from feedfast.loader.state import STATE_VERSION, check_state, decode_checkpoint, encode_checkpoint
+from feedfast.ops.color import normalize_tensor
 from feedfast.sources.assign import EpochPlan, plan_epoch
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.mix import mixed_epoch, open_dataset
@@ -46,7 +47,8 @@ class DataLoader:
         batch_size: overrides the spec's batch size.
         shuffle: True shuffles shard order per epoch and samples in a buffer.
         drop_last: True drops incomplete batches (``last_batch: drop``).
-        num_workers: DALI CPU threads (0 means 1); default: all cores.
+        num_workers: CPU threads of the ``dali`` and ``threads`` backends (0 means 1), worker
+            processes of the ``pil`` backend; default: all usable cores.
         pin_memory: stage CUDA copies in pinned memory (default True).
         prefetch_factor: batches made ahead of the training step on the loader's background
             thread, and DALI's queue depth (default 2).
@@ -63,9 +65,10 @@ class DataLoader:
         on_error: ``raise`` (default: the spec's) or ``skip``: check images once and leave
             undecodable ones out, counted (see :mod:`feedfast.sources.validate`).
         max_pixels: images with more pixels are bad (default 89,478,485, PIL's limit).
-        backend: ``dali`` (default) or ``pil``: the portable backend, PIL in torch
-            DataLoader worker processes (``num_workers`` of them), for machines without
-            DALI; the same samples per rank and epoch, on the CPU.
+        backend: ``auto`` (default): ``threads`` for a CPU-placed plan over local shards whose
+            ops the threaded path runs, else ``dali``; ``dali``; ``threads`` (pillow-simd in
+            threads, reduced-size JPEG decode); or ``pil`` (PIL in torch DataLoader worker
+            processes, the portable backend). See :mod:`feedfast.loader.backends`.
         cache_limit: bytes the cache of whole remote shards (``pipe:`` shards, and http
             ones under ``on_error='skip'``) may hold; least recently used go first
             (default: no limit; see :mod:`feedfast.sources.cache`).
@@ -83,7 +86,7 @@ class DataLoader:
         device: str | torch.device | None = None, placement: str | None = None, last_batch: str | None = None,
         rank: int | None = None, world_size: int | None = None, overrides: Sequence[str] = (),
         cache_dir: str | os.PathLike[str] | None = None, pin_memory_device: str | None = None,
-        on_error: str | None = None, max_pixels: int | None = None, backend: str = "dali",
+        on_error: str | None = None, max_pixels: int | None = None, backend: str = "auto",
         cache_limit: int | None = None, remote_retries: int | None = None, **torch_kwargs: Any,
     ) -> None:
         check_torch_kwargs(torch_kwargs)
@@ -94,10 +97,7 @@ class DataLoader:
         self.rank, self.world = (dr if rank is None else rank), (dw if world_size is None else world_size)
         if not 0 <= self.rank < self.world:
             raise UserError(f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world}")
-        if backend not in ("dali", "pil"):
-            raise UserError(f"backend must be 'dali' or 'pil', got {backend!r}")
-        self.backend = backend
-        if backend == "pil":
+        if backend in ("threads", "pil"):
             from feedfast.compile.pil import compile_pil
 
             compile_pil(self.spec)  # an op without a PIL form fails here, not mid-epoch
@@ -106,8 +106,8 @@ class DataLoader:
         self.device = delivery.device
         self.device_id = delivery.device_id  # DALI's GPU: the same index as the output tensors and streams
         consumer = "cpu" if backend == "pil" else self.device.type
-        self.workers = 0 if num_workers is None and backend == "pil" else (num_workers or 0)
         self.plan: Plan = build_plan(self.spec, device=delivery.placement, consumer=consumer)
+        self._deferred = self.plan.deferred_outputs()
         if on_error is not None and on_error not in ("raise", "skip"):
             raise UserError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.spec = self.spec.replace(on_error=on_error) if on_error else self.spec
@@ -121,8 +121,7 @@ class DataLoader:
         self._lock = threading.Lock()  # the Mix draws, which the producer and the caller both read
         self._mix, base = open_dataset(shards, self.spec, self._cache_dir, **open_kw)
         self.shards: ShardSet = self.shards_for(0) if self._mix else cast(ShardSet, base)
-        if backend == "pil" and any(k != "file" for k in self.shards.read_kinds):
-            raise UserError("backend='pil' reads local shards only; use backend='dali' for remote shards")
+        self.backend = choose_backend(backend, self.plan, self.shards)
         self._check_size()
         # slots: the producer's queue (prefetch), the batch being made, and one spare
         self.ring = PinnedRing(self.device, depth=self.prefetch + 2, pin=pin_memory, layer=self._layer())
@@ -134,9 +133,25 @@ class DataLoader:
         self._step = 0
         self._checkpoint: str | None = None  # the backend's state after the last batch handed to the caller
         self._producer: Ahead[Batch] | None = None  # the background thread of the open epoch
-        self._pipe: EpochPipe | None = None  # the DALI pipeline of the open epoch (owned by the producer)
-        self._open = False  # an epoch was started and not closed (either backend)
-        self._ahead: EpochPipe | None = None  # the next epoch's pipeline, built by the producer
+        self._open = False  # an epoch was started and not closed
+        self.source: EpochSource = self._source(num_workers)
+
+    def _source(self, num_workers: int | None) -> EpochSource:
+        """The backend's epoch source (see :mod:`feedfast.loader.backends`)."""
+        common: dict[str, Any] = dict(rank=self.rank, world=self.world, batch_size=self.spec.batch_size,
+                                      seed=self.spec.seed, prefetch=self.prefetch)
+        if self.backend == "dali":
+            return DaliSource(self.plan, self.shards_for, self.ring, threads=self.threads, device_id=self.device_id,
+                              plan_for=self.epoch_plan, keep_pools=self.plan.placement == "gpu", **common)
+        if self.backend == "threads":
+            from feedfast.loader.thread_epoch import run_thread_epoch
+
+            return ProgramSource("threads", run_thread_epoch, self.plan, self.shards_for, workers=self.threads,
+                                 **common)
+        from feedfast.loader.pil_epoch import run_pil_epoch
+
+        workers = self.threads if num_workers is None else num_workers  # 0: in this process, as in torch
+        return ProgramSource("pil", run_pil_epoch, self.plan, self.shards_for, workers=workers, **common)
 
     def _layer(self) -> DeviceLayer:
         """The device layer of the batches' device (tests replace it with a stand-in)."""
@@ -193,31 +208,14 @@ class DataLoader:
 
     def _batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Batch]:
         """The epoch's batches, made on the producer thread (see :mod:`feedfast.loader.ahead`)."""
-        if self.backend == "pil":
-            from feedfast.loader.pil_epoch import run_pil_epoch
+        for batch in self.source.batches(epoch, ep, start, checkpoint):
+            yield batch if batch.ready is not None else self._upload_host(batch)
 
-            for batch in run_pil_epoch(self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world,
-                                       batch_size=self.spec.batch_size, workers=self.workers, seed=self.spec.seed,
-                                       epoch=epoch, start=start, prefetch_factor=self.prefetch):
-                yield self._upload_host(batch)
-            return
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and (ahead.epoch, start, checkpoint) == (epoch, 0, None):
-            pipe = ahead
-        else:
-            self._drop(ahead)
-            pipe = self._build(epoch, ep, start, checkpoint)
-        self._pipe = pipe
-        try:
-            rng = random.Random(f"{self.spec.seed}/{epoch}/{self.rank}/{start}")
-            for batch in run_epoch(pipe, self.plan, ep, self.ring, rng, self.shards_for(epoch)):
-                if pipe.all_scheduled and self._ahead is None:
-                    self._prepare(epoch + 1)
-                yield batch
-        finally:
-            self.ring.drain()  # the side stream may still read DALI's buffers
-            self._pipe = None
-            self._drop(pipe)
+    def _normalize(self, fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The cheap-transfer pass's ``normalize``, on the side stream after the uint8 copy."""
+        for name, params in self._deferred.items():
+            fields[name] = normalize_tensor(fields[name], params)
+        return fields
 
     def _upload_host(self, batch: Batch) -> Batch:
         """A batch of host tensors (a backend without a device stage) staged and copied through the ring."""
@@ -225,29 +223,10 @@ class DataLoader:
         host = {k: v for k, v in batch.fields.items() if isinstance(v, torch.Tensor)}
         if self.ring.cuda:
             host = {k: self.ring.staging(slot, k, tuple(v.shape), v.dtype).copy_(v) for k, v in host.items()}
-        ready = self.ring.upload(slot, host)
+        ready = self.ring.upload(slot, host, on_device=self._normalize if self._deferred else None)
         batch.fields.update(ready.tensors)
         batch.ready = ready
         return batch
-
-    def _build(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> EpochPipe:
-        return make_pipeline(
-            self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world, batch_size=self.spec.batch_size,
-            threads=self.threads, device_id=self.device_id, seed=self.spec.seed, epoch=epoch,
-            prefetch=self.prefetch, checkpoint=checkpoint, start=start,
-        )
-
-    def _prepare(self, epoch: int) -> None:
-        """Build the next epoch's pipeline and start it while this epoch's last batches finish.
-
-        Training loops iterate epoch after epoch, so the next epoch's first batches are
-        decoded while the current epoch drains instead of after it. If the next iteration
-        asks for another epoch (``set_epoch``) or never comes, the prepared pipeline is
-        dropped; the cost is at most ``prefetch_factor`` batches of decoding.
-        """
-        ahead = self._build(epoch, self.epoch_plan(epoch), 0, None)
-        ahead.prefetch()
-        self._ahead = ahead
 
     def _iterate(self) -> Iterator[Any]:
         # runs at the first next(), like torch's DataLoader: a set_epoch after iter() counts
@@ -300,14 +279,16 @@ class DataLoader:
         return [{"shard": s, "key": k, "reason": r} for s, k, r in self.shards.skipped]
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-safe state to resume from: epoch, step, seed, and DALI's checkpoint.
+        """JSON-safe state to resume from: epoch, step, seed, backend, and DALI's checkpoint.
 
-        Taken after an epoch's last batch, it points at the start of the next epoch.
+        It describes the point after the last batch handed to the caller, however many
+        batches the loader made ahead. Taken after an epoch's last batch, it points at the
+        start of the next epoch.
         """
         mid = self._open and 0 < self._step < self.epoch_plan().steps
         return {
             "version": STATE_VERSION, "epoch": self.epoch, "step": self._step if mid else 0,
-            "seed": self.spec.seed, "rank": self.rank, "world_size": self.world,
+            "seed": self.spec.seed, "rank": self.rank, "world_size": self.world, "backend": self.backend,
             "dali": encode_checkpoint(self._checkpoint) if mid and self._checkpoint else None,
             "stats": self.stats(),
         }
@@ -315,6 +296,10 @@ class DataLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields what the interrupted run would have yielded next."""
         check_state(state, seed=self.spec.seed, rank=self.rank, world=self.world)
+        saved = state.get("backend", "dali" if state.get("dali") else self.backend)
+        if saved != self.backend:
+            raise UserError(f"this state was taken with backend={saved!r} and this loader uses {self.backend!r}: the "
+                            f"two draw different orders and augmentations; pass backend={saved!r} to resume it")
         self.epoch = int(state["epoch"])
         self._stats = {k: v for k, v in state["stats"].items() if k != "converted"}
         if state["dali"]:
@@ -323,23 +308,14 @@ class DataLoader:
             self._resume = (int(state["step"]), None) if state["step"] else None
 
     def close(self) -> None:
-        """Stop the background thread, release the DALI pipelines and pooled memory (iteration can start again)."""
+        """Stop the background thread, release the backend's pipelines and pooled memory (iteration can start again)."""
         self._close_current()
-        ahead, self._ahead = self._ahead, None
-        self._drop(ahead)
-        if self.plan.placement == "gpu":
-            release_memory(None)  # the pools kept across epochs on the GPU
+        self.source.close()
 
     def _close_current(self) -> None:
         producer, self._producer, self._open = self._producer, None, False
         if producer is not None:
             producer.close()  # the producer destroys its pipeline on its way out
-
-    def _drop(self, ep_pipe: EpochPipe | None) -> None:
-        """Destroy a pipeline; on the CPU also give back DALI's pools (a GPU keeps them across epochs)."""
-        if ep_pipe is not None:
-            pipe, ep_pipe.pipe = ep_pipe.pipe, None
-            release_memory(pipe, pools=self.plan.placement != "gpu")
 
     def __enter__(self) -> "DataLoader":
         return self

@@ -1,0 +1,175 @@
+"""The backends behind one small interface: an epoch source makes one rank's batches of an epoch.
+
+=========  ==========================================================  ==========================
+backend    what makes the batches                                      resumes from
+=========  ==========================================================  ==========================
+dali       a DALI pipeline per epoch (CPU or GPU placement); local,    DALI's checkpoint
+           s3/gs (DALI's reader) and http/pipe (the stream transport)
+threads    pillow-simd in threads, reduced-size JPEG decode, one       the step (per-sample RNG)
+           crop-and-resize call per image (:mod:`.thread_epoch`)
+pil        the PIL program in torch DataLoader worker processes        the step (per-sample RNG)
+=========  ==========================================================  ==========================
+
+``threads`` and ``pil`` give the same samples, crops and flips for a (seed, epoch, rank);
+``dali`` gives the same samples per epoch and rank but its own order within its shuffle buffer
+and its own augmentation draws. :func:`choose_backend` picks ``threads`` for a CPU-placed plan
+over local shards whose ops it runs, else ``dali``.
+
+Every source's :meth:`EpochSource.batches` runs on the loader's producer thread
+(:mod:`feedfast.loader.ahead`); a batch whose ``ready`` is None holds host tensors that the
+loader then copies through the pinned ring.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable, Iterator, Protocol
+
+from feedfast.compile.plan import Plan
+from feedfast.errors import UserError
+from feedfast.loader.epoch import Batch, EpochPipe, make_pipeline, release_memory, run_epoch
+from feedfast.loader.prefetch import PinnedRing
+from feedfast.sources.assign import EpochPlan
+from feedfast.sources.dataset import ShardSet
+
+BACKENDS = ("auto", "dali", "threads", "pil")
+
+
+class EpochSource(Protocol):
+    """One backend: the batches of one rank's epoch from a step on, and what it holds between epochs."""
+
+    name: str
+
+    def batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Batch]:
+        """Batches of ``epoch`` from step ``start``; ``checkpoint`` is a state this source wrote in a Batch."""
+        ...
+
+    def close(self) -> None:
+        """Release what the source holds between epochs (threads, pipelines, pooled memory)."""
+        ...
+
+
+class DaliSource:
+    """A DALI pipeline per epoch; the next epoch's is built and started while this one drains.
+
+    Args:
+        plan: the compiled plan (its placement decides CPU or GPU operators).
+        shards_for: the dataset of an epoch (a :class:`~feedfast.Mix` draws one per epoch).
+        ring: the pinned ring that moves outputs to the consumer's device.
+        device_id: DALI's GPU, or None for a CPU pipeline.
+        keep_pools: keep DALI's memory pools across epochs (on a GPU: nvJPEG's pools are not rebuilt).
+    """
+
+    name = "dali"
+
+    def __init__(self, plan: Plan, shards_for: Callable[[int], ShardSet], ring: PinnedRing, *, rank: int, world: int,
+                 batch_size: int, threads: int, device_id: int | None, seed: int, prefetch: int,
+                 plan_for: Callable[[int], EpochPlan], keep_pools: bool) -> None:
+        self.plan, self.shards_for, self.ring, self.plan_for = plan, shards_for, ring, plan_for
+        self.rank, self.world, self.batch_size, self.threads = rank, world, batch_size, threads
+        self.device_id, self.seed, self.prefetch, self.keep_pools = device_id, seed, prefetch, keep_pools
+        self.pipe: EpochPipe | None = None  # the open epoch's pipeline
+        self.ahead: EpochPipe | None = None  # the next epoch's, started early
+
+    def batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Batch]:
+        """The epoch's batches, each with DALI's checkpoint after it."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and (ahead.epoch, start, checkpoint) == (epoch, 0, None):
+            pipe = ahead
+        else:
+            self._drop(ahead)
+            pipe = self._build(epoch, ep, start, checkpoint)
+        self.pipe = pipe
+        try:
+            rng = random.Random(f"{self.seed}/{epoch}/{self.rank}/{start}")
+            for batch in run_epoch(pipe, self.plan, ep, self.ring, rng, self.shards_for(epoch)):
+                if pipe.all_scheduled and self.ahead is None:
+                    self._prepare(epoch + 1)
+                yield batch
+        finally:
+            self.ring.drain()  # the side stream may still read DALI's buffers
+            self.pipe = None
+            self._drop(pipe)
+
+    def _build(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> EpochPipe:
+        return make_pipeline(
+            self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world, batch_size=self.batch_size,
+            threads=self.threads, device_id=self.device_id, seed=self.seed, epoch=epoch,
+            prefetch=self.prefetch, checkpoint=checkpoint, start=start,
+        )
+
+    def _prepare(self, epoch: int) -> None:
+        """Build the next epoch's pipeline and start it while this epoch's last batches finish.
+
+        Training loops iterate epoch after epoch, so the next epoch's first batches are
+        decoded while the current epoch drains instead of after it. If the next iteration
+        asks for another epoch (``set_epoch``) or never comes, the prepared pipeline is
+        dropped; the cost is at most ``prefetch_factor`` batches of decoding.
+        """
+        ahead = self._build(epoch, self.plan_for(epoch), 0, None)
+        ahead.prefetch()
+        self.ahead = ahead
+
+    def _drop(self, ep_pipe: EpochPipe | None) -> None:
+        if ep_pipe is not None:
+            pipe, ep_pipe.pipe = ep_pipe.pipe, None
+            release_memory(pipe, pools=not self.keep_pools)
+
+    def close(self) -> None:
+        """Drop the prepared pipeline and give back DALI's pooled memory."""
+        ahead, self.ahead = self.ahead, None
+        self._drop(ahead)
+        if self.keep_pools:
+            release_memory(None)
+
+
+class ProgramSource:
+    """A PIL program per sample: in threads (``threads``) or in DataLoader worker processes (``pil``).
+
+    Args:
+        name: the backend's name.
+        run: :func:`~feedfast.loader.thread_epoch.run_thread_epoch` or
+            :func:`~feedfast.loader.pil_epoch.run_pil_epoch` (one signature).
+    """
+
+    def __init__(self, name: str, run: Callable[..., Iterator[Batch]], plan: Plan,
+                 shards_for: Callable[[int], ShardSet], *, rank: int, world: int, batch_size: int, workers: int,
+                 seed: int, prefetch: int) -> None:
+        self.name, self.run, self.plan, self.shards_for = name, run, plan, shards_for
+        self.rank, self.world, self.batch_size = rank, world, batch_size
+        self.workers, self.seed, self.prefetch = workers, seed, prefetch
+
+    def batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Batch]:
+        """The epoch's batches of host tensors; the state after each is its step (kept by the loader)."""
+        yield from self.run(self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world,
+                       batch_size=self.batch_size, workers=self.workers, seed=self.seed, epoch=epoch, start=start,
+                       prefetch_factor=self.prefetch)
+
+    def close(self) -> None:
+        """Nothing is held between epochs (each epoch's threads or processes end with it)."""
+        return None
+
+
+def choose_backend(requested: str, plan: Plan, shards: ShardSet) -> str:
+    """The backend for ``requested`` (``auto``: ``threads`` where it applies, else ``dali``).
+
+    ``threads`` and ``pil`` run on the CPU over local shards; ``auto`` also needs every op of
+    the spec on the threaded fast path and a PIL that imports.
+    """
+    if requested not in BACKENDS:
+        raise UserError(f"backend must be one of {', '.join(repr(b) for b in BACKENDS)}, got {requested!r}")
+    local = all(kind == "file" for kind in shards.read_kinds)
+    if requested in ("threads", "pil"):
+        if not local:
+            raise UserError(f"backend={requested!r} reads local shards only; use backend='dali' for remote shards")
+        if plan.placement != "cpu":
+            raise UserError(f"backend={requested!r} runs on the CPU: use placement='cpu' (or backend='dali')")
+        return requested
+    if requested == "dali" or plan.placement != "cpu" or not local:
+        return "dali"
+    try:
+        from feedfast.loader.thread_epoch import fast_path_supported
+    except ImportError:  # no PIL
+        return "dali"
+    return "threads" if fast_path_supported(plan) else "dali"
+
