@@ -29,6 +29,7 @@ from feedfast.cli.advice import step_recommendation
 from feedfast.cli.common import check_positive, demo_shards, find_spec, gpu_cell, table, write_json
 from feedfast.cli.measure import Ownership, RunPlan, combine_runs, forever, timed_run
 from feedfast.errors import UserError
+from feedfast.loader.backends import BACKENDS
 
 EXAMPLES = """examples:
   feedfast bench                                   # demo dataset, imagenet-train
@@ -66,7 +67,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--on-error", choices=("raise", "skip"), default=None,
                    help="undecodable samples: stop with an error naming them, or skip and count them "
                         "(default: the spec's source.on_error)")
-    p.add_argument("--backend", choices=("dali", "pil"), default="dali", help="pipeline backend (default dali)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="pipeline backend (default auto: what feedfast.DataLoader picks for the plan)")
     p.add_argument("--json", dest="json_path", default=None,
                    help="write figures as JSON (- for stdout, instead of the table)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -161,7 +163,7 @@ def _result(figs: dict[str, Any], loader: Any, spec_path: Any) -> dict[str, Any]
                                 "wait_ms_per_batch", "stall_fraction", "verdict")}
     res.update(mb_per_s=figs["samples_per_s"] * per_sample / 1e6, skipped=stats["skipped"], padded=stats["padded"],
                gpu_util=figs["gpu_util"], gpu_status=figs["gpu_status"], spec=str(spec_path),
-               placement=loader.plan.placement, threads=loader.threads, batch_size=loader.spec.batch_size,
+               placement=loader.plan.placement, backend=loader.backend, threads=loader.threads, batch_size=loader.spec.batch_size,
                shards=len(loader.shards.paths), converted=stats["converted"],
                skipped_samples=loader.skipped_samples()[:1000])  # shard, key, reason; first 1,000
     return res
@@ -201,7 +203,7 @@ def compare_figures(baseline: Contender, runs: dict[str, dict[str, Any]], *, ste
 
 def _print(res: dict[str, Any]) -> None:
     rows = [
-        ("spec", res["spec"]), ("placement", f"{res['placement']} ({res['threads']} threads)"),
+        ("spec", res["spec"]), ("placement", f"{res['placement']}, {res['backend']} backend ({res['threads']} threads)"),
         ("samples/s", _rate(res)), ("MB/s read", f"{res['mb_per_s']:.1f}"),
         ("batches", res["batches"]), ("samples delivered", res["samples"]),
         ("time to first batch", f"{res['time_to_first_batch_s']:.2f} s"),
