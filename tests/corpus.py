@@ -57,3 +57,106 @@ def write_corpus(out: Path) -> Path:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return path
+
+
+# --- hostile corpus: many formats, odd and broken, packed as a crawl packs them ---------------
+
+def _png_with_bad_idat_crc(img: Image.Image) -> bytes:
+    """A PNG whose IDAT checksum is wrong: PIL reads it (it does not check IDAT CRCs), libpng (DALI) refuses."""
+    data = bytearray(_enc(img, "PNG"))
+    at = data.index(b"IDAT")
+    length = int.from_bytes(data[at - 4:at], "big")
+    crc = at + 4 + length
+    data[crc:crc + 4] = bytes(b ^ 0xFF for b in data[crc:crc + 4])
+    return bytes(data)
+
+
+def _psd(img: Image.Image) -> bytes:
+    """A minimal RGB Photoshop file: header, empty sections, raw composite image data."""
+    rgb = np.asarray(img.convert("RGB"))
+    h, w, _ = rgb.shape
+    head = b"8BPS" + (1).to_bytes(2, "big") + bytes(6) + (3).to_bytes(2, "big") + h.to_bytes(4, "big") + \
+        w.to_bytes(4, "big") + (8).to_bytes(2, "big") + (3).to_bytes(2, "big")
+    sections = bytes(4) + bytes(4) + bytes(4)  # colour mode data, image resources, layer and mask info
+    planes = b"".join(rgb[:, :, c].tobytes() for c in range(3))
+    return head + sections + (0).to_bytes(2, "big") + planes
+
+
+def _dds_unimplemented() -> bytes:
+    """A DDS header announcing DXGI format 93 (BC7-ish family PIL does not implement)."""
+    header = bytearray(124)
+    header[0:4] = (124).to_bytes(4, "little")
+    header[4:8] = (0x1007).to_bytes(4, "little")
+    header[8:12] = (16).to_bytes(4, "little")
+    header[12:16] = (16).to_bytes(4, "little")
+    pf = 72  # pixel format offset within the header
+    header[pf:pf + 4] = (32).to_bytes(4, "little")
+    header[pf + 4:pf + 8] = (0x4).to_bytes(4, "little")  # DDPF_FOURCC
+    header[pf + 8:pf + 12] = b"DX10"
+    dx10 = (93).to_bytes(4, "little") + (3).to_bytes(4, "little") + bytes(4) + (1).to_bytes(4, "little") + bytes(4)
+    return b"DDS " + bytes(header) + dx10 + bytes(256)
+
+
+def _animated_gif(seed: int) -> bytes:
+    frames = [_photo(seed + i).convert("P") for i in range(3)]
+    b = io.BytesIO()
+    frames[0].save(b, "GIF", save_all=True, append_images=frames[1:], duration=50, loop=0)
+    return b.getvalue()
+
+
+def _multipage_tiff(seed: int) -> bytes:
+    frames = [_photo(seed + i) for i in range(2)]
+    b = io.BytesIO()
+    frames[0].save(b, "TIFF", save_all=True, append_images=frames[1:])
+    return b.getvalue()
+
+
+def _gradient16() -> Image.Image:
+    """A 16-bit grey gradient whose mean is 0.5 of full scale."""
+    ramp = np.linspace(0, 65535, 64).round().astype("uint16")
+    return Image.fromarray(np.tile(ramp, (48, 1)))
+
+
+def hostile_images() -> dict[str, tuple[bytes, str]]:
+    """{key: (bytes, expected)}: expected is ``delivered`` or ``skipped`` (under on_error: skip).
+
+    Every file is stored as ``<key>.jpg`` whatever its format, as a crawl stores it.
+    """
+    rgb = _photo(7, 64, 48)
+    jpeg = _enc(rgb, "JPEG", quality=90)
+    delivered = {
+        "jpeg": jpeg, "jpeg_cmyk": _enc(rgb.convert("CMYK"), "JPEG"), "jpeg_gray": _enc(rgb.convert("L"), "JPEG"),
+        "jpeg_progressive": _enc(rgb, "JPEG", progressive=True),
+        "jpeg_bad_exif": jpeg[:2] + b"\xff\xe1\x00\x10Exif\x00\x00MM\x00*\x00\x00\x00\xff" + jpeg[2:],
+        "png16": _enc(_gradient16(), "PNG"), "png_palette": _enc(rgb.convert("P"), "PNG"),
+        "png_la": _enc(rgb.convert("LA"), "PNG"), "png_rgba": _enc(rgb.convert("RGBA"), "PNG"),
+        "png_bad_crc": _png_with_bad_idat_crc(rgb),
+        "gif": _enc(rgb.convert("P"), "GIF"), "gif_animated": _animated_gif(3),
+        "tiff": _enc(rgb, "TIFF"), "tiff_pages": _multipage_tiff(5), "bmp": _enc(rgb, "BMP"),
+        "ppm": _enc(rgb, "PPM"), "pgm": _enc(rgb.convert("L"), "PPM"), "tga": _enc(rgb, "TGA"),
+        "sgi": _enc(rgb, "SGI"), "pcx": _enc(rgb, "PCX"), "ico": _enc(rgb, "ICO", sizes=[(32, 32)]),
+        "dds": _enc(rgb.convert("RGBA"), "DDS"), "qoi": _enc(rgb, "QOI"), "im": _enc(rgb, "IM"),
+        "psd": _psd(rgb),
+    }
+    skipped = {
+        "zero": b"", "garbage": b"<html>404 not found</html>" * 3,
+        "jpeg_truncated": jpeg[: len(jpeg) // 2], "png_truncated": _enc(rgb, "PNG")[:300],
+        "gif_truncated": _animated_gif(3)[:400], "tga_truncated": _enc(rgb, "TGA")[:2000],
+        "sgi_truncated": _enc(rgb, "SGI")[:2000], "dds_dxgi93": _dds_unimplemented(),
+        "junk_before_soi": b"\x00\x00" + jpeg, "bomb": _enc(Image.new("L", (3000, 3000)), "PNG"),
+    }
+    return {**{k: (v, "delivered") for k, v in delivered.items()}, **{k: (v, "skipped") for k, v in skipped.items()}}
+
+
+def write_hostile(out: Path, keys: list[str] | None = None, name: str = "hostile-0000.tar") -> Path:
+    """A shard of ``<key>.jpg`` + ``<key>.cls`` samples from :func:`hostile_images` (all, or ``keys``)."""
+    images = hostile_images()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    with tarfile.open(path, "w") as tar:
+        for i, key in enumerate(keys or list(images)):
+            for member, data in ((f"{key}.jpg", images[key][0]), (f"{key}.cls", str(i).encode())):
+                info = tarfile.TarInfo(member)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path

@@ -179,3 +179,12 @@ def find_bad_image(paths: list[str], index_paths: list[str], image_exts: list[se
             if v.status != "ok":
                 return path, key, f"{name}: {v.reason}"
     return None
+
+
+def image_reason(path: str, index_path: str, key: str, image_exts: list[set[str]], max_pixels: int) -> str | None:
+    """Why the sample ``key`` of a shard is not ``ok`` for both decoders (None: it is, or it is not listed)."""
+    samples = [s for s in read_index(index_path, path) if s.key == key]
+    for _, name, v in check_members(path, samples, image_exts, max_pixels, True):
+        if v.status != "ok":
+            return f"{name}: {v.reason}"
+    return None

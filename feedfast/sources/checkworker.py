@@ -18,6 +18,7 @@ import atexit
 import logging
 import os
 import pickle
+import re
 import selectors
 import struct
 import subprocess
@@ -80,14 +81,15 @@ class _Worker:
         assert self.proc.stdout is not None
         return _read(self.proc.stdout)
 
-    def drain_log(self, what: str) -> None:
-        """Route what the worker printed since the last call to logging."""
+    def drain_log(self, what: str) -> str:
+        """Route what the worker printed since the last call to logging, and return it."""
         self.log.seek(0)
         text = self.log.read().decode("utf-8", "replace").strip()
         self.log.seek(0)
         self.log.truncate()
         if text:
             log.debug("decoder output while checking %s:\n%s", what, text)
+        return text
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -177,8 +179,7 @@ class CheckPool:
                 w.drain_log("start-up")
                 continue
             if w.job is not None:
-                answers[w.job[0]] = answer
-                w.drain_log(getattr(w, "label", "an image"))
+                answers[w.job[0]] = _with_output(answer, w.drain_log(getattr(w, "label", "an image")))
                 w.job = None
         now = time.monotonic()
         for w in list(self._workers):
@@ -206,6 +207,23 @@ class CheckPool:
         workers, self._workers = self._workers, []
         for w in workers:
             w.kill()
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _with_output(answer: Any, output: str) -> Any:
+    """A failure answer with the decoder's own first error line added (DALI's exception lacks it)."""
+    lines = [_ANSI.sub("", ln).strip() for ln in output.splitlines()]
+    said = next((ln for ln in lines if "[ERROR]" in ln), next((ln for ln in lines if "error" in ln.lower()), ""))
+    if not said:
+        return answer
+    said = said.replace("[ERROR] ", "")[:200]
+    if isinstance(answer, str):
+        return f"{answer} ({said})"
+    if getattr(answer, "status", "ok") not in ("ok", "more"):
+        return type(answer)(answer.status, f"{answer.reason} ({said})")
+    return answer
 
 
 def _registered(sel: selectors.BaseSelector, w: _Worker) -> bool:

@@ -15,6 +15,7 @@ grey is still reported as truncated.
 from __future__ import annotations
 
 import io
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -33,9 +34,10 @@ class Probe:
 
 
 def short(exc: BaseException) -> str:
-    """``Type: first line`` of an exception, at most 200 characters."""
+    """``Type: first line`` of an exception, at most 200 characters (object addresses left out)."""
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
+    line = re.sub(r"\s*<[^<>]* at 0x[0-9a-f]+>", "", text[0] if text else "")
+    return f"{type(exc).__name__}: {line}"[:200]
 
 
 _SUPPORT_TEXT = ("not available", "not supported", "unsupported", "unimplemented", "cannot identify", "unknown")
@@ -176,6 +178,6 @@ class DaliDecoder:
 
 def _dali_reason(exc: BaseException) -> str:
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    useful = [ln for ln in lines if "rror" in ln or "ailed" in ln or "nvImageCodec" in ln]
+    useful = [ln for ln in lines if "nvImageCodec" in ln or "ailed to decode" in ln]
     text = (useful[-1] if useful else lines[0] if lines else type(exc).__name__)
-    return text[:200]
+    return text.rstrip(" :")[:200]

@@ -67,7 +67,7 @@ def check_image(data: bytes, *, max_pixels: int, decode: bool, dali: DaliDecoder
     use_dali = dali is not None and dali.available
     if not use_dali:
         return _pil_only(pil)
-    if pil.ok and not decode:
+    if pil.ok and (not decode or pil.fmt not in DALI_FORMATS):
         return _pil_only(pil)
     if not complete:
         return Verdict("more")
@@ -75,7 +75,8 @@ def check_image(data: bytes, *, max_pixels: int, decode: bool, dali: DaliDecoder
     if pil.ok and not dali_reason:
         return _pil_only(pil)
     if pil.ok:
-        return Verdict("convert", f"{pil.fmt} that {dali_reason.rstrip(' :')} rejects; re-encoded as PNG")
+        return Verdict("convert", f"DALI's CPU decoder rejects this {pil.fmt} ({dali_reason}); PIL reads it: "
+                                  "re-encoded as PNG")
     if not dali_reason and pil.kind == "support":
         return Verdict("convert", f"decoded by DALI only ({pil.reason}); re-encoded as PNG")
     reason = pil.reason if pil.kind == "data" or not dali_reason else f"{pil.reason}; {dali_reason}"
@@ -86,7 +87,7 @@ def _pil_only(pil: Probe) -> Verdict:
     if not pil.ok:
         return Verdict("bad", pil.reason if pil.kind != "data" else f"cannot decode: {pil.reason}")
     if pil.fmt not in DALI_FORMATS:
-        return Verdict("convert", f"{pil.fmt} is not decodable by DALI; re-encoded as PNG")
+        return Verdict("convert", f"{pil.fmt} is not decodable by DALI; PIL reads it: re-encoded as PNG")
     return Verdict("ok")
 
 

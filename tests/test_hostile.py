@@ -1,0 +1,121 @@
+"""A crawl's worth of hostile files: every sample is delivered or accounted for, under both policies and backends."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import feedfast
+from feedfast.errors import FeedfastError, SampleError
+from feedfast.sources.checkworker import CheckPool, Failed
+from tests.corpus import hostile_images, write_hostile
+from tests.helpers import SMALL_SPEC
+
+MAX_PIXELS = 4_000_000
+IMAGES = hostile_images()
+DELIVERED = sorted(k for k, (_, e) in IMAGES.items() if e == "delivered")
+SKIPPED = sorted(k for k, (_, e) in IMAGES.items() if e == "skipped")
+
+
+def _spec(on_error: str) -> dict:
+    spec = copy.deepcopy(SMALL_SPEC)
+    spec["source"] = {"components": {"image": {"ext": "jpg", "kind": "image"}, "label": {"ext": "cls", "kind": "label"}},
+                      "missing": "skip", "on_error": on_error}
+    return spec
+
+
+def _epoch(loader: feedfast.DataLoader) -> dict[str, torch.Tensor]:
+    out = {}
+    for x, _ in loader:
+        for (_, key), img in zip(loader.last_origins[: loader.last_valid], x[: loader.last_valid]):
+            assert key not in out, f"{key} delivered twice"
+            out[key] = img
+    return out
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(write_hostile(tmp_path_factory.mktemp("hostile")))
+
+
+@pytest.mark.parametrize("backend", ["dali", "pil"])
+def test_skip_delivers_every_decodable_file_and_lists_the_rest(hostile: str, backend: str) -> None:
+    t0 = time.monotonic()
+    loader = feedfast.DataLoader(_spec("skip"), shards=hostile, batch_size=4, num_workers=1, backend=backend,
+                                 max_pixels=MAX_PIXELS)
+    delivered = _epoch(loader)
+    assert sorted(delivered) == DELIVERED
+    assert all(torch.isfinite(img).all() for img in delivered.values())
+    report = {r["key"]: r for r in loader.skipped_samples()}
+    assert sorted(report) == SKIPPED
+    assert all(r["shard"] == hostile and r["reason"] for r in report.values())
+    stats = loader.stats()
+    assert stats["delivered"] + stats["skipped"] == len(IMAGES)
+    assert time.monotonic() - t0 < 120
+
+
+# under raise only headers are checked: a file whose header is fine but whose pixels DALI
+# rejects fails its batch and is named (see the last test); every other good file is delivered
+RAISE_DELIVERED = [k for k in DELIVERED if k != "png_bad_crc"]
+
+
+def test_raise_delivers_every_good_file(tmp_path: Path) -> None:
+    shard = str(write_hostile(tmp_path, RAISE_DELIVERED))
+    for backend in ("dali", "pil"):
+        loader = feedfast.DataLoader(_spec("raise"), shards=shard, batch_size=4, num_workers=1, backend=backend)
+        assert sorted(_epoch(loader)) == RAISE_DELIVERED
+
+
+@pytest.mark.parametrize("bad", ["zero", "garbage", "jpeg_truncated", "png_truncated", "gif_truncated",
+                                 "tga_truncated", "sgi_truncated", "dds_dxgi93", "junk_before_soi"])
+def test_raise_names_shard_key_and_reason(tmp_path: Path, bad: str) -> None:
+    shard = str(write_hostile(tmp_path, ["jpeg", bad, "png16"]))
+    with pytest.raises(SampleError) as info:
+        loader = feedfast.DataLoader(_spec("raise"), shards=shard, batch_size=4, num_workers=1)
+        _epoch(loader)
+    assert info.value.shard == shard and info.value.key == bad and info.value.reason
+    assert "Critical error" not in info.value.reason  # the decoder's own reason, not DALI's wrapper
+
+
+def test_raise_under_the_pil_backend_names_shard_and_key(tmp_path: Path) -> None:
+    shard = str(write_hostile(tmp_path, ["jpeg", "jpeg_truncated", "png16"]))
+    with pytest.raises(FeedfastError) as info:
+        _epoch(feedfast.DataLoader(_spec("raise"), shards=shard, batch_size=4, num_workers=0, backend="pil"))
+    assert shard in str(info.value) and "jpeg_truncated" in str(info.value)
+
+
+def test_a_file_dali_rejects_but_pil_reads_is_delivered_under_raise_named_if_not(tmp_path: Path) -> None:
+    shard = str(write_hostile(tmp_path, ["jpeg", "png_bad_crc"]))
+    loader = feedfast.DataLoader(_spec("skip"), shards=shard, batch_size=2, num_workers=1)
+    assert sorted(_epoch(loader)) == ["jpeg", "png_bad_crc"] and loader.stats()["converted"] == 1
+    for seed in (1, 2, 3):  # headers only under raise: whether DALI fails depends on the crop it decodes
+        spec = {**_spec("raise"), "seed": seed}
+        try:
+            delivered = _epoch(feedfast.DataLoader(spec, shards=shard, batch_size=2, num_workers=1))
+        except SampleError as exc:  # traced to the file, with libpng's reason
+            assert exc.key == "png_bad_crc" and exc.shard == shard and "CRC" in exc.reason, str(exc)
+        else:
+            assert sorted(delivered) == ["jpeg", "png_bad_crc"]
+
+
+def test_a_slow_check_is_cut_off_and_reported() -> None:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    big = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (3000, 3000, 3), dtype=np.uint8)).save(big, "PNG")
+    pool = CheckPool(1, seconds=0.05)
+    try:
+        t0 = time.monotonic()
+        slow, fine = list(pool.map([("check", big.getvalue(), 10**8, True), ("check", IMAGES["jpeg"][0], 10**8, True)]))
+        assert isinstance(slow, Failed) and "longer than 0.05 s" in slow.reason
+        assert not isinstance(fine, Failed) or "longer" in fine.reason  # a fresh worker takes the next job
+    finally:
+        pool.close()
+    assert time.monotonic() - t0 < 60
