@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import tarfile
 from collections import Counter
+from typing import Any
 
 import pytest
 import torch
@@ -183,3 +184,42 @@ def test_set_epoch_between_iter_and_next_counts(small_spec: dict, shards: list[s
     it = iter(b)
     b.set_epoch(3)  # Lightning calls iter() before on_train_epoch_start
     assert [list(b.last_origins) for _ in it] == want
+
+
+def test_pipelines_are_built_off_the_training_thread_and_the_next_epoch_ahead(
+        monkeypatch: pytest.MonkeyPatch, small_spec: dict, shards: list[str]) -> None:
+    import threading
+
+    import feedfast.loader.backends as backends
+
+    built: list[tuple[int, str]] = []
+    real = backends.make_pipeline
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        built.append((kw["epoch"], threading.current_thread().name))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(backends, "make_pipeline", spy)
+    loader = _loader(small_spec, shards, backend="dali")
+    for _ in range(2):
+        assert sum(1 for _ in loader) == 6
+    assert [e for e, _ in built] == [0, 1, 2]  # epoch 1 built while epoch 0 drained, epoch 2 while 1 drained
+    assert all(name != threading.main_thread().name for _, name in built), built
+    loader.close()
+
+
+def test_normalize_constants_are_made_once_per_device_without_a_host_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from feedfast.ops import color
+
+    params = {"mean": [0.1, 0.2, 0.3], "std": [0.5, 0.5, 0.5], "dtype": "float32", "layout": "CHW"}
+    x = torch.randint(0, 256, (2, 4, 4, 3), dtype=torch.uint8)
+    first = color.normalize_tensor(x, params)
+
+    def no_tensor(*args: Any, **kw: Any) -> Any:
+        raise AssertionError("torch.tensor from host data is a blocking copy on CUDA")
+
+    monkeypatch.setattr(torch, "tensor", no_tensor)
+    again = color.normalize_tensor(x, params)
+    assert torch.equal(first, again) and first.shape == (2, 3, 4, 4)
+    want = (x.float() / 255 - torch.as_tensor([0.1, 0.2, 0.3])) / 0.5
+    torch.testing.assert_close(first, want.permute(0, 3, 1, 2), atol=1e-5, rtol=1e-5)
