@@ -72,3 +72,66 @@ def test_shard_size_limit_and_parse() -> None:
     assert parse_size("256MB") == 256 * 2**20 and parse_size("1.5GiB") == int(1.5 * 2**30) and parse_size("100") == 100
     with pytest.raises(UserError, match="256MB"):
         parse_size("lots")
+
+
+def test_a_folder_holding_shards_is_refused_unless_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _tree(tmp_path / "t")
+    out = tmp_path / "o"
+    assert main(["shards", "make", str(tmp_path / "t"), str(out), "--per-shard", "2"]) == 0
+    old = sorted(p.name for p in out.glob("*.tar"))
+    assert len(old) == 5
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main(["shards", "make", str(tmp_path / "t"), str(out), "--per-shard", "9"]) == 2
+    err = capsys.readouterr().err
+    assert "already holds shards" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in out.glob("*.tar")) == old  # nothing was touched
+    assert main(["shards", "make", str(tmp_path / "t"), str(out), "--per-shard", "9", "--overwrite"]) == 0
+    assert sorted(p.name for p in out.glob("*.tar")) == ["shard-000000.tar"]
+    assert sorted(p.name for p in out.glob("*.idx")) == ["shard-000000.idx"]
+    assert (out / "notes.txt").read_text() == "mine"  # only shards, indexes and classes.json are removed
+    capsys.readouterr()
+    assert main(["shards", "inspect", str(out / "*.tar"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["samples"] == 9
+
+
+def _tar(path: Path, members: list[tuple[str, bytes]]) -> str:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def test_inspect_reports_duplicates_labels_and_undecodable_images(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.corpus import hostile_images
+
+    images = hostile_images()
+    jpeg, gif, trunc = images["jpeg"][0], images["gif"][0], images["jpeg_truncated"][0]
+    shard = _tar(tmp_path / "d.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", gif), ("b.cls", b"-2"),
+                                      ("a.jpg", jpeg), ("a.cls", b"1"), ("c.jpg", trunc), ("c.cls", b"cat")])
+    assert main(["shards", "inspect", shard, "--json", "--check"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["samples"] == 3  # what the loader reads: the repeated `a` is not counted twice
+    problems = "\n".join(report["problems"])
+    assert "key 'a' repeats" in problems and "only the first" in problems
+    assert "negative label -2" in problems and "label 'cat' is not an integer" in problems
+    assert "sample 'c'" in problems and "truncated" in problems and "left out under on_error: skip" in problems
+    assert "sample 'b'" in problems and "re-encoded" in problems
+
+
+def test_a_repeated_key_is_delivered_once(tmp_path: Path) -> None:
+    from tests.corpus import hostile_images
+
+    jpeg = hostile_images()["jpeg"][0]
+    shard = _tar(tmp_path / "d.tar", [("a.jpg", jpeg), ("a.cls", b"1"), ("b.jpg", jpeg), ("b.cls", b"2"),
+                                      ("a.jpg", jpeg), ("a.cls", b"3")])
+    with pytest.warns(UserWarning, match="repeat a key"):
+        loader = feedfast.DataLoader(SPEC, shards=shard, batch_size=1)
+    got = [(k, int(y)) for _, ys in loader for (_, k), y in zip(loader.last_origins, ys)]
+    assert got == [("a", 1), ("b", 2)]

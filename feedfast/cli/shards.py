@@ -38,6 +38,8 @@ def add_parser(sub: Any) -> None:
     size.add_argument("--per-shard", type=int, default=None, help="samples per shard")
     size.add_argument("--shard-size", default=None, help="bytes per shard, e.g. 256MB (default)")
     mk.add_argument("--prefix", default="shard")
+    mk.add_argument("--overwrite", action="store_true",
+                    help="remove the shards, indexes and classes.json already in OUT (default: refuse such a folder)")
     mk.set_defaults(func=make)
     idx = s.add_parser("index", help="build (or refresh) DALI indexes for shards")
     idx.add_argument("shards", nargs="+")
@@ -45,6 +47,10 @@ def add_parser(sub: Any) -> None:
     ins = s.add_parser("inspect", help="count samples and components, report problems")
     ins.add_argument("shards", nargs="+")
     ins.add_argument("--json", action="store_true")
+    ins.add_argument("--check", action="store_true",
+                     help="decode every image (PIL and DALI's CPU decoder) and report those neither can read")
+    ins.add_argument("--image-ext", default="jpg;jpeg;png;gif;bmp;tif;tiff;webp;ppm;pgm;jp2;webp",
+                     help="extensions that are images, ';'-separated (default: the usual ones)")
     ins.set_defaults(func=inspect)
 
 
@@ -74,10 +80,11 @@ def make(args: argparse.Namespace) -> int:
         raise UserError(f"--per-shard must be >= 1, got {args.per_shard}")
     if src.is_dir():
         items, classes = mk.from_folder(src)
-        out.mkdir(parents=True, exist_ok=True)
+        mk.prepare_out(out, overwrite=args.overwrite)
         (out / "classes.json").write_text(json.dumps(classes, indent=1) + "\n", encoding="utf-8")
     elif src.is_file() and src.suffix.lower() in (".csv", ".jsonl"):
         items = mk.from_list(src)
+        mk.prepare_out(out, overwrite=args.overwrite)
     else:
         raise UserError(f"{src} is neither a folder of class subfolders nor a .csv/.jsonl list")
     limit = None if args.per_shard else mk.parse_size(args.shard_size or "256MB")
@@ -103,22 +110,17 @@ def index(args: argparse.Namespace) -> int:
 
 
 def inspect(args: argparse.Namespace) -> int:
-    """Counts, components and sizes of shards."""
-    from feedfast.sources.index import scan_tar
+    """Counts, components and sizes of shards, and every problem with what the loader does about it."""
+    from feedfast.cli.shardstats import inspect_shard
     from feedfast.sources.shardlist import resolve_shards
 
     report: dict[str, Any] = {"shards": [], "samples": 0, "components": Counter(), "problems": []}
     for p in resolve_shards(args.shards):
-        samples = scan_tar(p)
-        exts = Counter(e for s in samples for e in s.exts)
-        sizes = Counter(len(s.members) for s in samples)
-        empty = [f"{p}: {m.name}: zero-byte member" for s in samples for m in s.members if m.size == 0]
-        report["shards"].append({"path": p, "samples": len(samples), "components": dict(exts)})
-        report["samples"] += len(samples)
-        report["components"].update(exts)
-        report["problems"] += empty
-        if len(sizes) > 1:
-            report["problems"].append(f"{p}: samples have differing component counts {dict(sizes)}")
+        shard = inspect_shard(p, check=args.check, image_exts=_exts(args.image_ext))
+        report["shards"].append({"path": p, "samples": shard.samples, "components": shard.components})
+        report["samples"] += shard.samples
+        report["components"].update(shard.components)
+        report["problems"] += shard.problems
     report["components"] = dict(report["components"])
     if args.json:
         print(json.dumps(report, indent=2))
@@ -127,3 +129,7 @@ def inspect(args: argparse.Namespace) -> int:
         for prob in report["problems"]:
             print(f"  problem: {prob}")
     return 0
+
+
+def _exts(text: str) -> set[str]:
+    return {e.strip().lower().lstrip(".") for e in text.split(";") if e.strip()}

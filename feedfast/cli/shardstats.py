@@ -1,4 +1,5 @@
-"""What the shards hold, for ``feedfast analyze``: shard sizes and a sample of image sizes.
+"""What the shards hold: sizes and a sample of image sizes for ``feedfast analyze``, and
+the problems ``feedfast shards inspect`` reports.
 
 Images are sampled evenly over shards and within each shard through the shard's index
 (so nothing is scanned), and only their headers are parsed for sizes. The sampled bytes
@@ -80,7 +81,7 @@ def shard_stats(paths: Sequence[str], index_paths: Sequence[str], image_exts: se
         image_exts: extensions of the image component (lower case); empty: no images.
         limit: about how many images to sample.
     """
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     sizes_b = [os.path.getsize(p) for p in paths]
     total = sum(sizes_b) / 1e6
@@ -91,8 +92,8 @@ def shard_stats(paths: Sequence[str], index_paths: Sequence[str], image_exts: se
         try:
             with Image.open(io.BytesIO(data)) as img:
                 dims.append(img.size)
-        except UnidentifiedImageError:
-            unreadable += 1  # counted and reported in ShardStats.unreadable
+        except Exception:  # noqa: BLE001 - any decoder failure: counted and reported in ShardStats.unreadable
+            unreadable += 1
             continue
         good.append(data)
     if not dims:
@@ -103,3 +104,76 @@ def shard_stats(paths: Sequence[str], index_paths: Sequence[str], image_exts: se
         mean_megapixels=sum(w * h for w, h in dims) / len(dims) / 1e6,
         mean_short_side=sum(min(w, h) for w, h in dims) / len(dims), sizes=tuple(dims),
     ), good
+
+
+@dataclass(frozen=True)
+class ShardReport:
+    """One shard as ``shards inspect`` sees it: sample and component counts, and problems in words."""
+
+    samples: int
+    components: dict[str, int]
+    problems: list[str]
+
+
+def inspect_shard(path: str, *, check: bool = False, image_exts: set[str] | frozenset[str] = frozenset(),
+                  max_pixels: int | None = None) -> ShardReport:
+    """Count a shard's samples and components, and say what is wrong and what the loader does about it.
+
+    Reports zero-byte members, differing component counts, keys repeated in the shard,
+    labels (``.cls``) that are not non-negative integers, and with ``check`` the images
+    (extensions in ``image_exts``) that the loader's check would leave out or re-encode.
+    ``samples`` counts what the loader reads: the first sample of each repeated key.
+    """
+    from collections import Counter
+
+    from feedfast.sources.index import scan_tar, split_duplicates
+    from feedfast.sources.validate import DEFAULT_MAX_PIXELS
+
+    every = scan_tar(path, keep_duplicates=True)
+    samples, repeated = split_duplicates(every)
+    exts = Counter(e for s in samples for e in s.exts)
+    counts = Counter(len(s.members) for s in samples)
+    problems = [f"{path}: {m.name}: zero-byte member (an image is left out under on_error: skip, an error "
+                "under raise)" for s in samples for m in s.members if m.size == 0]
+    if len(counts) > 1:
+        problems.append(f"{path}: samples have differing component counts {dict(counts)} (samples lacking a "
+                        "component follow the spec's `missing` setting)")
+    for s in repeated:
+        problems.append(f"{path}: key {s.key!r} repeats an earlier sample of this shard ({', '.join(s.exts)}): "
+                        "the loader reads only the first sample of a key")
+    problems += _label_problems(path, samples)
+    if check and image_exts:
+        problems += _image_problems(path, samples, image_exts, max_pixels or DEFAULT_MAX_PIXELS)
+    return ShardReport(len(samples), dict(exts), problems)
+
+
+def _label_problems(path: str, samples: list) -> list[str]:  # type: ignore[type-arg]
+    out = []
+    with open(path, "rb") as f:
+        for s in samples:
+            for m in s.members:
+                if m.ext.lower() != "cls":
+                    continue
+                f.seek(m.offset)
+                text = f.read(min(m.size, 64)).decode("ascii", "replace").strip()
+                if not text.lstrip("-").isdigit():
+                    out.append(f"{path}: {m.name}: label {text[:20]!r} is not an integer (the `label` op fails "
+                               "on it: an error naming the sample)")
+                elif int(text) < 0:
+                    out.append(f"{path}: {m.name}: negative label {int(text)} (delivered as is; "
+                               "most losses reject it)")
+    return out
+
+
+def _image_problems(path: str, samples: list, image_exts: set[str] | frozenset[str],  # type: ignore[type-arg]
+                    max_pixels: int) -> list[str]:
+    from feedfast.sources.checked import check_members
+
+    out = []
+    for key, name, v in check_members(path, samples, [set(image_exts)], max_pixels, True):
+        if v.status == "bad":
+            out.append(f"{path}: sample {key!r}: {name}: {v.reason} (left out under on_error: skip, "
+                       "an error under raise)")
+        elif v.status == "convert":
+            out.append(f"{path}: sample {key!r}: {name}: {v.reason} (delivered through a re-encoded copy)")
+    return out

@@ -8,7 +8,10 @@ writes the index itself, in the format DALI's ``wds2idx`` writes::
     <ext> <data offset> <size> <member name> [<ext> <offset> <size> <name> ...]
 
 one line per sample, the components of a sample being consecutive members that share the
-basename up to the first dot of the file name. An index lives next to its shard
+basename up to the first dot of the file name. A key that comes back later in the same tar
+(``a.jpg a.cls b.jpg b.cls a.jpg a.cls``) is a duplicate: the index keeps its first sample
+and leaves the later ones out, with a warning naming the shard and keys
+(``feedfast shards inspect`` lists them too), so no sample is delivered twice. An index lives next to its shard
 (``train-0000.tar`` -> ``train-0000.idx``) when that folder is writable, otherwise in
 feedfast's cache folder under a name derived from the shard's path, size and mtime. It is
 reused while it is newer than the shard and its last member still fits inside the shard.
@@ -65,11 +68,13 @@ def split_name(name: str) -> tuple[str, str]:
     return name[:dot], name[dot + 1 :]
 
 
-def scan_tar(path: str | os.PathLike[str]) -> list[Sample]:
+def scan_tar(path: str | os.PathLike[str], *, keep_duplicates: bool = False) -> list[Sample]:
     """Read a tar's headers and group its regular files into samples.
 
     Args:
         path: a local tar file.
+        keep_duplicates: keep every sample of a repeated key (for inspection); by default
+            only the first is kept and the rest are named in a warning.
 
     Returns:
         The samples in tar order.
@@ -96,7 +101,26 @@ def scan_tar(path: str | os.PathLike[str]) -> list[Sample]:
                 f"shard is truncated: {path!r}: member {m.name!r} needs bytes up to "
                 f"{m.offset + m.size} but the file has {file_size}"
             )
-    return group_members(members)
+    samples = group_members(members, keep_duplicates=True)
+    if keep_duplicates:
+        return samples
+    unique, repeated = split_duplicates(samples)
+    if repeated:
+        keys = sorted({s.key for s in repeated})
+        warnings.warn(f"shard {path!r}: {len(repeated)} sample(s) repeat a key seen earlier in the shard "
+                      f"({', '.join(map(repr, keys[:5]))}{', ...' if len(keys) > 5 else ''}); only the first "
+                      "sample of each key is read", stacklevel=2)
+    return unique
+
+
+def split_duplicates(samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
+    """(the first sample of each key, the later samples that repeat a key), both in tar order."""
+    seen: set[str] = set()
+    unique, repeated = [], []
+    for s in samples:
+        (repeated if s.key in seen else unique).append(s)
+        seen.add(s.key)
+    return unique, repeated
 
 
 def _regular_members(tar: tarfile.TarFile, path: str) -> list[tarfile.TarInfo]:
@@ -128,8 +152,12 @@ def member_of(info: tarfile.TarInfo) -> Member:
     return Member(key=key, ext=ext, offset=info.offset_data, size=info.size, name=info.name)
 
 
-def group_members(members: list[Member]) -> list[Sample]:
-    """Group consecutive members sharing a key into samples (WebDataset's rule)."""
+def group_members(members: list[Member], *, keep_duplicates: bool = False) -> list[Sample]:
+    """Group consecutive members sharing a key into samples (WebDataset's rule).
+
+    A key that comes back after another key's members is a duplicate: only its first
+    sample is kept, unless ``keep_duplicates``.
+    """
     samples: list[Sample] = []
     current: list[Member] = []
     for m in members:
@@ -141,7 +169,7 @@ def group_members(members: list[Member]) -> list[Sample]:
         current.append(m)
     if current:
         samples.append(Sample(current[0].key, tuple(current)))
-    return samples
+    return samples if keep_duplicates else split_duplicates(samples)[0]
 
 
 def escape_name(name: str) -> str:

@@ -6,6 +6,10 @@ is ``.csv`` (``path,label``, a header line is allowed) or ``.jsonl`` (``{"path":
 ...}``); relative paths are read from the list's folder. Each sample becomes ``KEY.EXT`` (the
 file's own bytes and extension) and ``KEY.cls``; the key is the file's path without its
 extension, dots replaced by ``_`` (the extension starts at the first dot of a name).
+
+An output folder that already holds shards (``*.tar``), indexes (``*.idx``) or a
+``classes.json`` is refused: old shards left beside new ones would be read as one dataset.
+``overwrite=True`` (``--overwrite``) removes exactly those files first; other files stay.
 """
 
 from __future__ import annotations
@@ -96,6 +100,27 @@ def _json_line(path: Path, n: int, line: str) -> dict:  # type: ignore[type-arg]
     if not isinstance(obj, dict):
         raise UserError(f"{path}:{n}: expected an object with `path` and `label`")
     return obj
+
+
+OWNED_PATTERNS = ("*.tar", "*.idx", "classes.json")
+
+
+def prepare_out(out: Path, *, overwrite: bool) -> None:
+    """Make ``out`` ready for new shards: refuse old shards there, or remove them when ``overwrite``.
+
+    Raises:
+        UserError: ``out`` is a file, or holds shards, indexes or classes.json and ``overwrite`` is False.
+    """
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output {out} exists and is not a folder")
+    old = sorted(p for pattern in OWNED_PATTERNS for p in out.glob(pattern)) if out.is_dir() else []
+    if old and not overwrite:
+        names = ", ".join(p.name for p in old[:3]) + (f" and {len(old) - 3} more" if len(old) > 3 else "")
+        raise UserError(f"output folder {out} already holds shards or indexes ({names}); they would be read "
+                        "together with the new ones: choose an empty folder, or pass --overwrite to remove them")
+    for p in old:
+        p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
 
 
 def write_shards(items: list[Item], out: Path, *, per_shard: int | None = None, shard_size: int | None = None,
