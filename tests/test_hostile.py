@@ -119,3 +119,35 @@ def test_a_slow_check_is_cut_off_and_reported() -> None:
     finally:
         pool.close()
     assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.parametrize("bad", ["dds_dxgi93", "gif_truncated", "jpeg_truncated"])
+def test_cli_exits_2_with_one_line_naming_shard_and_key(tmp_path: Path, bad: str,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from feedfast.cli.main import main
+
+    shard = str(write_hostile(tmp_path, ["jpeg", bad, "png16", "bmp"]))
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(_spec("raise")))
+    code = main(["bench", str(spec), "--shards", shard, "--batch-size", "2", "--batches", "2", "--rounds", "1",
+                 "--warmup", "0", "--threads", "1", "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and shard in err and repr(bad) in err and "internal error" not in err
+
+
+def test_to_8bit_scales_16_bit_images_instead_of_clipping() -> None:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from feedfast.sources.decoders import to_8bit
+
+    img = Image.open(io.BytesIO(IMAGES["png16"][0]))
+    assert img.mode.startswith("I")
+    out = to_8bit(img).convert("RGB")
+    mean = np.asarray(out).mean() / 255
+    assert abs(mean - 0.5) < 0.01

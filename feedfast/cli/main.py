@@ -1,6 +1,8 @@
 """The ``feedfast`` command (bench, analyze, plan, shards, doctor).
 
-Exit 0 on success, 2 on a user error, 1 on an internal failure.
+Exit 0 on success; 2 on a user error or a sample that cannot be read (one line naming
+shard, sample and reason); 1 on another failure (one line); 130 on Ctrl-C. Set
+``FEEDFAST_DEBUG=1`` for the whole message and the traceback.
 """
 
 from __future__ import annotations
@@ -42,13 +44,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (UserError, SampleError) as exc:  # a mistake in what was given, data included
-        print(f"feedfast: error: {exc}", file=sys.stderr)
+        print(f"feedfast: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("feedfast: interrupted", file=sys.stderr)
         return 130
     except FeedfastError as exc:
-        print(f"feedfast: failed: {exc}", file=sys.stderr)
+        print(f"feedfast: failed: {_one_line(exc)}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001 - the CLI's last line: report, exit 1
         if os.environ.get("FEEDFAST_DEBUG"):
@@ -56,6 +58,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"feedfast: internal error: {type(exc).__name__}: {exc} (set FEEDFAST_DEBUG=1 for a traceback)",
               file=sys.stderr)
         return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error's first line (the whole message and the traceback with FEEDFAST_DEBUG set)."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    if os.environ.get("FEEDFAST_DEBUG"):
+        traceback.print_exc()
+        return "\n".join(lines)
+    return lines[0] + (" (set FEEDFAST_DEBUG=1 for the rest)" if len(lines) > 1 else "")
 
 
 if __name__ == "__main__":

@@ -23,14 +23,22 @@ What differs from DALI, by design:
   does); a missing one under ``missing: empty`` arrives as ``b""``.
 
 Each batch is built by one worker process (``workers=0``: in this process). A failure in a
-worker is re-raised here as the feedfast error it was (``SampleError`` names shard and key).
+worker is re-raised here as the feedfast error it was: whatever a decoder or plugin raises
+while processing a sample (any exception class) is a ``SampleError`` naming shard, key and
+reason, with the traceback logged at DEBUG level on ``feedfast.pil``. Under
+``on_error: skip`` such samples were left out or re-encoded by the check before the epoch
+(see :mod:`feedfast.sources.validate`), so a failure here means the check and PIL disagree.
+Warnings PIL gives while decoding (corrupt EXIF, truncated metadata) go to the same logger
+at DEBUG level, not to the terminal.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import traceback
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple
 
@@ -47,6 +55,8 @@ from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.rows import rank_rows
+
+log = logging.getLogger("feedfast.pil")
 
 
 class SampleRef(NamedTuple):
@@ -118,14 +128,22 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         shard = self.paths[ref.shard]
         try:
             raw = [b"" if m is None else self._read(ref.shard, *m) for m in ref.members]
-            return self.program.run(raw, random.Random(f"feedfast-pil/{self.seed}/{self.epoch}/{ref.position}"))
-        except DecodeFailure as exc:
-            return _Failure("sample", "the PIL backend could not process a sample", shard, ref.key, str(exc))
         except ShardError as exc:
             return _Failure("shard", str(exc))
-        except Exception as exc:  # noqa: BLE001 - any other failure crosses the process boundary as data
-            return _Failure("backend", f"PIL backend failed on shard {shard!r}, sample {ref.key!r}: "
-                            f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out = self.program.run(raw, random.Random(f"feedfast-pil/{self.seed}/{self.epoch}/{ref.position}"))
+        except DecodeFailure as exc:
+            return _Failure("sample", "the PIL backend could not process a sample", shard, ref.key, str(exc))
+        except Exception as exc:  # noqa: BLE001 - whatever a decoder or plugin raises names the sample
+            log.debug("shard %r, sample %r:\n%s", shard, ref.key, traceback.format_exc())
+            text = (str(exc).strip().splitlines() or [""])[0][:200]
+            return _Failure("sample", "the PIL backend could not process a sample", shard, ref.key,
+                            f"{type(exc).__name__}: {text}")
+        for w in caught:
+            log.debug("shard %r, sample %r: %s: %s", shard, ref.key, w.category.__name__, w.message)
+        return out
 
     def _read(self, shard: int, offset: int, size: int) -> bytes:
         path = self.paths[shard]

@@ -75,6 +75,7 @@ def pil_probe(data: bytes, *, max_pixels: int, decode: bool) -> Probe:
                 if fmt == "JPEG":
                     img.draft("RGB", (max(1, w // 8), max(1, h // 8)))
                 img.load()
+                to_8bit(img).convert("RGB")  # what the PIL backend does next (LAB, ICC and odd modes fail here)
     except Exception as exc:  # noqa: BLE001 - any decoder failure is a verdict, whatever its class
         from PIL import Image as _Image
 
