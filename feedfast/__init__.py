@@ -2,6 +2,7 @@
 
 from feedfast.errors import BackendError, FeedfastError, SampleError, ShardError, SpecError, UserError
 from feedfast.loader import DataLoader
+from feedfast.loader.batchinfo import BatchInfo
 from feedfast.sources.mix import Mix
 from feedfast.spec import Spec, load_spec
 
@@ -17,6 +18,6 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "BackendError", "DataLoader", "FeedfastError", "Mix", "SampleError", "ShardError", "Spec",
+    "BackendError", "BatchInfo", "DataLoader", "FeedfastError", "Mix", "SampleError", "ShardError", "Spec",
     "SpecError", "StallMeter", "UserError", "load_spec",
 ]

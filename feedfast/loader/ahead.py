@@ -16,6 +16,8 @@ import queue
 import threading
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
+from feedfast.errors import FeedfastError
+
 T = TypeVar("T")
 
 _END = object()
@@ -33,10 +35,14 @@ class Ahead(Generic[T]):
         produce: makes the iterator to run; it is created, iterated and closed on the thread.
         depth: finished items the queue holds (the producer blocks when it is full).
         name: the thread's name (shows in ``py-spy`` and tracebacks).
+        timeout: seconds ``next()`` waits for an item before a FeedfastError (None: forever).
     """
 
-    def __init__(self, produce: Callable[[], Iterator[T]], depth: int, name: str = "feedfast-ahead") -> None:
+    def __init__(self, produce: Callable[[], Iterator[T]], depth: int, name: str = "feedfast-ahead",
+                 timeout: float | None = None) -> None:
         self._produce = produce
+        self._timeout = timeout
+        self.stopped = False  # closed by the consumer before the end
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._done = False
@@ -78,7 +84,11 @@ class Ahead(Generic[T]):
     def __next__(self) -> T:
         if self._done:
             raise StopIteration
-        item = self._queue.get()
+        try:
+            item = self._queue.get(timeout=self._timeout)
+        except queue.Empty:
+            raise FeedfastError(f"no batch within timeout={self._timeout:g} s: the loader's thread "
+                                f"{self._thread.name!r} is still working on it (a slow or stalled read?)") from None
         if item is _END:
             self._done = True
             self._thread.join()
@@ -96,6 +106,7 @@ class Ahead(Generic[T]):
 
     def close(self) -> None:
         """Stop the producer, drop what it made, and wait for its thread (it closes its iterator)."""
+        self.stopped = self.stopped or not self._done
         self._stop.set()
         self._done = True
         if threading.current_thread() is self._thread:

@@ -11,14 +11,30 @@ import torch
 
 from feedfast import _env
 from feedfast.compile.plan import Plan, build_plan
-from feedfast.errors import UserError
+from feedfast.errors import FeedfastError, UserError
 from feedfast.loader.ahead import Ahead
 from feedfast.loader.backends import DaliSource, EpochSource, ProgramSource, choose_backend
+from feedfast.loader.batchinfo import BatchInfo
 from feedfast.loader.devices import DeviceLayer, delivery_here, layer_for
 from feedfast.loader.epoch import Batch
-from feedfast.loader.options import at_least_zero, check_torch_kwargs, positive, settle_spec, threads_for
+from feedfast.loader.options import (
+    at_least_zero,
+    check_pin_memory_device,
+    check_torch_kwargs,
+    positive,
+    settle_spec,
+    threads_for,
+    timeout_seconds,
+)
 from feedfast.loader.prefetch import PinnedRing
-from feedfast.loader.state import STATE_VERSION, check_state, decode_checkpoint, encode_checkpoint
+from feedfast.loader.state import (
+    STATE_VERSION,
+    check_state,
+    decode_checkpoint,
+    encode_checkpoint,
+    shard_set_digest,
+    spec_digest,
+)
 from feedfast.ops.color import normalize_tensor
 from feedfast.sources.assign import EpochPlan, plan_epoch
 from feedfast.sources.dataset import ShardSet
@@ -73,6 +89,9 @@ class DataLoader:
             ones under ``on_error='skip'``) may hold; least recently used go first
             (default: no limit; see :mod:`feedfast.sources.cache`).
         remote_retries: retries of a failed remote read (default 3, backoff 0.5 s doubling).
+        sample_info: give each batch a :class:`~feedfast.loader.batchinfo.BatchInfo` (its
+            samples' shards and keys, the padding mask, the state to resume after it): the
+            last element of a tuple batch, or ``batch["sample_info"]`` of a dict batch.
         **torch_kwargs: other torch DataLoader arguments; see :mod:`feedfast.loader.options`.
 
     Batches are a tuple (spec ``outputs`` as a list) or a dict (as a mapping) of tensors.
@@ -87,9 +106,12 @@ class DataLoader:
         rank: int | None = None, world_size: int | None = None, overrides: Sequence[str] = (),
         cache_dir: str | os.PathLike[str] | None = None, pin_memory_device: str | None = None,
         on_error: str | None = None, max_pixels: int | None = None, backend: str = "auto",
-        cache_limit: int | None = None, remote_retries: int | None = None, **torch_kwargs: Any,
+        cache_limit: int | None = None, remote_retries: int | None = None, sample_info: bool = False,
+        **torch_kwargs: Any,
     ) -> None:
         check_torch_kwargs(torch_kwargs)
+        self.timeout = timeout_seconds(torch_kwargs.get("timeout", 0))
+        self.sample_info = bool(sample_info)
         self.spec = settle_spec(load_spec(spec, overrides), batch_size, shuffle, drop_last, last_batch, seed)
         self.threads = threads_for(num_workers)
         self.prefetch = positive("prefetch_factor", 2 if prefetch_factor is None else prefetch_factor)
@@ -102,8 +124,9 @@ class DataLoader:
 
             compile_pil(self.spec)  # an op without a PIL form fails here, not mid-epoch
             placement = "cpu"
-        delivery = delivery_here(placement or self.spec.device, pin_memory_device or device)
+        delivery = delivery_here(placement or self.spec.device, device)
         self.device = delivery.device
+        check_pin_memory_device(pin_memory_device, self.device.type)
         self.device_id = delivery.device_id  # DALI's GPU: the same index as the output tensors and streams
         consumer = "cpu" if backend == "pil" else self.device.type
         self.plan: Plan = build_plan(self.spec, device=delivery.placement, consumer=consumer)
@@ -237,7 +260,7 @@ class DataLoader:
         self._close_current()
         self._step, self._checkpoint = start, checkpoint
         producer: Ahead[Batch] = Ahead(lambda: self._batches(epoch, ep, start, checkpoint), depth=self.prefetch,
-                                       name=f"feedfast-rank{self.rank}-epoch{epoch}")
+                                       name=f"feedfast-rank{self.rank}-epoch{epoch}", timeout=self.timeout)
         self._producer, self._open = producer, True
         try:
             for batch in producer:
@@ -248,7 +271,11 @@ class DataLoader:
                 if self._step == ep.steps:  # the epoch is complete once its last batch is out
                     self.epoch = epoch + 1
                     self._stats["dropped"] += ep.dropped
-                yield self._shape({**batch.fields, **fields})
+                yield self._shape({**batch.fields, **fields}, self._info(batch, epoch) if self.sample_info else None)
+            if producer.stopped:
+                raise FeedfastError("this iterator was stopped: a newer iter(loader) or close() ended its epoch "
+                                    "(as with torch, iterate one iterator at a time; state_dict() still holds "
+                                    "where it stopped)")
         finally:
             producer.close()  # an abandoned iteration stops making batches; its state stays readable
 
@@ -259,10 +286,19 @@ class DataLoader:
         self._stats["batches"] += 1
         self.last_origins, self.last_valid = batch.origins, batch.valid
 
-    def _shape(self, fields: dict[str, Any]) -> Any:
+    def _shape(self, fields: dict[str, Any], info: BatchInfo | None = None) -> Any:
         if self.spec.output_form == "dict":
-            return {name: fields[name] for name in self.spec.outputs}
-        return tuple(fields[name] for name in self.spec.outputs)
+            out = {name: fields[name] for name in self.spec.outputs}
+            if info is not None:
+                out["sample_info"] = info
+            return out
+        values = tuple(fields[name] for name in self.spec.outputs)
+        return values if info is None else (*values, info)
+
+    def _info(self, batch: Batch, epoch: int) -> BatchInfo:
+        valid = torch.zeros(len(batch.origins), dtype=torch.bool)
+        valid[: batch.valid] = True
+        return BatchInfo(tuple(batch.origins), valid, epoch, self._step - 1, self.state_dict())
 
     def stats(self) -> dict[str, int]:
         """Counts so far: ``delivered``, ``skipped``, ``padded``, ``dropped``, ``batches``.
@@ -289,13 +325,19 @@ class DataLoader:
         return {
             "version": STATE_VERSION, "epoch": self.epoch, "step": self._step if mid else 0,
             "seed": self.spec.seed, "rank": self.rank, "world_size": self.world, "backend": self.backend,
+            "batch_size": self.spec.batch_size, "shards": self._shards_digest(), "spec": spec_digest(self.spec.to_dict()),
             "dali": encode_checkpoint(self._checkpoint) if mid and self._checkpoint else None,
             "stats": self.stats(),
         }
 
+    def _shards_digest(self) -> str | None:
+        """The shard set's digest (None under a Mix, whose draw changes per epoch)."""
+        return None if self._mix else shard_set_digest(self.shards.paths, self.shards.sizes)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields what the interrupted run would have yielded next."""
-        check_state(state, seed=self.spec.seed, rank=self.rank, world=self.world)
+        check_state(state, seed=self.spec.seed, rank=self.rank, world=self.world, batch_size=self.spec.batch_size,
+                    shards=self._shards_digest(), spec=spec_digest(self.spec.to_dict()))
         saved = state.get("backend", "dali" if state.get("dali") else self.backend)
         if saved != self.backend:
             raise UserError(f"this state was taken with backend={saved!r} and this loader uses {self.backend!r}: the "

@@ -7,13 +7,19 @@ dataset (1st positional)   mapped       the spec (path, dict or Spec); shards vi
 batch_size                 supported    overrides the spec's ``batch.size``
 shuffle                    mapped       True: shard order per epoch + a 1,024-sample buffer
                                         (unless the spec sets one); False: file order
-drop_last                  mapped       True: ``last_batch: drop``; False: spec's policy
-num_workers                mapped       DALI CPU threads (0 means 1 thread)
-pin_memory                 supported    pinned staging ring for ``device="cuda"``
-prefetch_factor            mapped       DALI prefetch queue depth and pinned ring depth
-persistent_workers         supported    always true: DALI threads live as long as the loader
-pin_memory_device          mapped       same as ``device=``
-timeout                    rejected     errors surface at once; nothing to time out
+drop_last                  mapped       True: ``last_batch: drop``; False: ``partial`` even when
+                                        the spec says ``drop`` (an explicit argument wins);
+                                        None (unset): the spec's policy
+num_workers                mapped       threads of the ``dali``/``threads`` backends (0 means 1),
+                                        worker processes of ``pil``; None: all usable cores
+pin_memory                 supported    pinned staging ring for a CUDA delivery device
+prefetch_factor            mapped       batches made ahead on the loader's thread (and DALI's
+                                        queue depth)
+persistent_workers         supported    always true: threads live as long as the loader
+pin_memory_device          supported    the device pinned memory serves: "" (torch's default) or
+                                        the delivery device's type; it never moves batches
+timeout                    supported    seconds ``next()`` waits for a batch (0: forever, torch's
+                                        default); past it a ``FeedfastError``
 sampler, batch_sampler     rejected     sharding and order come from feedfast (``seed``)
 collate_fn                 rejected     outputs are declared in the spec
 worker_init_fn             rejected     there are no Python worker processes
@@ -31,7 +37,6 @@ from feedfast import _env
 from feedfast.errors import UserError
 
 REJECTED = {
-    "timeout": "feedfast surfaces pipeline errors at once; remove `timeout`",
     "sampler": "feedfast shards and orders samples itself; use `seed=` and `shuffle=`",
     "batch_sampler": "feedfast batches itself; use `batch_size=` and `drop_last=`",
     "collate_fn": "outputs are declared in the spec's `outputs:`; remove `collate_fn`",
@@ -50,8 +55,26 @@ def check_torch_kwargs(kwargs: dict[str, Any]) -> None:
             raise UserError(f"feedfast.DataLoader does not take `{name}`: {REJECTED[name]}")
         if name == "in_order" and value is not True:
             raise UserError("feedfast.DataLoader always yields in order: `in_order` must be True")
-        if name not in ("in_order", "persistent_workers"):
+        if name not in ("in_order", "persistent_workers", "timeout"):
             raise UserError(f"feedfast.DataLoader got an unknown argument `{name}`")
+
+
+def timeout_seconds(value: Any) -> float | None:
+    """torch's ``timeout``: seconds to wait for a batch; 0 (the default) means no limit (None)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise UserError(f"timeout must be a number of seconds >= 0 (0: wait forever), got {value!r}")
+    return float(value) or None
+
+
+def check_pin_memory_device(value: Any, device_type: str) -> None:
+    """torch's ``pin_memory_device`` names the device pinned memory serves; feedfast pins for the delivery device."""
+    if value in (None, ""):
+        return
+    kind = str(value).split(":")[0]
+    if kind != device_type or device_type == "cpu":
+        raise UserError(f"pin_memory_device={value!r}: feedfast pins staging memory for the device batches are "
+                        f"delivered to ({device_type}); to deliver elsewhere pass device=..., and leave "
+                        f"pin_memory_device unset")
 
 
 def positive(name: str, v: int) -> int:
@@ -87,8 +110,11 @@ def settle_spec(spec: Any, batch_size: int | None, shuffle: bool | None, drop_la
         if last_batch not in ("partial", "pad", "drop"):
             raise UserError(f"last_batch must be 'partial', 'pad' or 'drop', got {last_batch!r}")
         changes["last_batch"] = last_batch
-    if drop_last:
-        changes["last_batch"] = "drop"
+    if drop_last is not None and last_batch is None:
+        if drop_last:
+            changes["last_batch"] = "drop"
+        elif spec.last_batch == "drop":
+            changes["last_batch"] = "partial"  # torch's drop_last=False: keep the incomplete batch
     if seed is not None:
         changes["seed"] = int(seed)
     return spec.replace(**changes) if changes else spec
