@@ -97,6 +97,27 @@ def _dds_unimplemented() -> bytes:
     return b"DDS " + bytes(header) + dx10 + bytes(256)
 
 
+def deflate_tiff(img: Image.Image) -> bytes:
+    """A valid Deflate-compressed RGB TIFF, written by hand: DALI decodes it; a PIL built without
+    libtiff cannot ("decoder libtiff not available"), one with libtiff can."""
+    import struct
+    import zlib
+
+    rgb = np.asarray(img.convert("RGB"))
+    h, w, _ = rgb.shape
+    data = zlib.compress(rgb.tobytes())
+    data_at = 8 + 6  # after the header and the three BitsPerSample values
+    ifd_at = data_at + len(data) + (len(data) & 1)
+    tags = [(256, 3, 1, w), (257, 3, 1, h), (258, 3, 3, 8), (259, 3, 1, 8), (262, 3, 1, 2), (273, 4, 1, data_at),
+            (277, 3, 1, 3), (278, 3, 1, h), (279, 4, 1, len(data)), (284, 3, 1, 1)]
+    ifd = struct.pack("<H", len(tags))
+    for tag, kind, count, value in tags:
+        packed = struct.pack("<HH", value, 0) if kind == 3 and count == 1 else struct.pack("<I", value)
+        ifd += struct.pack("<HHI", tag, kind, count) + packed
+    return (b"II*\x00" + struct.pack("<I", ifd_at) + struct.pack("<HHH", 8, 8, 8) + data
+            + b"\x00" * (len(data) & 1) + ifd + struct.pack("<I", 0))
+
+
 def _animated_gif(seed: int) -> bytes:
     frames = [_photo(seed + i).convert("P") for i in range(3)]
     b = io.BytesIO()
@@ -132,7 +153,7 @@ def hostile_images() -> dict[str, tuple[bytes, str]]:
         "png_la": _enc(rgb.convert("LA"), "PNG"), "png_rgba": _enc(rgb.convert("RGBA"), "PNG"),
         "png_bad_crc": _png_with_bad_idat_crc(rgb),
         "gif": _enc(rgb.convert("P"), "GIF"), "gif_animated": _animated_gif(3),
-        "tiff": _enc(rgb, "TIFF"), "tiff_pages": _multipage_tiff(5), "bmp": _enc(rgb, "BMP"),
+        "tiff": _enc(rgb, "TIFF"), "tiff_deflate": deflate_tiff(rgb), "tiff_pages": _multipage_tiff(5), "bmp": _enc(rgb, "BMP"),
         "ppm": _enc(rgb, "PPM"), "pgm": _enc(rgb.convert("L"), "PPM"), "tga": _enc(rgb, "TGA"),
         "sgi": _enc(rgb, "SGI"), "pcx": _enc(rgb, "PCX"), "ico": _enc(rgb, "ICO", sizes=[(32, 32)]),
         "dds": _enc(rgb.convert("RGBA"), "DDS"), "qoi": _enc(rgb, "QOI"), "im": _enc(rgb, "IM"),

@@ -151,3 +151,25 @@ def test_to_8bit_scales_16_bit_images_instead_of_clipping() -> None:
     out = to_8bit(img).convert("RGB")
     mean = np.asarray(out).mean() / 255
     assert abs(mean - 0.5) < 0.01
+
+
+@pytest.mark.parametrize("backend", ["dali", "pil"])
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+def test_pixels_of_formats_one_decoder_lacks_match_the_source(tmp_path: Path, backend: str, on_error: str) -> None:
+    """A deflate TIFF (DALI only, when PIL lacks libtiff), a PSD and a 16-bit PNG arrive with their pixels."""
+    import numpy as np
+
+    from tests.corpus import _photo
+
+    keys = ["tiff_deflate", "psd", "tga", "jpeg"]
+    shard = str(write_hostile(tmp_path, keys))
+    spec = {"pipeline": {"image": ["decode", {"resize": {"size": [48, 64]}}], "label": ["label"]},
+            "source": {"components": {"image": {"ext": "jpg", "kind": "image"}, "label": {"ext": "cls", "kind": "label"}},
+                       "on_error": on_error}, "batch": {"size": 2}, "outputs": ["image", "label"]}
+    loader = feedfast.DataLoader(spec, shards=shard, backend=backend, num_workers=0 if backend == "pil" else None)
+    got = _epoch(loader)
+    assert sorted(got) == sorted(keys)
+    source = np.asarray(_photo(7, 64, 48)).astype(int)
+    for key in ("tiff_deflate", "psd", "tga"):  # lossless formats: exact, or within a resize's rounding
+        assert np.abs(got[key].numpy().astype(int) - source).max() <= 1, key
+    assert np.abs(got["jpeg"].numpy().astype(int) - source).mean() < 12  # lossy (the source is noisy)

@@ -71,6 +71,9 @@ def pil_probe(data: bytes, *, max_pixels: int, decode: bool) -> Probe:
                 return Probe(False, img.format or "?", "limit",
                              f"image of {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels}")
             fmt = img.format or "?"
+            missing = _missing_decoders(img)
+            if missing:  # known from the header alone: this PIL build lacks the codec (e.g. libtiff, libwebp)
+                return Probe(False, fmt, "support", f"PIL: decoder {missing} not available")
             if decode:
                 if fmt == "JPEG":
                     img.draft("RGB", (max(1, w // 8), max(1, h // 8)))
@@ -85,6 +88,17 @@ def pil_probe(data: bytes, *, max_pixels: int, decode: bool) -> Probe:
     finally:
         Image.MAX_IMAGE_PIXELS = limit
     return Probe(True, fmt)
+
+
+def _missing_decoders(img: Any) -> str:
+    """The name of a decoder the image's tiles need that this PIL build lacks ("" when none)."""
+    from PIL import Image
+
+    for tile in getattr(img, "tile", None) or ():
+        name = tile[0]
+        if name not in Image.DECODERS and not hasattr(Image.core, f"{name}_decoder"):
+            return str(name)
+    return ""
 
 
 def pil_png(data: bytes) -> bytes:
