@@ -145,6 +145,10 @@ class DataLoader:
         self._mix, base = open_dataset(shards, self.spec, self._cache_dir, **open_kw)
         self.shards: ShardSet = self.shards_for(0) if self._mix else cast(ShardSet, base)
         self.backend = choose_backend(backend, self.plan, self.shards)
+        # shuffle over local shards: one permutation of the whole dataset per epoch (sources/order.py);
+        # remote shards keep the windowed shuffle of each rank's range (reads stay sequential)
+        shuffled = self.spec.shuffle_buffer > 0 or self.spec.shuffle_shards
+        self._partition = "global" if shuffled and all(k == "file" for k in self.shards.read_kinds) else "shards"
         self._check_size()
         # slots: the producer's queue (prefetch), the batch being made, and one spare
         self.ring = PinnedRing(self.device, depth=self.prefetch + 2, pin=pin_memory, layer=self._layer())
@@ -207,6 +211,7 @@ class DataLoader:
             list(self.shards_for(self.epoch if epoch is None else epoch).sizes), batch_size=self.spec.batch_size, rank=self.rank, world=self.world,
             last_batch=self.spec.last_batch, seed=self.spec.seed,
             epoch=self.epoch if epoch is None else epoch, shuffle_shards=self.spec.shuffle_shards,
+            partition=self._partition,
         )
 
     def __len__(self) -> int:

@@ -44,7 +44,7 @@ def make_pipeline(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
         shard_id=rank, num_shards=world, shuffle_buffer=spec.shuffle_buffer,
         missing=spec.missing, stick_to_shard=True, seed=_epoch_seed(seed, epoch, rank),
     )
-    if shards.transport == "stream":
+    if shards.transport == "stream" or ep.partition == "global":
         _stream_source(reader, plan, shards, ep, rank=rank, world=world, batch_size=batch_size, seed=seed,
                        epoch=epoch, workers=threads, prefetch=prefetch)
     remaining = ep.steps - start

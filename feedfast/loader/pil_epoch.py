@@ -54,7 +54,7 @@ from feedfast.ops.base import Signature
 from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.rows import rank_rows
+from feedfast.sources.rows import global_rows, rank_rows
 
 log = logging.getLogger("feedfast.pil")
 
@@ -70,11 +70,20 @@ class SampleRef(NamedTuple):
 
 def rank_samples(program: PilProgram, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, shuffle: bool,
                  seed: int, epoch: int) -> list[SampleRef]:
-    """This rank's samples in the order it reads them (a full shuffle of its range when ``shuffle``)."""
-    rows = rank_rows(shards.paths, shards.index_paths, shards.sizes, ep.shard_order, program.exts,
-                     rank=rank, world=world, window=0, seed=seed, epoch=epoch)
+    """This rank's samples in the order it reads them.
+
+    Under ``ep.partition == "global"`` (``shuffle=True``), the rank's share of the epoch's global
+    order (:func:`~feedfast.sources.rows.global_rows`); else its contiguous range, fully shuffled
+    when ``shuffle``.
+    """
+    if ep.partition == "global":
+        rows = global_rows(shards.paths, shards.index_paths, shards.sizes, program.exts, rank=rank, world=world,
+                           batch_size=ep.batch_size, seed=seed, epoch=epoch, shuffle=shuffle, consumed=ep.consumed)
+    else:
+        rows = rank_rows(shards.paths, shards.index_paths, shards.sizes, ep.shard_order, program.exts,
+                         rank=rank, world=world, window=0, seed=seed, epoch=epoch)
     order = list(range(len(rows.keys)))
-    if shuffle:
+    if shuffle and ep.partition != "global":
         random.Random(f"{seed}/{epoch}/{rank}").shuffle(order)
     return [SampleRef(int(rows.shard[j]), rows.keys[j],
                       tuple(None if size < 0 else (int(off), int(size))

@@ -37,6 +37,9 @@ class EpochPlan:
     steps: int
     batch_sizes: tuple[int, ...]
     valid: tuple[int, ...]
+    partition: str = "shards"  # "shards": contiguous ranges (DALI's); "global": global batches of the order
+    consumed: int = 0  # samples of the epoch's global order consumed before this plan (an elastic resume)
+    batch_size: int = 0  # the batch size the plan deals out
 
     @property
     def padded(self) -> int:
@@ -76,11 +79,22 @@ def step_positions(step: int, batch_size: int, count: int, size: int | None = No
 
 def plan_epoch(
     sizes: list[int], *, batch_size: int, rank: int, world: int, last_batch: str,
-    seed: int = 0, epoch: int = 0, shuffle_shards: bool = False,
+    seed: int = 0, epoch: int = 0, shuffle_shards: bool = False, partition: str = "shards", consumed: int = 0,
 ) -> EpochPlan:
-    """Rank ``rank``'s epoch: shard order, its sample count, steps and per-step sizes."""
-    total = sum(sizes)
-    counts = [b - a for a, b in (rank_range(total, r, world) for r in range(world))]
+    """Rank ``rank``'s epoch: shard order, its sample count, steps and per-step sizes.
+
+    ``partition="shards"`` cuts the shards, concatenated in the epoch's shard order, into
+    contiguous ranges (DALI's reader). ``"global"`` deals the epoch's global order out in
+    global batches after its first ``consumed`` samples (:mod:`feedfast.sources.order`).
+    """
+    if partition == "global":
+        from feedfast.sources.order import rank_counts
+
+        counts = rank_counts(sum(sizes) - consumed, world=world, batch_size=batch_size)
+        shuffle_shards = False  # the order is over samples; shards stay in their canonical order
+    else:
+        total = sum(sizes)
+        counts = [b - a for a, b in (rank_range(total, r, world) for r in range(world))]
     mine, biggest = counts[rank], max(counts)
     b = batch_size
     if last_batch == "drop":
@@ -94,4 +108,4 @@ def plan_epoch(
         else:
             sizes_out = tuple(max(1, min(b, biggest - j * b)) for j in range(steps))
     order = shard_order(len(sizes), seed=seed, epoch=epoch, shuffle=shuffle_shards)
-    return EpochPlan(order, mine, steps, sizes_out, valid)
+    return EpochPlan(order, mine, steps, sizes_out, valid, partition, consumed, batch_size)

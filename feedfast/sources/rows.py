@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -80,6 +81,41 @@ def rank_rows(names: tuple[str, ...], index_paths: tuple[str, ...], counts: tupl
         return rows
     perm, win = window_shuffle(len(keys), window, random.Random(f"{seed}/{epoch}/{rank}"))
     return rows.take(perm, np.asarray(win))
+
+
+def global_rows(names: tuple[str, ...], index_paths: tuple[str, ...], counts: tuple[int, ...],
+                exts: Sequence[set[str] | frozenset[str]], *, rank: int, world: int, batch_size: int, seed: int,
+                epoch: int, shuffle: bool, consumed: int = 0) -> Rows:
+    """This rank's samples of the epoch in the global order (:mod:`feedfast.sources.order`).
+
+    The order permutes every sample of every shard, so every shard's index is read. Each
+    row's ``position`` is its number in the canonical concatenation of the shards (the same
+    at any world size: per-sample randomness keyed by it does not depend on the rank).
+    ``consumed`` leaves out the order's first samples (taken before an elastic resume).
+    """
+    from feedfast.sources.order import epoch_order, rank_positions
+
+    total = sum(counts)
+    order = epoch_order(total, seed=seed, epoch=epoch, shuffle=shuffle)[consumed:]
+    mine = order[rank_positions(total - consumed, rank=rank, world=world, batch_size=batch_size)]
+    shard, keys, offs, sizes = _all_rows(names, index_paths, counts, tuple(tuple(sorted(e)) for e in exts))
+    return Rows(shard[mine], [keys[i] for i in mine.tolist()], offs[mine], sizes[mine], mine)
+
+
+@lru_cache(maxsize=4)
+def _all_rows(names: tuple[str, ...], index_paths: tuple[str, ...], counts: tuple[int, ...],
+              exts: tuple[tuple[str, ...], ...]) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
+    """Every sample of the shards in canonical order: shard numbers, keys, offsets, sizes (cached across epochs)."""
+    wanted = [set(e) for e in exts]
+    shard, keys, offs, sizes = [np.zeros(0, dtype=np.int32)], [], [np.zeros((0, len(exts)), dtype=np.int64)], []
+    sizes.append(offs[0])
+    for i, (name, index_path, count) in enumerate(zip(names, index_paths, counts)):
+        k, o, s = _shard_rows(index_path, name, count, wanted)
+        shard.append(np.full(count, i, dtype=np.int32))
+        keys += k
+        offs.append(o)
+        sizes.append(s)
+    return np.concatenate(shard), keys, np.concatenate(offs), np.concatenate(sizes)
 
 
 def window_shuffle(n: int, window: int, rng: random.Random) -> tuple[list[int], list[int]]:

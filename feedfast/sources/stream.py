@@ -1,7 +1,10 @@
 """The stream transport: one rank's epoch as a batch callable for DALI's ``external_source``.
 
 Used when a dataset holds http(s) or cached (``pipe:``) shards, which DALI's webdataset
-reader cannot open. The samples and their order are those the native reader yields:
+reader cannot open, and for local shards under ``shuffle=True``, whose epoch follows the
+global sample order (:mod:`feedfast.sources.order`, ``EpochPlan.partition == "global"``:
+each rank reads its share of one permutation of the whole dataset, sample by sample).
+Otherwise the samples and their order are those the native reader yields:
 
 - the shards' (filtered) indexes concatenated in the epoch's ``shard_order``;
 - this rank's contiguous range from :func:`~feedfast.sources.assign.rank_range`;
@@ -39,7 +42,7 @@ from typing import Any
 from feedfast.errors import ShardError
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.feeder import BatchFeeder
-from feedfast.sources.rows import rank_rows
+from feedfast.sources.rows import global_rows, rank_rows
 from feedfast.sources.validate import probe_image
 
 
@@ -51,8 +54,12 @@ class StreamEpoch:
 
     def __init__(self, shards: Any, ep: EpochPlan, exts: list[set[str]], *, rank: int, world: int, batch_size: int,
                  shuffle_window: int, seed: int, epoch: int, workers: int = 2, ahead: int = 4) -> None:
-        rows = rank_rows(shards.paths, shards.index_paths, shards.sizes, ep.shard_order, exts, rank=rank, world=world,
-                         window=shuffle_window, seed=seed, epoch=epoch)
+        if ep.partition == "global":  # local shards under shuffle: the global order, read sample by sample
+            rows = global_rows(shards.paths, shards.index_paths, shards.sizes, exts, rank=rank, world=world,
+                               batch_size=batch_size, seed=seed, epoch=epoch, shuffle=True, consumed=ep.consumed)
+        else:
+            rows = rank_rows(shards.paths, shards.index_paths, shards.sizes, ep.shard_order, exts, rank=rank,
+                             world=world, window=shuffle_window, seed=seed, epoch=epoch)
         if len(rows.keys) != ep.rank_samples:
             raise ShardError(f"rank {rank} has {len(rows.keys)} samples but its epoch plan expects {ep.rank_samples}")
         self.names, self.rows, self.batch_size, self.exts = shards.paths, rows, batch_size, exts
