@@ -1,7 +1,9 @@
 """PyTorch Lightning with feedfast: ``train_dataloader`` returns a ``feedfast.DataLoader``.
 
-    pip install lightning     # or pytorch-lightning; check that it keeps your torch version
+    pip install 'feedfast[dev]'   # or: pip install lightning (check that it keeps your torch build)
     python examples/train_lightning.py --steps 5 --batch-size 8 --image-size 64
+    python examples/train_lightning.py --epochs 2 --save-every 3 --ckpt-dir ckpts   # a checkpoint every 3 steps
+    python examples/train_lightning.py --epochs 2 --ckpt-path ckpts/step=3.ckpt     # resume mid-epoch
 
 What differs from a torch DataLoader:
 
@@ -9,9 +11,16 @@ What differs from a torch DataLoader:
   not, so ``on_train_epoch_start`` calls it.
 * Lightning must not wrap the loader in a ``DistributedSampler``; feedfast splits each epoch
   over ranks itself (``Trainer(use_distributed_sampler=False)``).
-* Nothing to do for checkpoints: Lightning saves the state of any loader with ``state_dict``
-  and ``load_state_dict`` in its checkpoint and restores it on ``fit(ckpt_path=...)``
-  (seen with Lightning 2.6), mid-epoch included.
+* Checkpoints: Lightning saves the state of a loader that has ``state_dict`` and
+  ``load_state_dict`` and restores it on ``fit(ckpt_path=...)``, mid-epoch included. The
+  state is exact: Lightning fetches no batch ahead of a loader that has a length, and
+  feedfast's ``state_dict()`` is the point after the last batch it handed over. But Lightning
+  writes rank 0's state only, and a feedfast state belongs to its rank (its shards, its DALI
+  reader position; another rank's is refused), so :class:`LoaderStateHooks` gathers every
+  rank's state into the checkpoint and hands each rank its own on resume. With one process it
+  changes nothing. ``tests/test_lightning.py`` checks that a resumed run trains on exactly the
+  samples the uninterrupted run trained on after the checkpoint, with one process and with two
+  DDP processes (Lightning 2.6).
 """
 
 from __future__ import annotations
@@ -55,8 +64,44 @@ except ImportError:  # a source checkout that is not pip-installed: use the repo
 
 from train_resnet import REPO, demo_shards, make_model  # the sibling example  # noqa: E402
 
+LOADER_STATES = "feedfast_loader_states"  # the checkpoint key of every rank's loader state
 
-class ImageClassifier(LightningModule):
+
+class LoaderStateHooks:
+    """LightningModule hooks that keep every rank's feedfast loader state in the checkpoint.
+
+    Mix in before ``LightningModule``; the module keeps the loader it returns from
+    ``train_dataloader`` in ``self.loader``.
+    """
+
+    loader: feedfast.DataLoader | None
+    trainer: Any
+    global_rank: int
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Every rank dumps the checkpoint (rank 0 writes it), so gathering here is safe.
+        state = self.loader.state_dict() if self.loader is not None else None
+        states: list[Any] = [state]
+        if self.trainer.world_size > 1:
+            states = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(states, state)
+        checkpoint[LOADER_STATES] = states
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Runs before Lightning restores its loops: put this rank's state where the fit loop reads it.
+        states = checkpoint.get(LOADER_STATES)
+        if not states:
+            return
+        if len(states) != self.trainer.world_size:
+            raise feedfast.UserError(
+                f"this checkpoint holds the loader states of {len(states)} ranks and this run has "
+                f"{self.trainer.world_size}: resume a feedfast epoch on the world size it was saved with")
+        fit_loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        if "combined_loader" in fit_loop:
+            fit_loop["combined_loader"] = [states[self.global_rank]]
+
+
+class ImageClassifier(LoaderStateHooks, LightningModule):
     """A ResNet trained with SGD on batches from a feedfast spec."""
 
     def __init__(self, spec: str, shards: str | list[str], batch_size: int, image_size: int | None,
@@ -98,11 +143,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--image-size", type=int, default=None)
     p.add_argument("--devices", default="auto", help="Lightning's devices (e.g. 2 for two-GPU DDP)")
     p.add_argument("--ckpt-path", default=None, help="resume from this Lightning checkpoint")
+    p.add_argument("--save-every", type=int, default=None, help="also save a checkpoint every N training steps")
+    p.add_argument("--ckpt-dir", default="checkpoints", help="where --save-every writes step=N.ckpt")
     args = p.parse_args(argv)
 
     module = ImageClassifier(args.spec, args.shards or demo_shards(), args.batch_size, args.image_size)
+    callbacks = []
+    if args.save_every:
+        checkpoint = getattr(L, "pytorch", L).callbacks.ModelCheckpoint  # lightning or pytorch_lightning
+        callbacks.append(checkpoint(dirpath=args.ckpt_dir, filename="{step}", save_top_k=-1,
+                                    every_n_train_steps=args.save_every))
     trainer = L.Trainer(max_epochs=args.epochs, limit_train_batches=args.steps or 1.0, devices=args.devices,
-                        use_distributed_sampler=False, log_every_n_steps=1)
+                        use_distributed_sampler=False, log_every_n_steps=1, callbacks=callbacks)
     trainer.fit(module, ckpt_path=args.ckpt_path)
 
 
