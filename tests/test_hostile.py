@@ -109,7 +109,8 @@ def test_a_slow_check_is_cut_off_and_reported() -> None:
     from PIL import Image
 
     big = io.BytesIO()
-    Image.fromarray(np.random.default_rng(0).integers(0, 255, (3000, 3000, 3), dtype=np.uint8)).save(big, "PNG")
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (1500, 1500, 3), dtype=np.uint8)).save(
+        big, "PNG", compress_level=0)
     pool = CheckPool(1, seconds=0.05)
     try:
         t0 = time.monotonic()
@@ -173,3 +174,27 @@ def test_pixels_of_formats_one_decoder_lacks_match_the_source(tmp_path: Path, ba
     for key in ("tiff_deflate", "psd", "tga"):  # lossless formats: exact, or within a resize's rounding
         assert np.abs(got[key].numpy().astype(int) - source).max() <= 1, key
     assert np.abs(got["jpeg"].numpy().astype(int) - source).mean() < 12  # lossy (the source is noisy)
+
+
+def test_a_decoder_crash_is_a_verdict_and_the_pool_runs_on() -> None:
+    import io
+    import os
+    import signal
+    import threading
+
+    import numpy as np
+    from PIL import Image
+
+    big = io.BytesIO()
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (3000, 3000, 3), dtype=np.uint8)).save(
+        big, "PNG", compress_level=0)
+    pool = CheckPool(1, seconds=60)
+    try:
+        list(pool.map([("check", IMAGES["jpeg"][0], 10**8, True)]))  # started and warm
+        victim = pool._workers[0].proc.pid
+        threading.Timer(0.3, lambda: os.kill(victim, signal.SIGKILL)).start()  # as a segfaulting codec would die
+        crashed, after = list(pool.map([("check", big.getvalue(), 10**8, True), ("check", IMAGES["jpeg"][0], 10**8, True)]))
+        assert isinstance(crashed, Failed) and "crashed" in crashed.reason
+        assert not isinstance(after, Failed) and after.status == "ok"
+    finally:
+        pool.close()

@@ -2,14 +2,14 @@
 
 A hostile file can make a decoder loop for half a minute, write to the terminal, or
 crash the process that decodes it. So feedfast checks images in a few worker processes
-(``python -m feedfast.sources.checkworker``): one image per job, a wall-clock limit per
+(``python feedfast/sources/decoders.py``): one image per job, a wall-clock limit per
 job (the worker is killed and replaced when it runs over), a crash is a verdict like any
 other, and the workers' own output (DALI's ``[ERROR]`` lines, libpng warnings) goes to
 Python logging at DEBUG level instead of the terminal.
 
-Jobs are tuples: ``("check", data, max_pixels, decode)`` answers a
-:class:`~feedfast.sources.validate.Verdict`; ``("png", data)`` answers PNG bytes or a
-failure reason. The pool is shared by a process and started on first use.
+Jobs are tuples: ``("check", data, max_pixels, decode[, complete])`` answers a
+:class:`~feedfast.sources.decoders.Verdict`; ``("png", data)`` answers PNG bytes or a
+failure reason (a string). The pool is shared by a process and started on first use.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import os
 import pickle
 import re
 import selectors
-import struct
 import subprocess
 import sys
 import tempfile
@@ -28,12 +27,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import IO, Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator
+
+from feedfast.sources import decoders
+from feedfast.sources.decoders import Verdict, read_message, write_message
 
 log = logging.getLogger("feedfast.check")
 
 DEFAULT_CHECK_SECONDS = 3.0
-_HEADER = struct.Struct("<Q")
 _START_SECONDS = 60.0
 
 
@@ -44,30 +45,13 @@ class Failed:
     reason: str
 
 
-def _write(f: IO[bytes], obj: Any) -> None:
-    blob = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    f.write(_HEADER.pack(len(blob)) + blob)
-    f.flush()
-
-
-def _read(f: IO[bytes]) -> Any:
-    head = f.read(_HEADER.size)
-    if len(head) < _HEADER.size:
-        raise EOFError("worker closed its pipe")
-    size = _HEADER.unpack(head)[0]
-    blob = f.read(size)
-    if len(blob) < size:
-        raise EOFError("worker closed its pipe")
-    return pickle.loads(blob)  # noqa: S301 - our own child process
-
-
 class _Worker:
     """One worker process, its pipes and its captured output."""
 
     def __init__(self) -> None:
         self.log = tempfile.TemporaryFile()
         env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "feedfast.sources.checkworker"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, decoders.__file__], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, env=env)
         self.started = time.monotonic()
         self.ready = False
@@ -75,11 +59,11 @@ class _Worker:
 
     def send(self, job: Any) -> None:
         assert self.proc.stdin is not None
-        _write(self.proc.stdin, job)
+        write_message(self.proc.stdin, job)
 
     def receive(self) -> Any:
         assert self.proc.stdout is not None
-        return _read(self.proc.stdout)
+        return read_message(self.proc.stdout)
 
     def drain_log(self, what: str) -> str:
         """Route what the worker printed since the last call to logging, and return it."""
@@ -179,7 +163,7 @@ class CheckPool:
                 w.drain_log("start-up")
                 continue
             if w.job is not None:
-                answers[w.job[0]] = _with_output(answer, w.drain_log(getattr(w, "label", "an image")))
+                answers[w.job[0]] = _with_output(_unpack(answer), w.drain_log(getattr(w, "label", "an image")))
                 w.job = None
         now = time.monotonic()
         for w in list(self._workers):
@@ -207,6 +191,13 @@ class CheckPool:
         workers, self._workers = self._workers, []
         for w in workers:
             w.kill()
+
+
+def _unpack(answer: Any) -> Any:
+    """A worker's plain answer as a Verdict, PNG bytes or a failure reason."""
+    if answer[0] == "verdict":
+        return Verdict(answer[1], answer[2])
+    return answer[1]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -246,24 +237,3 @@ def pool() -> CheckPool:
     return _POOL
 
 
-def _serve() -> None:
-    """The worker's loop: answer jobs from stdin on stdout until stdin closes."""
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # anything a decoder prints goes to the captured stream, never into the protocol
-    from feedfast.sources.decoders import DaliDecoder
-    from feedfast.sources.validate import answer
-
-    dali = DaliDecoder()
-    dali.warm()  # import and build now, outside any job's time limit
-    _write(out, "ready")
-    inp = sys.stdin.buffer
-    while True:
-        try:
-            job = _read(inp)
-        except EOFError:
-            return
-        _write(out, answer(job, dali))
-
-
-if __name__ == "__main__":
-    _serve()

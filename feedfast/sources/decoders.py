@@ -1,7 +1,7 @@
-"""The decoders a verdict asks: PIL and DALI's CPU decoder, one image at a time.
+"""The decoders a verdict asks (PIL and DALI's CPU decoder, one image at a time) and the verdict.
 
-These functions run inside a check worker (:mod:`feedfast.sources.checkworker`), a
-separate process, because a hostile file can make a decoder loop for tens of seconds,
+The rules are in :mod:`feedfast.sources.validate`. These functions run inside a check
+worker (:mod:`feedfast.sources.checkworker`; this file is its program), a separate process, because a hostile file can make a decoder loop for tens of seconds,
 print to the terminal or crash the process. Every exception of every class a decoder
 raises becomes a :class:`Probe` with a reason; nothing here raises.
 
@@ -15,10 +15,14 @@ grey is still reported as truncated.
 from __future__ import annotations
 
 import io
+import os
+import pickle
 import re
+import struct
+import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 DALI_FORMATS = frozenset({"JPEG", "MPO", "PNG", "TIFF", "BMP", "PPM", "JPEG2000", "WEBP"})
 
@@ -138,6 +142,131 @@ def to_8bit(img: Any) -> Any:
     return img.convert("RGBA" if alpha else "RGB")
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What the check decided for one image component."""
+
+    status: str  # "ok" | "convert" | "bad" (and "more": send the whole file, see check_image)
+    reason: str = ""
+
+
+def check_image(data: bytes, *, max_pixels: int, decode: bool, dali: DaliDecoder | None,
+                complete: bool = True) -> Verdict:
+    """The verdict on one image, asking PIL and (when given and available) DALI; never raises.
+
+    Args:
+        data: the image file, or with ``decode=False`` possibly only its first ``SNIFF_BYTES``.
+        max_pixels: larger images are ``bad``.
+        decode: decode the pixels (catches truncation and corruption); otherwise read the
+            header only and ask DALI only about what PIL cannot open.
+        dali: DALI's CPU decoder; None or unavailable: PIL decides alone.
+        complete: ``data`` is the whole file; when not, and DALI must decide, the verdict is
+            ``more`` (ask again with the whole file).
+    """
+    pil = pil_probe(data, max_pixels=max_pixels, decode=decode)
+    if pil.kind == "limit":
+        return Verdict("bad", pil.reason)
+    use_dali = dali is not None and dali.available
+    if not use_dali:
+        return _pil_only(pil)
+    if pil.ok and (not decode or pil.fmt not in DALI_FORMATS):
+        return _pil_only(pil)
+    if not complete:
+        return Verdict("more")
+    _, dali_reason = dali.decode(data)  # type: ignore[union-attr]
+    if pil.ok and not dali_reason:
+        return _pil_only(pil)
+    if pil.ok:
+        return Verdict("convert", f"DALI's CPU decoder rejects this {pil.fmt} ({dali_reason}); PIL reads it: "
+                                  "re-encoded as PNG")
+    if not dali_reason and pil.kind == "support":
+        return Verdict("convert", f"decoded by DALI only ({pil.reason}); re-encoded as PNG")
+    reason = pil.reason if pil.kind == "data" or not dali_reason else f"{pil.reason}; {dali_reason}"
+    return Verdict("bad", reason if pil.kind != "data" else f"cannot decode: {reason}")
+
+
+def _pil_only(pil: Probe) -> Verdict:
+    if not pil.ok:
+        return Verdict("bad", pil.reason if pil.kind != "data" else f"cannot decode: {pil.reason}")
+    if pil.fmt not in DALI_FORMATS:
+        return Verdict("convert", f"{pil.fmt} is not decodable by DALI; PIL reads it: re-encoded as PNG")
+    return Verdict("ok")
+
+
+def convert_image(data: bytes, dali: DaliDecoder | None) -> bytes | str:
+    """PNG bytes of ``data`` decoded by PIL, else by DALI; a reason string when neither can."""
+    try:
+        return pil_png(data)
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is a verdict
+        pil_reason = f"PIL: {short(exc)}"
+    if dali is None or not dali.available:
+        return f"cannot re-encode: {pil_reason}"
+    pixels, reason = dali.decode(data)
+    if pixels is None:
+        return f"cannot re-encode: {pil_reason}; {reason}"
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG", compress_level=1)
+    return out.getvalue()
+
+
+def answer(job: tuple[Any, ...], dali: DaliDecoder | None) -> tuple[Any, ...]:
+    """A check worker's answer to one job, as plain data (see :mod:`feedfast.sources.checkworker`):
+    ``("verdict", status, reason)``, ``("png", bytes)`` or ``("error", reason)``."""
+    if job[0] == "check":
+        complete = job[4] if len(job) > 4 else True
+        v = check_image(job[1], max_pixels=job[2], decode=job[3], dali=dali, complete=complete)
+        return ("verdict", v.status, v.reason)
+    if job[0] == "png":
+        out = convert_image(job[1], dali)
+        return ("error", out) if isinstance(out, str) else ("png", out)
+    return ("error", f"unknown check job {job[0]!r}")
+
+
+HEADER = struct.Struct("<Q")
+
+
+def write_message(f: IO[bytes], obj: Any) -> None:
+    """Send one length-prefixed pickle (between feedfast and its own check workers only)."""
+    blob = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    f.write(HEADER.pack(len(blob)) + blob)
+    f.flush()
+
+
+def read_message(f: IO[bytes]) -> Any:
+    """Receive one message of :func:`write_message`; EOFError when the other side is gone."""
+    head = f.read(HEADER.size)
+    if len(head) < HEADER.size:
+        raise EOFError("the other side closed its pipe")
+    size = HEADER.unpack(head)[0]
+    blob = f.read(size)
+    if len(blob) < size:
+        raise EOFError("the other side closed its pipe")
+    return pickle.loads(blob)  # noqa: S301 - feedfast's own process on the other end
+
+
+def serve() -> None:
+    """A check worker's loop: answer jobs from stdin on stdout until stdin closes.
+
+    Run as ``python decoders.py`` (a file path, not ``-m``), so the worker imports PIL,
+    NumPy and DALI but not feedfast's package (and with it torch): it starts in about the
+    time DALI takes to import.
+    """
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything a decoder prints goes to the captured stream, never into the protocol
+    dali = DaliDecoder()
+    dali.warm()  # import and build now, outside any job's time limit
+    write_message(out, "ready")
+    inp = sys.stdin.buffer
+    while True:
+        try:
+            job = read_message(inp)
+        except EOFError:
+            return
+        write_message(out, answer(job, dali))
+
+
 class DaliDecoder:
     """DALI's CPU image decoder over one image at a time, rebuilt after a failure.
 
@@ -196,3 +325,7 @@ def _dali_reason(exc: BaseException) -> str:
     useful = [ln for ln in lines if "nvImageCodec" in ln or "ailed to decode" in ln]
     text = (useful[-1] if useful else lines[0] if lines else type(exc).__name__)
     return text.rstrip(" :")[:200]
+
+
+if __name__ == "__main__":
+    serve()

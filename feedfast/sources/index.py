@@ -116,7 +116,8 @@ def scan_tar(path: str | os.PathLike[str], *, keep_duplicates: bool = False) -> 
 def split_duplicates(samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
     """(the first sample of each key, the later samples that repeat a key), both in tar order."""
     seen: set[str] = set()
-    unique, repeated = [], []
+    unique: list[Sample] = []
+    repeated: list[Sample] = []
     for s in samples:
         (repeated if s.key in seen else unique).append(s)
         seen.add(s.key)

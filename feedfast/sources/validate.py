@@ -30,95 +30,11 @@ batch and is named. EXIF orientation is not applied by either backend (DALI igno
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from feedfast.sources.decoders import DALI_FORMATS, DaliDecoder, Probe, pil_png, pil_probe, short
+from feedfast.sources.decoders import DALI_FORMATS, Verdict, check_image
 
 DEFAULT_MAX_PIXELS = 89_478_485  # PIL's own decompression-bomb limit
 SNIFF_BYTES = 65536
 __all__ = ["DALI_FORMATS", "DEFAULT_MAX_PIXELS", "SNIFF_BYTES", "Verdict", "check_image", "probe_image", "to_png"]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What the check decided for one image component."""
-
-    status: str  # "ok" | "convert" | "bad" (and "more": send the whole file, see check_image)
-    reason: str = ""
-
-
-def check_image(data: bytes, *, max_pixels: int, decode: bool, dali: DaliDecoder | None,
-                complete: bool = True) -> Verdict:
-    """The verdict on one image, asking PIL and (when given and available) DALI; never raises.
-
-    Args:
-        data: the image file, or with ``decode=False`` possibly only its first ``SNIFF_BYTES``.
-        max_pixels: larger images are ``bad``.
-        decode: decode the pixels (catches truncation and corruption); otherwise read the
-            header only and ask DALI only about what PIL cannot open.
-        dali: DALI's CPU decoder; None or unavailable: PIL decides alone.
-        complete: ``data`` is the whole file; when not, and DALI must decide, the verdict is
-            ``more`` (ask again with the whole file).
-    """
-    pil = pil_probe(data, max_pixels=max_pixels, decode=decode)
-    if pil.kind == "limit":
-        return Verdict("bad", pil.reason)
-    use_dali = dali is not None and dali.available
-    if not use_dali:
-        return _pil_only(pil)
-    if pil.ok and (not decode or pil.fmt not in DALI_FORMATS):
-        return _pil_only(pil)
-    if not complete:
-        return Verdict("more")
-    _, dali_reason = dali.decode(data)  # type: ignore[union-attr]
-    if pil.ok and not dali_reason:
-        return _pil_only(pil)
-    if pil.ok:
-        return Verdict("convert", f"DALI's CPU decoder rejects this {pil.fmt} ({dali_reason}); PIL reads it: "
-                                  "re-encoded as PNG")
-    if not dali_reason and pil.kind == "support":
-        return Verdict("convert", f"decoded by DALI only ({pil.reason}); re-encoded as PNG")
-    reason = pil.reason if pil.kind == "data" or not dali_reason else f"{pil.reason}; {dali_reason}"
-    return Verdict("bad", reason if pil.kind != "data" else f"cannot decode: {reason}")
-
-
-def _pil_only(pil: Probe) -> Verdict:
-    if not pil.ok:
-        return Verdict("bad", pil.reason if pil.kind != "data" else f"cannot decode: {pil.reason}")
-    if pil.fmt not in DALI_FORMATS:
-        return Verdict("convert", f"{pil.fmt} is not decodable by DALI; PIL reads it: re-encoded as PNG")
-    return Verdict("ok")
-
-
-def convert_image(data: bytes, dali: DaliDecoder | None) -> bytes | str:
-    """PNG bytes of ``data`` decoded by PIL, else by DALI; a reason string when neither can."""
-    try:
-        return pil_png(data)
-    except Exception as exc:  # noqa: BLE001 - any decoder failure is a verdict
-        pil_reason = f"PIL: {short(exc)}"
-    if dali is None or not dali.available:
-        return f"cannot re-encode: {pil_reason}"
-    pixels, reason = dali.decode(data)
-    if pixels is None:
-        return f"cannot re-encode: {pil_reason}; {reason}"
-    import io
-
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "PNG", compress_level=1)
-    return out.getvalue()
-
-
-def answer(job: tuple[Any, ...], dali: DaliDecoder | None) -> Any:
-    """A check worker's answer to one job (see :mod:`feedfast.sources.checkworker`)."""
-    if job[0] == "check":
-        complete = job[4] if len(job) > 4 else True
-        return check_image(job[1], max_pixels=job[2], decode=job[3], dali=dali, complete=complete)
-    if job[0] == "png":
-        return convert_image(job[1], dali)
-    raise ValueError(f"unknown check job {job[0]!r}")
 
 
 def probe_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, decode: bool = True) -> Verdict:
