@@ -289,3 +289,19 @@ def test_rows_needed_covers_the_box_and_the_filter_reach() -> None:
     resize_first = thread_sample.View(0, (0.0, 50.0, 300.0, 150.0), (60, 20), (0, 0, 300, 400), resample=2)
     assert thread_sample.rows_needed([resize_first], 1.0, 400) == 150 + 16 + 1  # the filter reads 3 x 5 + 1 rows below
     assert thread_sample.rows_needed([resize_first], 2.0, 200) == 84 + 1  # 75 + 3 x 2.5 + 1, rounded up
+
+
+def test_batch_memory_is_reused_only_once_the_consumer_let_go_of_it(shards: list[str]) -> None:
+    spec = _spec(["decode", {"random_resized_crop": {"size": 32}}, "normalize"])
+    kept = _run(spec, shards)  # every batch held: none may be overwritten by a later one
+    again = _run(spec, shards)
+    assert all(torch.equal(a.fields["image"], b.fields["image"]) for a, b in zip(kept, again))
+    assert len({b.fields["image"].data_ptr() for b in kept}) == len(kept)
+    sset = open_shards(shards, spec, _env.cache_dir())
+    ep = plan_epoch(list(sset.sizes), batch_size=4, rank=0, world=1, last_batch="partial")
+    seen = set()
+    for batch in run_thread_epoch(build_plan(spec, device="cpu"), sset, ep, rank=0, world=1, batch_size=4,
+                                  workers=2, seed=0, epoch=0, prefetch_factor=1):
+        seen.add(batch.fields["image"].data_ptr())
+        del batch  # let go: its memory may come back
+    assert len(seen) < ep.steps
