@@ -28,7 +28,10 @@ $(STAMP): pyproject.toml Makefile
 	  ! grep -qsa -e "-mavx2" $(VENV)/lib/python3*/site-packages/PIL/_imaging.*.so; then \
 	  echo "building pillow-simd with AVX2 (CC='cc -mavx2')"; \
 	  CC="cc -mavx2" $(PIP) install -q --force-reinstall --no-deps --no-binary pillow-simd --no-cache-dir "pillow-simd>=9.0"; fi
-	$(PIP) install -q -e ".[$(EXTRAS)]"
+	@# the extras (Lightning in dev, DALI) resolve against the torch build installed above, never a newer torch from
+	@# PyPI: torch is pinned to it (none of them depends on a PIL, so pillow-simd's stays)
+	$(PY) -c 'import torch; print("torch==" + torch.__version__)' > $(VENV)/torch-pin.txt
+	$(PIP) install -q -c $(VENV)/torch-pin.txt -e ".[$(EXTRAS)]"
 	@# matplotlib (stall-meter plots) without its Pillow dependency, which would replace pillow-simd's PIL
 	$(PIP) install -q --no-deps matplotlib contourpy cycler fonttools kiwisolver pyparsing python-dateutil
 	@# torchvision for `bench --compare torch` (the `compare` extra): the release matching the installed torch
