@@ -29,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
+from feedfast.errors import BackendError
 from feedfast.sources import decoders
 from feedfast.sources.decoders import Verdict, read_message, write_message
 
@@ -56,6 +57,7 @@ class _Worker:
         self.started = time.monotonic()
         self.ready = False
         self.job: tuple[int, float] | None = None  # (job number, deadline)
+        self.label = ""  # what the current job checks, for the log
 
     def send(self, job: Any) -> None:
         assert self.proc.stdin is not None
@@ -92,6 +94,7 @@ class CheckPool:
         self.size, self.seconds = max(1, size), seconds
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
+        self._start_failures = 0
 
     def map(self, jobs: Iterable[Any], *, labels: Iterable[str] | None = None,
             seconds: float | None = None) -> Iterator[Any]:
@@ -142,7 +145,7 @@ class CheckPool:
                     self._replace(i, sel)
                     continue
                 w.job = (number, time.monotonic() + seconds)
-                w.label = label  # type: ignore[attr-defined]
+                w.label = label
             if w.proc.stdout is not None and not _registered(sel, w):
                 sel.register(w.proc.stdout, selectors.EVENT_READ, w)
 
@@ -156,6 +159,8 @@ class CheckPool:
             try:
                 answer = w.receive()
             except (EOFError, OSError, pickle.UnpicklingError):
+                if not w.ready:
+                    self._start_failed(w)
                 self._died(w, sel, answers, f"the decoder crashed (exit status {w.proc.wait()})")
                 continue
             if not w.ready:
@@ -163,14 +168,21 @@ class CheckPool:
                 w.drain_log("start-up")
                 continue
             if w.job is not None:
-                answers[w.job[0]] = _with_output(_unpack(answer), w.drain_log(getattr(w, "label", "an image")))
+                answers[w.job[0]] = _with_output(_unpack(answer), w.drain_log(w.label))
                 w.job = None
         now = time.monotonic()
         for w in list(self._workers):
             if w.job is not None and now > w.job[1]:
                 self._died(w, sel, answers, f"checking took longer than {seconds:g} s (a hostile or huge file)")
             elif not w.ready and now > w.started + _START_SECONDS:
-                raise RuntimeError(f"an image check worker did not start within {_START_SECONDS:g} s")
+                raise BackendError(f"an image check worker did not start within {_START_SECONDS:g} s")
+
+    def _start_failed(self, w: _Worker) -> None:
+        self._start_failures += 1
+        if self._start_failures >= 3:
+            said = w.drain_log("start-up")
+            raise BackendError(f"image check workers exit as they start ({sys.executable} {decoders.__file__}): "
+                               f"{said.splitlines()[-1] if said else 'no output'}")
 
     def _died(self, w: _Worker, sel: selectors.BaseSelector, answers: dict[int, Any], reason: str) -> None:
         if w.job is not None:
@@ -182,7 +194,7 @@ class CheckPool:
         w = self._workers[i]
         if w.proc.stdout is not None and _registered(sel, w):
             sel.unregister(w.proc.stdout)
-        w.drain_log(getattr(w, "label", "an image")) if not w.log.closed else None
+        w.drain_log(w.label) if not w.log.closed else None
         w.kill()
         self._workers[i] = _Worker()
 
