@@ -153,7 +153,8 @@ class DataLoader:
         # slots: the producer's queue (prefetch), the batch being made, and one spare
         self.ring = PinnedRing(self.device, depth=self.prefetch + 2, pin=pin_memory, layer=self._layer())
         self.epoch = 0
-        self._resume: tuple[int, str | None] | None = None
+        self._resume: tuple[int, str | None, int] | None = None  # (step, DALI checkpoint, samples consumed)
+        self._ep: EpochPlan | None = None  # the plan of the iteration in progress
         self._stats = {"delivered": 0, "skipped": len(self.shards.skipped), "padded": 0, "dropped": 0, "batches": 0}
         self.last_origins: list[tuple[str, str]] = []
         self.last_valid = 0
@@ -205,13 +206,14 @@ class DataLoader:
                                                  cache_dir=self._cache_dir)
             return self._mixed[epoch]
 
-    def epoch_plan(self, epoch: int | None = None) -> EpochPlan:
-        """This rank's plan for an epoch (default: the current one)."""
+    def epoch_plan(self, epoch: int | None = None, consumed: int = 0) -> EpochPlan:
+        """This rank's plan for an epoch (default: the current one); ``consumed``: samples of its global order
+        taken before an elastic resume."""
         return plan_epoch(
             list(self.shards_for(self.epoch if epoch is None else epoch).sizes), batch_size=self.spec.batch_size, rank=self.rank, world=self.world,
             last_batch=self.spec.last_batch, seed=self.spec.seed,
             epoch=self.epoch if epoch is None else epoch, shuffle_shards=self.spec.shuffle_shards,
-            partition=self._partition,
+            partition=self._partition, consumed=consumed,
         )
 
     def __len__(self) -> int:
@@ -258,11 +260,12 @@ class DataLoader:
 
     def _iterate(self) -> Iterator[Any]:
         # runs at the first next(), like torch's DataLoader: a set_epoch after iter() counts
-        epoch, start, checkpoint = self.epoch, 0, None
+        epoch, start, checkpoint, consumed = self.epoch, 0, None, 0
         if self._resume is not None:
-            (start, checkpoint), self._resume = self._resume, None
-        ep = self.epoch_plan(epoch)
+            (start, checkpoint, consumed), self._resume = self._resume, None
+        ep = self.epoch_plan(epoch, consumed)
         self._close_current()
+        self._ep = ep
         self._step, self._checkpoint = start, checkpoint
         producer: Ahead[Batch] = Ahead(lambda: self._batches(epoch, ep, start, checkpoint), depth=self.prefetch,
                                        name=f"feedfast-rank{self.rank}-epoch{epoch}", timeout=self.timeout)
@@ -326,12 +329,15 @@ class DataLoader:
         batches the loader made ahead. Taken after an epoch's last batch, it points at the
         start of the next epoch.
         """
-        mid = self._open and 0 < self._step < self.epoch_plan().steps
+        ep = self._ep if self._open and self._ep is not None else self.epoch_plan()
+        mid = self._open and 0 < self._step < ep.steps
+        consumed = ep.consumed + self._step * self.world * self.spec.batch_size if mid and ep.partition == "global" else 0
         return {
             "version": STATE_VERSION, "epoch": self.epoch, "step": self._step if mid else 0,
             "seed": self.spec.seed, "rank": self.rank, "world_size": self.world, "backend": self.backend,
             "batch_size": self.spec.batch_size, "shards": self._shards_digest(), "spec": spec_digest(self.spec.to_dict()),
             "dali": encode_checkpoint(self._checkpoint) if mid and self._checkpoint else None,
+            "partition": self._partition, "consumed": consumed,
             "stats": self.stats(),
         }
 
@@ -340,8 +346,18 @@ class DataLoader:
         return None if self._mix else shard_set_digest(self.shards.paths, self.shards.sizes)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next iteration yields what the interrupted run would have yielded next."""
-        check_state(state, seed=self.spec.seed, rank=self.rank, world=self.world, batch_size=self.spec.batch_size,
+        """Resume: the next iteration yields what the interrupted run would have yielded next.
+
+        Under ``shuffle=True`` over local shards (the global order), a state is a cursor into
+        the epoch's order: any rank's state resumes any rank, at another world size, batch size
+        or worker count, with no sample lost or repeated for the rest of the epoch (and the
+        same global sequence when ``world * batch_size`` is unchanged). Otherwise the state
+        resumes the same rank, world size and batch size only.
+        """
+        elastic = isinstance(state, dict) and state.get("partition") == "global" == self._partition
+        check_state(state, seed=self.spec.seed, rank=state.get("rank", self.rank) if elastic else self.rank,
+                    world=state.get("world_size", self.world) if elastic else self.world,
+                    batch_size=None if elastic else self.spec.batch_size,
                     shards=self._shards_digest(), spec=spec_digest(self.spec.to_dict()))
         saved = state.get("backend", "dali" if state.get("dali") else self.backend)
         if saved != self.backend:
@@ -349,10 +365,15 @@ class DataLoader:
                             f"two draw different orders and augmentations; pass backend={saved!r} to resume it")
         self.epoch = int(state["epoch"])
         self._stats = {k: v for k, v in state["stats"].items() if k != "converted"}
-        if state["dali"]:
-            self._resume = (int(state["step"]), decode_checkpoint(state["dali"]))
-        else:  # the PIL backend resumes from the step alone: its randomness is per sample
-            self._resume = (int(state["step"]), None) if state["step"] else None
+        step, consumed = int(state["step"]), int(state.get("consumed", 0))
+        same = (state["rank"], state["world_size"], state.get("batch_size")) == (self.rank, self.world,
+                                                                                self.spec.batch_size)
+        if elastic and not (same and consumed == step * self.world * self.spec.batch_size):
+            self._resume = (0, None, consumed) if consumed else None  # a cursor into the epoch's global order
+        elif state["dali"]:
+            self._resume = (step, decode_checkpoint(state["dali"]), 0)
+        else:  # the threads and pil backends resume from the step alone: their randomness is per sample
+            self._resume = (step, None, 0) if step else None
 
     def close(self) -> None:
         """Stop the background thread, release the backend's pipelines and pooled memory (iteration can start again)."""
