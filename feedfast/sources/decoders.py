@@ -105,6 +105,28 @@ def _missing_decoders(img: Any) -> str:
     return ""
 
 
+PIL_CODECS = {
+    "jpg": "JPEG", "zlib": "PNG", "libtiff": "compressed TIFF (LZW, Deflate, JPEG-in-TIFF)", "webp": "WebP",
+    "jpg_2000": "JPEG 2000", "littlecms2": "ICC colour management (LAB and ICC-profiled images in the pil backend)",
+}
+
+
+def pil_codecs() -> dict[str, tuple[bool, str]]:
+    """{PIL feature: (present, what it reads)}: what ``feedfast doctor`` lists. A missing codec
+    does not lose images when DALI is installed: the check lets DALI decode such files and
+    re-encodes them as PNG (slower to load, more disk); without DALI they are left out."""
+    from PIL import features
+
+    out = {}
+    for name, what in PIL_CODECS.items():
+        try:
+            present = bool(features.check(name))
+        except Exception:  # noqa: BLE001 - an unknown feature name on an old PIL is "missing"
+            present = False
+        out[name] = (present, what)
+    return out
+
+
 def pil_png(data: bytes) -> bytes:
     """Re-encode an image PIL reads as PNG: its first frame (or the composite of a layered
     file), 16-bit scaled to 8, in RGB, RGBA or L."""
