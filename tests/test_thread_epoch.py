@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import random
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -305,3 +306,42 @@ def test_batch_memory_is_reused_only_once_the_consumer_let_go_of_it(shards: list
         seen.add(batch.fields["image"].data_ptr())
         del batch  # let go: its memory may come back
     assert len(seen) < ep.steps
+
+
+@pytest.mark.parametrize("draft", [False, True], ids=["full-decode", "reduced-decode"])
+def test_pixels_against_torchvision_resized_crop_with_the_same_boxes(shards: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                                     draft: bool) -> None:
+    """torchvision's own ``F.resized_crop`` (bilinear) on each sample, at the box the sample's RNG draws.
+
+    Full-size decoding: equal, pixel for pixel. Reduced-size decoding (the fixtures' small
+    images, 32 px crops): the tolerance of the pil-backend test above (mean < 2.0 grey levels).
+    """
+    from feedfast.baseline.pil_ops import random_resized_crop_params
+    from feedfast.baseline.vision import transforms
+    from feedfast.compile.pil import compile_pil
+    from feedfast.errors import UserError
+    from feedfast.loader.pil_epoch import rank_samples
+
+    try:
+        functional = transforms().functional
+    except UserError as exc:
+        pytest.skip(str(exc))
+    if not draft:
+        monkeypatch.setattr(thread_sample, "_DRAFT_FACTORS", ())
+    spec = _spec(["decode", {"random_resized_crop": {"size": 32}}], batch=8)
+    ours = torch.cat([b.fields["image"] for b in _run(spec, shards)])
+    sset = open_shards(shards, spec, _env.cache_dir())
+    ep = plan_epoch(list(sset.sizes), batch_size=8, rank=0, world=1, last_batch="partial")
+    refs = rank_samples(compile_pil(spec), sset, ep, rank=0, world=1, shuffle=False, seed=spec.seed, epoch=0)
+    expected = []
+    for ref in refs:
+        offset, size = ref.members[0]  # type: ignore[misc]
+        with open(sset.paths[ref.shard], "rb") as f:
+            f.seek(offset)
+            img = Image.open(io.BytesIO(f.read(size))).convert("RGB")
+        rng = random.Random(f"feedfast-pil/{spec.seed}/0/{ref.position}")
+        top, left, h, w = random_resized_crop_params(img.width, img.height, (0.08, 1.0), (3 / 4, 4 / 3), rng)
+        crop = functional.resized_crop(img, top, left, h, w, [32, 32], functional.InterpolationMode.BILINEAR)
+        expected.append(torch.from_numpy(np.asarray(crop).copy()))
+    err = (ours.float() - torch.stack(expected).float()).abs()
+    assert float(err.max()) == 0.0 if not draft else float(err.mean()) < 2.0
