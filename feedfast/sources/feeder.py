@@ -28,6 +28,7 @@ from feedfast.sources.cache import ShardCache
 from feedfast.sources.remote import Transfer, fetch_range
 
 MAX_GAP = 256 * 1024
+LOCAL_GAP = 16 * 1024  # a local read is a syscall and a copy, not a request: merge only near neighbours
 Span = tuple[int, int, int, int]  # (offset, size, row, component)
 
 
@@ -54,7 +55,10 @@ class BatchFeeder:
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="feedfast-stream")
         self._pending: dict[int, Future[list[list[np.ndarray]]]] = {}
         self._windows = WindowCache(rows.window, self._fetch, keep=3)
+        self._fds: dict[int, int] = {}  # local shards stay open: a shuffled epoch reads sample by sample
+        self._fds_lock = threading.Lock()
         weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+        weakref.finalize(self, _close_all, self._fds)
 
     def __call__(self, info: Any) -> list[list[np.ndarray]]:
         step = int(getattr(info, "iteration", info))
@@ -68,9 +72,10 @@ class BatchFeeder:
         return self._pending.pop(step).result()
 
     def close(self) -> None:
-        """Stop the reader threads; pending reads are dropped."""
+        """Stop the reader threads and close the shards; pending reads are dropped."""
         self._pending.clear()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        _close_all(self._fds)
 
     def batch(self, step: int) -> list[list[np.ndarray]]:
         """The samples of step ``step``, read now (in the calling thread)."""
@@ -90,7 +95,7 @@ class BatchFeeder:
                 else:
                     spans.setdefault(int(self.shard[r]), []).append((int(self.offsets[r, c]), size, r, c))
         for shard, items in spans.items():
-            for run in runs(sorted(items)):
+            for run in runs(sorted(items), MAX_GAP if self.kinds[shard] != "file" else LOCAL_GAP):
                 start, end = run[0][0], max(o + s for o, s, _, _ in run)
                 chunk = self._read(shard, start, end - start)
                 for off, size, r, c in run:
@@ -101,14 +106,33 @@ class BatchFeeder:
         kind, name = self.kinds[shard], self.names[shard]
         if kind == "http":
             return fetch_range(name, offset, size, self.transfer)
-        with self._open(shard) as f:
+        if kind == "file":
             try:
-                data = os.pread(f.fileno(), size, offset)
+                data = os.pread(self._fd(shard), size, offset)
             except OSError as exc:
                 raise ShardError(f"cannot read shard {name!r}: {exc}") from exc
+        else:
+            with self._open(shard) as f:
+                try:
+                    data = os.pread(f.fileno(), size, offset)
+                except OSError as exc:
+                    raise ShardError(f"cannot read shard {name!r}: {exc}") from exc
         if len(data) != size:
             raise ShardError(f"shard is truncated: {name!r} ends before byte {offset + size}")
         return data
+
+    def _fd(self, shard: int) -> int:
+        """A descriptor of a local shard, opened once (``pread`` on it is safe from several threads)."""
+        fd = self._fds.get(shard)
+        if fd is None:
+            with self._fds_lock:
+                fd = self._fds.get(shard)
+                if fd is None:
+                    try:
+                        fd = self._fds[shard] = os.open(self.names[shard], os.O_RDONLY)
+                    except OSError as exc:
+                        raise ShardError(f"cannot open shard {self.names[shard]!r}: {exc}") from exc
+        return fd
 
     def _open(self, shard: int) -> Any:
         name = self.names[shard]
@@ -168,12 +192,22 @@ class WindowCache:
         return fut.result()
 
 
-def runs(items: list[Span]) -> list[list[Span]]:
-    """Split spans sorted by offset into runs read at once (gaps of at most ``MAX_GAP`` bytes)."""
+def _close_all(fds: dict[int, int]) -> None:
+    """Close the descriptors in ``fds`` and forget them."""
+    while fds:
+        _, fd = fds.popitem()
+        try:
+            os.close(fd)
+        except OSError:
+            continue
+
+
+def runs(items: list[Span], gap: int = MAX_GAP) -> list[list[Span]]:
+    """Split spans sorted by offset into runs read at once (gaps of at most ``gap`` bytes)."""
     out: list[list[Span]] = []
     end = 0
     for item in items:
-        if out and item[0] - end <= MAX_GAP:
+        if out and item[0] - end <= gap:
             out[-1].append(item)
             end = max(end, item[0] + item[1])
         else:

@@ -1,0 +1,163 @@
+"""Shuffle quality and cost on class-sorted shards of ImageNet shape (issue 13's benchmark).
+
+The set: 1,000 classes of 100 tiny JPEGs (16x16), packed in class order into 100 shards of
+1,000 samples (an image-folder tree tarred as it lies). One shuffled epoch, batch 256, one rank.
+
+Quality: mean distinct labels per full batch, against a uniform permutation's expectation
+(1000 * (1 - prod_i (N - 100 - i) / (N - i)) = 229.1 for N = 100,000, batch 256). Target: the
+global order within 5 % of it.
+
+Cost: samples/s of an epoch (decode of a 16x16 JPEG, resize, normalize: the read path
+dominates), medians of alternating rounds, page cache warm; and a cold pass after dropping
+the shards from the page cache (``POSIX_FADV_DONTNEED``). Target: the global order within 5 %
+of the native reader with the old buffer shuffle (DALI's, ``partition='shards'``). The old
+mode is reached by setting the loader's internal ``_partition`` (no user switch exists).
+
+Usage: ``python benchmarks/shuffle.py [--classes 1000] [--per-class 100] [--rounds 3] [--json out]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import sys
+import tarfile
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import feedfast  # noqa: E402
+from feedfast import _env  # noqa: E402
+
+SPEC = {"version": 1, "name": "shuffle-bench",
+        "pipeline": {"image": ["decode", {"resize": {"size": [16, 16]}}, "normalize"], "label": ["label"]},
+        "outputs": ["image", "label"], "batch": {"size": 256}, "seed": 0}
+
+
+def class_sorted(out: Path, classes: int, per_class: int, per_shard: int) -> list[str]:
+    """Tiny JPEGs in class order, ``per_shard`` to a shard (made once, kept in ``out``)."""
+    from PIL import Image
+
+    out.mkdir(parents=True, exist_ok=True)
+    total = classes * per_class
+    paths = [out / f"sorted-{i:05d}.tar" for i in range(-(-total // per_shard))]
+    if all(p.exists() for p in paths):
+        return [str(p) for p in paths]
+    jpegs = []
+    for c in range(16):
+        buf = io.BytesIO()
+        Image.new("RGB", (16, 16), (c * 15, 255 - c * 15, 128)).save(buf, format="JPEG")
+        jpegs.append(buf.getvalue())
+    for i, path in enumerate(paths):
+        tmp = path.with_suffix(".tmp")
+        with tarfile.open(tmp, "w") as tar:
+            for n in range(i * per_shard, min(total, (i + 1) * per_shard)):
+                label = n // per_class
+                for ext, data in (("jpg", jpegs[label % 16]), ("cls", str(label).encode())):
+                    info = tarfile.TarInfo(f"s{n:07d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        tmp.rename(path)
+    return [str(p) for p in paths]
+
+
+def expected_distinct(classes: int, per_class: int, batch: int) -> float:
+    """Mean distinct classes in a batch of a uniform permutation (sampling without replacement)."""
+    total, absent = classes * per_class, 1.0
+    for i in range(batch):
+        absent *= (total - per_class - i) / (total - i)
+    return classes * (1 - absent)
+
+
+def epoch(shards: list[str], backend: str, partition: str, workers: int) -> tuple[float, float]:
+    """(samples/s, mean distinct labels per full batch) of one shuffled epoch."""
+    loader = feedfast.DataLoader(SPEC, shards=shards, shuffle=True, backend=backend, num_workers=workers,
+                                 device="cpu")
+    loader._partition = partition  # the old buffer shuffle for the comparison; users have no switch
+    distinct, n = [], 0
+    start = time.perf_counter()
+    for _, labels in loader:
+        n += int(labels.shape[0])
+        if labels.shape[0] == SPEC["batch"]["size"]:
+            distinct.append(len(set(labels.tolist())))
+    rate = n / (time.perf_counter() - start)
+    loader.close()
+    return rate, statistics.mean(distinct)
+
+
+def drop_cache(shards: list[str]) -> None:
+    """Ask the kernel to drop the shards' pages (cold reads next)."""
+    for s in shards:
+        fd = os.open(s, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--classes", type=int, default=1000)
+    ap.add_argument("--per-class", type=int, default=100)
+    ap.add_argument("--per-shard", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args(argv)
+    out = _env.cache_dir() / f"class-sorted-{args.classes}-{args.per_class}-{args.per_shard}"
+    t0 = time.perf_counter()
+    shards = class_sorted(out, args.classes, args.per_class, args.per_shard)
+    print(f"{len(shards)} class-sorted shards in {out} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    want = expected_distinct(args.classes, args.per_class, SPEC["batch"]["size"])
+    rows = {"threads, global order": ("threads", "global"), "dali, global order (feed)": ("dali", "global"),
+            "dali, old: native reader + buffer shuffle": ("dali", "shards"),
+            "threads, old: rank range shuffle": ("threads", "shards")}
+    rates: dict[str, list[float]] = {k: [] for k in rows}
+    quality: dict[str, float] = {}
+    for r in range(args.rounds):
+        for name in (list(rows) if r % 2 == 0 else list(reversed(rows))):
+            rate, distinct = epoch(shards, *rows[name], args.workers)
+            rates[name].append(rate)
+            quality[name] = distinct
+            print(f"round {r + 1} {name}: {rate:.0f} samples/s, {distinct:.1f} distinct labels per batch",
+                  file=sys.stderr, flush=True)
+    cold = {}
+    for name in ("dali, global order (feed)", "dali, old: native reader + buffer shuffle", "threads, global order"):
+        drop_cache(shards)
+        cold[name] = epoch(shards, *rows[name], args.workers)[0]
+    report = {"date": date.today().isoformat(), "cores": os.cpu_count(), "samples": args.classes * args.per_class,
+              "uniform_distinct": round(want, 1), "rows": {
+                  n: {"samples_per_s": round(statistics.median(rates[n])), "distinct": round(quality[n], 1),
+                      "quality": round(quality[n] / want, 3), "cold_samples_per_s": round(cold[n]) if n in cold else None}
+                  for n in rows}}
+    base = report["rows"]["dali, old: native reader + buffer shuffle"]
+    lines = [f"{report['date']}, {report['cores']} cores, {report['samples']} samples in class order, batch 256, "
+             f"medians of {args.rounds} alternating rounds; uniform permutation: {want:.1f} distinct labels per batch",
+             "", "| shuffle | distinct labels / batch | of uniform | samples/s warm | vs old DALI | samples/s cold |",
+             "|---|---|---|---|---|---|"]
+    for name, row in report["rows"].items():
+        cold_txt = f"{row['cold_samples_per_s']}" if row["cold_samples_per_s"] is not None else "-"
+        lines.append(f"| {name} | {row['distinct']} | {row['quality']:.2f} | {row['samples_per_s']} | "
+                     f"{row['samples_per_s'] / base['samples_per_s']:.2f}x | {cold_txt} |")
+    g = report["rows"]["dali, global order (feed)"]
+    lines += ["", f"quality target (global order >= 0.95 of uniform): "
+                  f"{'met' if min(report['rows'][n]['quality'] for n in rows if 'global' in n) >= 0.95 else 'not met'}",
+              f"speed target (dali global order within 5% of the old native reader, warm): "
+              f"{'met' if g['samples_per_s'] >= 0.95 * base['samples_per_s'] else 'not met'} "
+              f"({g['samples_per_s'] / base['samples_per_s']:.2f}x)"]
+    print("\n".join(lines))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
