@@ -153,7 +153,7 @@ def hostile_images() -> dict[str, tuple[bytes, str]]:
         "png_la": _enc(rgb.convert("LA"), "PNG"), "png_rgba": _enc(rgb.convert("RGBA"), "PNG"),
         "png_bad_crc": _png_with_bad_idat_crc(rgb),
         "gif": _enc(rgb.convert("P"), "GIF"), "gif_animated": _animated_gif(3),
-        "tiff": _enc(rgb, "TIFF"), "tiff_deflate": deflate_tiff(rgb), "tiff_pages": _multipage_tiff(5), "bmp": _enc(rgb, "BMP"),
+        "tiff": _enc(rgb, "TIFF"), "tiff_cmyk": _enc(rgb.convert("CMYK"), "TIFF"), "tiff_deflate": deflate_tiff(rgb), "tiff_pages": _multipage_tiff(5), "bmp": _enc(rgb, "BMP"),
         "ppm": _enc(rgb, "PPM"), "pgm": _enc(rgb.convert("L"), "PPM"), "tga": _enc(rgb, "TGA"),
         "sgi": _enc(rgb, "SGI"), "pcx": _enc(rgb, "PCX"), "ico": _enc(rgb, "ICO", sizes=[(32, 32)]),
         "dds": _enc(rgb.convert("RGBA"), "DDS"), "qoi": _enc(rgb, "QOI"), "im": _enc(rgb, "IM"),

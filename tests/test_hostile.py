@@ -240,3 +240,30 @@ def test_pil_codecs_lists_each_codec() -> None:
     codecs = pil_codecs()
     assert set(codecs) >= {"jpg", "zlib", "libtiff", "webp", "jpg_2000", "littlecms2"}
     assert codecs["jpg"][0] and codecs["zlib"][0] and all(isinstance(p, bool) and w for p, w in codecs.values())
+
+
+QUIET_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+import feedfast
+from tests.test_hostile import _spec
+for backend in ("dali", "pil"):
+    loader = feedfast.DataLoader(_spec("skip"), shards={shard!r}, batch_size=4, num_workers=1, backend=backend,
+                                 max_pixels=4_000_000)
+    print(backend, sum(len(y) for _, y in loader), len(loader.skipped_samples()))
+"""
+
+
+def test_a_successful_run_over_the_hostile_corpus_prints_nothing_but_its_own_output(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parents[1])
+    shard = str(write_hostile(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", QUIET_SCRIPT.format(root=root, shard=shard)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": root})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["dali", str(len(DELIVERED)), str(len(SKIPPED)),
+                                   "pil", str(len(DELIVERED)), str(len(SKIPPED))]
+    assert proc.stderr == ""  # no DALI [ERROR] lines, no libpng or PIL warnings

@@ -18,7 +18,6 @@ import atexit
 import logging
 import os
 import pickle
-import re
 import selectors
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from typing import Any, Iterable, Iterator
 
 from feedfast.errors import BackendError
 from feedfast.sources import decoders
-from feedfast.sources.decoders import Verdict, read_message, write_message
+from feedfast.sources.decoders import Verdict, read_message, with_decoder_output, write_message
 
 log = logging.getLogger("feedfast.check")
 
@@ -168,7 +167,7 @@ class CheckPool:
                 w.drain_log("start-up")
                 continue
             if w.job is not None:
-                answers[w.job[0]] = _with_output(_unpack(answer), w.drain_log(w.label))
+                answers[w.job[0]] = with_decoder_output(_unpack(answer), w.drain_log(w.label))
                 w.job = None
         now = time.monotonic()
         for w in list(self._workers):
@@ -210,23 +209,6 @@ def _unpack(answer: Any) -> Any:
     if answer[0] == "verdict":
         return Verdict(answer[1], answer[2])
     return answer[1]
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _with_output(answer: Any, output: str) -> Any:
-    """A failure answer with the decoder's own first error line added (DALI's exception lacks it)."""
-    lines = [_ANSI.sub("", ln).strip() for ln in output.splitlines()]
-    said = next((ln for ln in lines if "[ERROR]" in ln), next((ln for ln in lines if "error" in ln.lower()), ""))
-    if not said:
-        return answer
-    said = said.replace("[ERROR] ", "")[:200]
-    if isinstance(answer, str):
-        return f"{answer} ({said})"
-    if getattr(answer, "status", "ok") not in ("ok", "more"):
-        return type(answer)(answer.status, f"{answer.reason} ({said})")
-    return answer
 
 
 def _registered(sel: selectors.BaseSelector, w: _Worker) -> bool:

@@ -246,6 +246,34 @@ def answer(job: tuple[Any, ...], dali: DaliDecoder | None) -> tuple[Any, ...]:
     return ("error", f"unknown check job {job[0]!r}")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def with_decoder_output(answer: Any, output: str) -> Any:
+    """An answer amended by what the decoders printed while producing it.
+
+    A failure gets the decoders' own first error line (DALI's exception lacks it). An
+    ``ok`` verdict with an ``[ERROR]`` line means DALI decoded the image only after one of
+    its decoders failed (e.g. libtiff on a CMYK TIFF, then OpenCV): it becomes
+    ``convert``, so the run itself decodes a plain PNG and prints nothing.
+    """
+    lines = [_ANSI.sub("", ln).strip() for ln in output.splitlines()]
+    errors = [ln.replace("[ERROR] ", "") for ln in lines if "[ERROR]" in ln]
+    said = (errors or [ln for ln in lines if "error" in ln.lower()] or [""])[0][:200]
+    if not said:
+        return answer
+    if isinstance(answer, str):
+        return f"{answer} ({said})"
+    if isinstance(answer, Verdict) and answer.status == "bad":
+        return Verdict("bad", f"{answer.reason} ({said})")
+    if isinstance(answer, Verdict) and answer.status == "convert":
+        return Verdict("convert", f"{answer.reason} ({said})")
+    if isinstance(answer, Verdict) and answer.status == "ok" and errors:
+        return Verdict("convert", f"DALI decodes it only after one of its decoders failed ({said}); "
+                                  "re-encoded as PNG so that loading is quiet")
+    return answer
+
+
 HEADER = struct.Struct("<Q")
 
 
