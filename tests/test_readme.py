@@ -25,10 +25,11 @@ def test_readme_spec_is_valid() -> None:
 
 
 def test_readme_python_snippets_run(small_spec: dict, shards: list[str]) -> None:
-    loader = feedfast.DataLoader(small_spec, shards=shards, num_workers=1)
+    loader = feedfast.DataLoader(small_spec, shards=shards, num_workers=1, shuffle=True)
     seen = []
     for code in _blocks("python"):
-        exec(code, {"feedfast": feedfast, "loader": loader, "train_step": seen.append, "print": lambda *a: None})
+        exec(code, {"feedfast": feedfast, "loader": loader, "train_step": seen.append, "print": lambda *a: None,
+                    "spec": small_spec, "shards": shards})
     assert len(seen) == len(loader)
 
 
