@@ -8,18 +8,21 @@ decoder when DALI is installed), and
 
 - ``ok``: both decode it (JPEG incl. CMYK and grayscale, PNG incl. 16-bit and alpha, and
   TIFF, BMP, PNM, JPEG 2000, WebP when both can): it is read from its shard.
-- ``convert``: one of them decodes it and the other cannot (GIF, PSD, DDS, ICO and other
-  PIL-only formats; JPEGs with junk DALI rejects; WebP, TIFF or JPEG 2000 that this PIL
-  build lacks a codec for): it is re-encoded losslessly as PNG (from the decoder that
-  reads it; first frame, or a layered file's composite; 16-bit scaled to 8) into a side
-  shard, so it is delivered, not skipped, by either backend.
+- ``convert``: one of them decodes it and the other cannot (GIF, PSD, DDS, ICO, TGA, SGI
+  and other PIL-only formats; PNGs with bad checksums and JPEGs DALI rejects; WebP, TIFF
+  or JPEG 2000 that this PIL build lacks a codec for, seen from the header), or DALI
+  decodes it only after one of its decoders failed and printed an ``[ERROR]`` line (a
+  CMYK TIFF): it is re-encoded losslessly as PNG (by PIL, else from DALI's pixels; the
+  first frame, or a layered file's composite; 16-bit scaled to 8 bits) into a side shard,
+  so it is delivered, not skipped, by either backend, and the run prints nothing.
 - ``bad``: zero bytes, not an image, truncated or corrupt (PIL says the bytes are broken,
   even when DALI would fill the rest with grey), more pixels than ``max_pixels``, a check
   that ran over its time limit, or a decoder that crashed; left out (``on_error: skip``)
   or raised naming shard and key (``on_error: raise``), with the reason.
 
-Checks run in worker processes under a time limit per image (see
-:mod:`feedfast.sources.checkworker`). Under ``on_error: raise`` only headers are read
+Checks run in worker processes, a few images at once, each under a time limit of
+``DEFAULT_CHECK_SECONDS`` (3 s; see :mod:`feedfast.sources.checkworker`); the pixel limit
+is read from the header before any decoding. Under ``on_error: raise`` only headers are read
 (format and size), DALI decoding just the images PIL cannot open; an image DALI then
 fails on is found and named after the failure. Under ``on_error: skip`` every image is
 decoded by both decoders once (a JPEG by PIL at 1/8 scale: libjpeg's DCT scaling still
@@ -46,7 +49,8 @@ def probe_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, decode: bo
 
 
 def to_png(data: bytes) -> bytes:
-    """Re-encode an image as PNG (see :func:`convert_image`), in a check worker under the time limit.
+    """Re-encode an image as PNG (see :func:`~feedfast.sources.decoders.convert_image`), in a check worker
+    under the time limit.
 
     Raises:
         ValueError: neither decoder can read it, or the time limit ran out; the message says why.
