@@ -80,3 +80,25 @@ def test_mutated_shards_never_lose_samples_silently(tmp_path: Path, m: tuple) ->
     stats = loader.stats()
     assert len(delivered) == len(set(delivered)) == stats["delivered"]
     assert stats["delivered"] + stats["skipped"] == len(samples)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(m=mutation)
+def test_mutated_shards_under_raise_deliver_everything_or_name_shard_and_sample(tmp_path: Path, m: tuple) -> None:  # type: ignore[type-arg]
+    import uuid
+
+    path = tmp_path / f"r-{uuid.uuid4().hex}.tar"
+    path.write_bytes(_mutate(_clean_tar(tmp_path), m))
+    spec = _spec()
+    spec["source"]["on_error"] = "raise"
+    try:
+        samples = scan_tar(path)
+        loader = feedfast.DataLoader(spec, shards=str(path), batch_size=2, num_workers=1)
+        delivered = []
+        for _ in loader:
+            delivered += [k for _, k in loader.last_origins[: loader.last_valid]]
+    except FeedfastError as exc:  # any other class escaping is the failure this test looks for
+        assert str(exc) and ("shard" in str(exc) or "sample" in str(exc)), str(exc)
+        return
+    assert sorted(delivered) == sorted(s.key for s in samples if any(m.ext == "jpg" for m in s.members)
+                                       and any(m.ext == "cls" for m in s.members))
