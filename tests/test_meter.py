@@ -64,7 +64,7 @@ class FakeStep:
 
 def measure(loader: Iterable[Any], steps_s: list[float]) -> tuple[dict[str, Any], float]:
     timed, step = Timed(loader), FakeStep()
-    meter = StallMeter(samplers=False, device="cpu")
+    meter = StallMeter(samplers=False, device="cpu", warmup=0)  # the truth counts every step
     for i, _batch in enumerate(meter.wrap(timed)):
         step(steps_s[i])
     return meter.summary(), timed.spent / (timed.spent + step.spent)
@@ -113,7 +113,9 @@ def test_torch_dataloader_within_two_points_of_truth() -> None:
 
 
 def manual_meter(**settings: Any) -> tuple[StallMeter, ManualClock]:
+    """A meter on a manual clock; every step counts and one gives a verdict unless ``settings`` say otherwise."""
     clock = ManualClock()
+    settings = {"warmup": 0, "min_steps": 1, **settings}
     return StallMeter(samplers=False, device="cpu", clock=clock, **settings), clock
 
 

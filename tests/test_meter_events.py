@@ -32,7 +32,7 @@ def simulate(
 ) -> tuple[StallMeter, ManualClock]:
     clock = ManualClock()
     gpu = SimulatedGpu(clock=clock, sleep=clock.advance)
-    meter = StallMeter(events=gpu, clock=clock, samplers=False, warmup=warmup)
+    meter = StallMeter(events=gpu, clock=clock, samplers=False, warmup=warmup, min_steps=1)
 
     def loader() -> Iterator[Shaped]:
         for _ in range(steps):
@@ -97,7 +97,7 @@ def test_first_step_on_an_idle_gpu_counts_its_whole_wait() -> None:
 
 def test_events_on_a_real_clock_match_the_truth_timed_by_the_loop() -> None:
     gpu = SimulatedGpu()
-    meter = StallMeter(events=gpu, samplers=False)
+    meter = StallMeter(events=gpu, samplers=False, warmup=0)  # the truth counts every step
     idle, start = 0.0, time.perf_counter()
     for i in range(20):
         asked, drained = time.perf_counter(), gpu.busy_until

@@ -32,7 +32,7 @@ def gpu_cycles_per_ms() -> float:
 
 
 def test_idle_gpu_idles_for_the_whole_host_wait() -> None:
-    meter = StallMeter(samplers=False)
+    meter = StallMeter(samplers=False, warmup=0)
     assert meter.basis == "gpu-events"
     x = torch.randn(512, 512, device="cuda")
     for _batch in meter.wrap(sleepy([0.010] * 20)):
@@ -46,7 +46,7 @@ def test_idle_gpu_idles_for_the_whole_host_wait() -> None:
 
 def test_queued_gpu_work_hides_the_host_wait() -> None:
     cycles = int(20 * gpu_cycles_per_ms())  # 20 ms of GPU work per step
-    meter = StallMeter(samplers=False, warmup=1)
+    meter = StallMeter(samplers=False, warmup=1, min_steps=19)
     for _batch in meter.wrap(sleepy([0.005] * 20)):
         torch.cuda._sleep(cycles)
     before = meter.summary()

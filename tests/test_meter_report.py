@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,12 +15,14 @@ from feedfast.errors import UserError
 from feedfast.meter import ManualClock, StallMeter, flatten
 
 
-def measured_meter() -> StallMeter:
+def measured_meter(steps: int = 12, **settings: Any) -> StallMeter:
+    """Steps waiting 0, 2, 4 ms in turn, each computing 10 ms; every step counts unless ``settings`` say otherwise."""
     clock = ManualClock()
-    meter = StallMeter(samplers=False, device="cpu", clock=clock, window=5)
+    settings = {"warmup": 0, "min_steps": 1, **settings}
+    meter = StallMeter(samplers=False, device="cpu", clock=clock, window=5, **settings)
 
     def loader() -> Iterator[torch.Tensor]:
-        for i in range(12):
+        for i in range(steps):
             clock.advance(0.002 * (i % 3))
             yield torch.zeros(4, 2)
 

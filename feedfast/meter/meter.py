@@ -15,6 +15,7 @@ from feedfast.meter.events import EventFactory, TimingEvent, basis_note, basis_o
 from feedfast.meter.forms import WaitScope, fetch, metered
 from feedfast.meter.samplers import SAMPLER_KEYS, Sampler
 from feedfast.meter.settings import build_samplers, check_callback, check_int, check_rate
+from feedfast.meter.stats import DEFAULT_WARMUP, MIN_STEPS
 from feedfast.meter.steps import StepLog
 from feedfast.meter.summary import callback_figures, run_figures
 
@@ -26,7 +27,8 @@ class StallMeter:
 
     A step is the data wait (time inside ``next()``) plus the compute after it (from the
     batch's arrival to the next request). Figures cover complete steps after the first
-    ``warmup``; on the GPU basis a step is complete once its two events have completed
+    ``warmup`` (10 by default), and a verdict needs ``min_steps`` of them (30 by default;
+    before that the verdict is ``"too few steps"``); on the GPU basis a step is complete once its two events have completed
     (read lazily with ``query()``, never synchronizing; call ``torch.cuda.synchronize()``
     before ``summary()`` to include the last few). Use a meter from the training thread;
     it is not thread-safe (its samplers run in their own threads).
@@ -40,7 +42,11 @@ class StallMeter:
 
     Args:
         window: Steps in the rolling window (``summary()["window"]``).
-        warmup: First steps left out of every figure (default 0: loader start-up counts).
+        warmup: First steps left out of every figure (default 10, see
+            :data:`~feedfast.meter.stats.DEFAULT_WARMUP`; 0 counts the loader's start-up).
+        min_steps: Measured steps (after the warm-up) before a verdict is given (default
+            30, see :data:`~feedfast.meter.stats.MIN_STEPS`); the rolling window's verdict
+            needs this many or the whole window, whichever is fewer.
         batch_size: Samples per batch: None infers it (first dim of the first tensor),
             an int fixes it, a callable maps the batch to it.
         every: Call ``callback`` every this many steps (0: never).
@@ -59,7 +65,8 @@ class StallMeter:
         self,
         *,
         window: int = 100,
-        warmup: int = 0,
+        warmup: int = DEFAULT_WARMUP,
+        min_steps: int = MIN_STEPS,
         batch_size: BatchSize = None,
         every: int = 0,
         callback: Callable[[dict[str, float]], Any] | None = None,
@@ -76,6 +83,7 @@ class StallMeter:
         self._callback = callback
         self._events = resolve_events(device, events)
         self._log = StepLog(gpu=self._events is not None, warmup=check_int("warmup", warmup, 0))
+        self._min_steps = check_int("min_steps", min_steps, 1)
         self._samplers = build_samplers(samplers, check_rate("sample_hz", sample_hz))
         self._clock = clock
         self._running = False
@@ -211,31 +219,37 @@ class StallMeter:
         """Return the figures so far.
 
         The keys of :func:`feedfast.meter.stats.figures` for the whole run, plus
-        ``basis``, ``basis_note``, ``warmup_steps``, ``pending_events``, ``window`` (the
-        same figures over the last ``window`` steps), the sampler figures (None when
-        unavailable) and ``samplers`` (each sampler's status).
+        ``basis``, ``basis_note``, ``warmup_steps``, ``min_steps``, ``pending_events``,
+        ``window`` (the same figures over the last ``window`` steps), the sampler figures
+        (None when unavailable) and ``samplers`` (each sampler's status).
 
         Args:
-            all_ranks: Also gather every rank's figures (``ranks``, ``straggler``,
-                ``world_size``); a collective under torch.distributed.
+            all_ranks: Gather every rank's figures; a collective under torch.distributed.
+                Then the run figures at the top level are the job's, over all ranks
+                (:func:`feedfast.meter.dist.aggregate`: the worst rank's stall, summed
+                rates, described under ``aggregate``, with ``stall_fraction_mean``), beside
+                ``ranks`` (each rank's figures, this one's included), ``straggler`` and
+                ``world_size``; ``window`` and the sampler figures stay this rank's.
         """
-        out = run_figures(self._log, self._window)
+        out = run_figures(self._log, self._window, self._min_steps)
         out.update(basis=self.basis, basis_note=basis_note(self._events))
         out.update(dict.fromkeys(SAMPLER_KEYS))
         for sampler in self._samplers:
             out.update(sampler.figures())
         out["samplers"] = {s.name: s.status() for s in self._samplers}
         if all_ranks:
-            out.update(dist.gather_figures(out))
+            gathered = dist.gather_figures(out)
+            out.update(gathered.pop("job"))
+            out.update(gathered)
         return out
 
     def gather(self) -> dict[str, Any]:
-        """Every rank's figures and the straggler; see :func:`dist.gather_figures`."""
+        """Every rank's figures, their aggregate (``job``) and the straggler; see :func:`dist.gather_figures`."""
         return dist.gather_figures(self.summary())
 
-    def table(self) -> str:
-        """The summary as a printable table."""
-        return report.table(self.summary())
+    def table(self, *, all_ranks: bool = False) -> str:
+        """The summary as a printable table (with ``all_ranks``, the job's; a collective then)."""
+        return report.table(self.summary(all_ranks=all_ranks))
 
     def to_json(self, path: str | Path | None = None) -> str:
         """The summary as JSON, also written to ``path`` when given."""

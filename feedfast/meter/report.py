@@ -86,6 +86,49 @@ def _cell(value: Any, fmt: str) -> str:
     return fmt.format(value)
 
 
+def _verdict_cell(figures: dict[str, Any], min_steps: Any) -> str:
+    shown = _cell(figures.get("verdict"), "{}")
+    if figures.get("verdict") == "too few steps" and min_steps:
+        shown += f" ({figures.get('steps')} of {min_steps})"
+    return shown
+
+
+def effective_compute(summary: dict[str, Any]) -> str | None:
+    """The stall in plain words: of every 10 GPU-hours at this rate, how many wait on data.
+
+    At the world size (``world_size``, 1 without a gather) and wall time measured; None
+    when no step was measured.
+    """
+    stall, wall = summary.get("stall_fraction"), summary.get("wall_s") or 0.0
+    if stall is None:
+        return None
+    world = summary.get("world_size") or 1
+    hours = 10 * stall
+    waited = f"{hours:.1f}" if hours >= 1 else f"{hours:.2f}"
+    gpus = f"{world} GPU{'s' if world > 1 else ''}"
+    line = (f"of every 10 GPU-hours at this rate, {waited} wait on data "
+            f"({stall:.1%} of {gpus} x {wall:.1f} s measured")
+    if summary.get("basis") == "host-wait":
+        line += ", as host wait"
+    if summary.get("verdict") == "too few steps":
+        line += "; too few steps to rely on"
+    return line + ")"
+
+
+def _ranks_lines(summary: dict[str, Any]) -> list[str]:
+    if "ranks" not in summary:
+        return []
+    lines = [f"{summary.get('world_size')} ranks; run figures {summary.get('aggregate')}"]
+    mean = summary.get("stall_fraction_mean")
+    if mean is not None:
+        lines.append(f"mean stall fraction over ranks: {mean:.1%}")
+    worst = summary.get("straggler") or {}
+    if worst.get("stall_fraction") is not None:
+        lines.append(f"straggler: rank {worst.get('rank')}, waited {worst.get('wait_s') or 0.0:.2f} s "
+                     f"({worst['stall_fraction']:.1%}, {worst.get('verdict')})")
+    return lines
+
+
 def table(summary: dict[str, Any]) -> str:
     """A printable table of the run and the rolling window, then resource use.
 
@@ -97,11 +140,21 @@ def table(summary: dict[str, Any]) -> str:
     rows = [head]
     for key, label, fmt in _ROWS:
         rows.append((label, _cell(summary.get(key), fmt), _cell(window.get(key), fmt)))
+    min_steps = summary.get("min_steps")
+    window_min = min(min_steps, window["size"]) if min_steps and window.get("size") else min_steps
+    rows[-1] = ("verdict", _verdict_cell(summary, min_steps), _verdict_cell(window, window_min))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     widths[0] = max(widths[0], *(len(label) for _, _, label in _USAGE))
     lines = [f"StallMeter ({summary.get('basis')}: {summary.get('basis_note')})"]
     for row in rows:
         lines.append(f"{row[0]:<{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:>{widths[2]}}")
+    compute = effective_compute(summary)
+    if compute:
+        lines.append(f"effective compute: {compute}")
+    warmup = summary.get("warmup_steps")
+    if warmup is not None:
+        lines.append(f"left out: the first {warmup} step(s), warm-up; a verdict needs {min_steps} measured steps")
+    lines.extend(_ranks_lines(summary))
     lines.append("")
     for mean_key, max_key, label in _USAGE:
         mean, peak = summary.get(mean_key), summary.get(max_key)
