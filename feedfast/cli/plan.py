@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from feedfast.cli.common import find_spec
+
+if TYPE_CHECKING:
+    from feedfast.compile.plan import Plan
 
 EXAMPLES = """examples:
   feedfast plan imagenet-train --device gpu
@@ -19,12 +23,27 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("plan", help="show the compiled plan of a spec", epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", help="spec file or shipped pipeline name")
-    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default=None)
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default=None,
+                   help="where the pipeline runs (default: the spec's device; auto is gpu when CUDA is there)")
     p.add_argument("--consumer", choices=("cpu", "cuda"), default="cpu", help="where batches are delivered")
     p.add_argument("--no-fuse", action="store_true", help="skip the fusion pass")
-    p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a spec value, e.g. pipeline.image[1].size=192 (repeatable)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
+
+
+def header(plan: Plan, *, asked: str) -> str:
+    """The plan's first line: the spec file, where the pipeline runs (and what was asked), where batches go.
+
+    Example: ``plan of pipelines/imagenet-train.yaml: pipeline on cpu (device auto), batches to cuda;
+    image normalized on cuda after a uint8 copy``.
+    """
+    line = f"plan of {plan.spec.file}: pipeline on {plan.placement} (device {asked}), batches to {plan.consumer}"
+    deferred = sorted(plan.deferred_outputs())
+    if deferred:
+        line += f"; {', '.join(deferred)} normalized on {plan.consumer} after a uint8 copy"
+    return line
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,10 +53,12 @@ def run(args: argparse.Namespace) -> int:
 
     spec = load_spec(find_spec(args.spec), args.overrides)
     plan = build_plan(spec, device=args.device, consumer=args.consumer, fuse=not args.no_fuse)
+    if plan.consumer != args.consumer:  # build_plan runs the consumer's passes without recording it
+        plan = dataclasses.replace(plan, consumer=args.consumer)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
         return 0
-    print(f"plan of {spec.file}: placement {plan.placement}, consumer {plan.consumer}")
+    print(header(plan, asked=args.device or spec.device))
     for n in plan.nodes:
         ins = ",".join(map(str, n.inputs)) or "-"
         print(f"  [{n.id}] {n.dali_op:<36} {n.device:<6} in={ins:<4} {n.sig.describe()}  ({n.op})")
