@@ -165,6 +165,7 @@ def hostile_images() -> dict[str, tuple[bytes, str]]:
         "gif_truncated": _animated_gif(3)[:400], "tga_truncated": _enc(rgb, "TGA")[:2000],
         "sgi_truncated": _enc(rgb, "SGI")[:2000], "dds_dxgi93": _dds_unimplemented(),
         "junk_before_soi": b"\x00\x00" + jpeg, "bomb": _enc(Image.new("L", (3000, 3000)), "PNG"),
+        "bomb_tiff_deflate": deflate_tiff(Image.new("RGB", (3000, 3000))),  # PIL without libtiff: DALI's header says
     }
     return {**{k: (v, "delivered") for k, v in delivered.items()}, **{k: (v, "skipped") for k, v in skipped.items()}}
 

@@ -195,7 +195,7 @@ def check_image(data: bytes, *, max_pixels: int, decode: bool, dali: DaliDecoder
         return _pil_only(pil)
     if not complete:
         return Verdict("more")
-    _, dali_reason = dali.decode(data)  # type: ignore[union-attr]
+    _, dali_reason = dali.decode(data, max_pixels=max_pixels)  # type: ignore[union-attr]
     if pil.ok and not dali_reason:
         return _pil_only(pil)
     if pil.ok:
@@ -321,23 +321,26 @@ class DaliDecoder:
     """DALI's CPU image decoder over one image at a time, rebuilt after a failure.
 
     ``available`` is False when DALI cannot be imported or built here; callers then
-    rely on PIL alone.
+    rely on PIL alone. With ``max_pixels``, the header is read first (``peek_image_shape``)
+    and a larger image is refused before any pixel is decoded.
     """
 
     def __init__(self) -> None:
-        self._pipe: Any = None
+        self._pipes: dict[str, Any] = {}
         self.available = True
         try:
             import nvidia.dali  # noqa: F401
         except Exception:  # noqa: BLE001 - DALI absent or broken: PIL alone decides
             self.available = False
 
-    def _build(self) -> Any:
+    def _build(self, what: str) -> Any:
         from nvidia.dali import fn, pipeline_def, types
 
         @pipeline_def(batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1)
         def one_image() -> Any:
             raw = fn.external_source(name="raw", dtype=types.UINT8, ndim=1)
+            if what == "peek":
+                return fn.peek_image_shape(raw, dtype=types.INT64)
             return fn.decoders.image(raw, device="cpu", output_type=types.RGB)
 
         pipe = one_image()
@@ -345,28 +348,38 @@ class DaliDecoder:
         return pipe
 
     def warm(self) -> None:
-        """Import DALI and build the pipeline (decoding a 2x2 PNG), so the first real image is not slowed."""
+        """Import DALI and build the pipelines (on a 2x2 PNG), so the first real image is not slowed."""
         from PIL import Image
 
         if self.available:
             out = io.BytesIO()
             Image.new("RGB", (2, 2)).save(out, "PNG")
-            self.decode(out.getvalue())
+            self.decode(out.getvalue(), max_pixels=4)
 
-    def decode(self, data: bytes) -> tuple[Any, str]:
+    def _run(self, what: str, data: bytes) -> Any:
+        import numpy as np
+
+        if what not in self._pipes:
+            self._pipes[what] = self._build(what)
+        try:
+            self._pipes[what].feed_input("raw", [np.frombuffer(data, dtype=np.uint8)])
+            (out,) = self._pipes[what].run()
+        except Exception:
+            del self._pipes[what]  # a failed pipeline is not reused
+            raise
+        return np.array(out.as_array()[0])
+
+    def decode(self, data: bytes, *, max_pixels: int | None = None) -> tuple[Any, str]:
         """(HWC uint8 array, "") when DALI decodes ``data``, else (None, reason)."""
         if not self.available:
             return None, "DALI is not available"
-        import numpy as np
-
         try:
-            if self._pipe is None:
-                self._pipe = self._build()
-            self._pipe.feed_input("raw", [np.frombuffer(data, dtype=np.uint8)])
-            (out,) = self._pipe.run()
-            return np.array(out.as_array()[0]), ""
-        except Exception as exc:  # noqa: BLE001 - any DALI failure is a verdict; the pipeline is rebuilt
-            self._pipe = None
+            if max_pixels is not None:
+                h, w = (int(x) for x in self._run("peek", data)[:2])
+                if h * w > max_pixels:
+                    return None, f"DALI: image of {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels}"
+            return self._run("decode", data), ""
+        except Exception as exc:  # noqa: BLE001 - any DALI failure is a verdict
             return None, f"DALI: {_dali_reason(exc)}"
 
 
