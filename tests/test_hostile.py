@@ -267,3 +267,16 @@ def test_a_successful_run_over_the_hostile_corpus_prints_nothing_but_its_own_out
     assert proc.stdout.split() == ["dali", str(len(DELIVERED)), str(len(SKIPPED)),
                                    "pil", str(len(DELIVERED)), str(len(SKIPPED))]
     assert proc.stderr == ""  # no DALI [ERROR] lines, no libpng or PIL warnings
+
+
+def test_dali_check_refuses_too_many_pixels_from_the_header() -> None:
+    from feedfast.sources.decoders import DaliDecoder
+
+    dali = DaliDecoder()
+    if not dali.available:
+        pytest.skip("DALI is not installed")
+    data = IMAGES["bomb_tiff_deflate"][0]
+    pixels, reason = dali.decode(data, max_pixels=4_000_000)
+    assert pixels is None and "9000000 pixels exceeds max_pixels=4000000" in reason
+    pixels, reason = dali.decode(IMAGES["jpeg"][0], max_pixels=4_000_000)
+    assert reason == "" and pixels.shape == (48, 64, 3)
