@@ -42,7 +42,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(write_hostile(tmp_path_factory.mktemp("hostile")))
 
 
-@pytest.mark.parametrize("backend", ["dali", "pil"])
+@pytest.mark.parametrize("backend", ["dali", "pil", "threads"])
 def test_skip_delivers_every_decodable_file_and_lists_the_rest(hostile: str, backend: str) -> None:
     t0 = time.monotonic()
     loader = feedfast.DataLoader(_spec("skip"), shards=hostile, batch_size=4, num_workers=1, backend=backend,
