@@ -108,6 +108,12 @@ class Timings:
         after, _ = self.predict(prep_speedup=prep_speedup, fetch_scale=fetch_scale)
         return now / after if after > 0 else 1.0
 
+    def loader_speedup(self, *, prep_speedup: float = 1.0, fetch_scale: float = 1.0) -> float:
+        """How many times faster the loader alone gets (``fetch + prep``), the step's cap aside."""
+        now = self.fetch + self.prep
+        after = self.fetch * fetch_scale + self.prep / prep_speedup
+        return now / after if after > 0 else 1.0
+
 
 @dataclass(frozen=True)
 class ReadWindow:
@@ -148,10 +154,14 @@ class ReadWindow:
         if reads >= self.batches * self.batch_size:
             return max(0.0, steady_s), "steady state: cold minus cached batch time"
         if reads == 0:
+            if startup_s > 0:
+                found = f"{startup_s:.2f} s"
+            else:  # timing noise: the cold run reached its first batch no later than the cached one
+                found = f"none: the cold run's first batch came {-startup_s:.2f} s sooner"
             return max(0.0, startup_s) / max(self.epoch_batches, 1), (
                 f"start-up: the shuffle buffer ({self.shuffle_buffer} samples) and warm-up took every sample of "
                 f"the epoch before timing, so fetch is the cold minus cached time to first batch "
-                f"({startup_s:+.2f} s) spread over the epoch's {self.epoch_batches} batches")
+                f"({found}) spread over the epoch's {self.epoch_batches} batches")
         return max(0.0, steady_s), (f"partial: only {reads} of the {self.batches * self.batch_size} timed samples "
                                     "were read from the shards (the rest came from the shuffle buffer); fetch "
                                     "is understated: use a larger dataset or more --batches")

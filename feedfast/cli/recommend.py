@@ -3,6 +3,11 @@
 Every candidate is scored with :class:`feedfast.cli.advice.Timings` (the model is
 :data:`feedfast.cli.advice.MODEL`); candidates that do not apply are kept, unranked, with
 the reason, so the output says why "GPU decode" or "ROI decode" is not on the list.
+
+The ranking is by the gain the run's own figures support (see :func:`recommend`): decode
+gains stand on the share of prep the plan spends decoding (the crops only, when the plan
+decodes regions), and a change this machine cannot make (GPU decode without a GPU) is
+listed with its gain elsewhere but not ranked.
 """
 
 from __future__ import annotations
@@ -65,13 +70,42 @@ def _item(t: Timings, ctx: Context, action: str, why: str, *, prep: float = 1.0,
           here: bool = True) -> dict[str, Any]:
     batch_s, stall = t.predict(prep_speedup=prep, fetch_scale=fetch)
     return {"action": action, "applicable": True, "here": here, "predicted_speedup": t.speedup(
+        prep_speedup=prep, fetch_scale=fetch), "predicted_loader_speedup": t.loader_speedup(
         prep_speedup=prep, fetch_scale=fetch), "predicted_stall_fraction": stall,
         "predicted_samples_per_s": ctx.batch_size / batch_s if batch_s > 0 else None, "why": why}
 
 
 def _skip(action: str, why: str) -> dict[str, Any]:
     return {"action": action, "applicable": False, "here": False, "predicted_speedup": None,
-            "predicted_stall_fraction": None, "predicted_samples_per_s": None, "why": why}
+            "predicted_loader_speedup": None, "predicted_stall_fraction": None, "predicted_samples_per_s": None,
+            "why": why}
+
+
+def _fused(ctx: Context) -> str | None:
+    """The plan's decode + random_resized_crop fusion pass, if it ran."""
+    return next((p for p in ctx.passes if p.startswith("fuse:decode+random_resized_crop")), None)
+
+
+def plan_decode_share(ctx: Context) -> float | None:
+    """The share of prep the plan spends decoding.
+
+    ``ctx.decode_share`` is measured on whole images; a plan that decodes regions (fused
+    with random_resized_crop) decodes about the mean crop area of them, and by the model
+    decode cost scales with decoded pixels.
+    """
+    if ctx.decode_share is None:
+        return None
+    if _fused(ctx) and ctx.crop_area is not None:
+        return ctx.decode_share * ctx.crop_area
+    return ctx.decode_share
+
+
+def _decode_words(ctx: Context) -> str:
+    share = plan_decode_share(ctx)
+    if share == ctx.decode_share:
+        return f"decode is {share:.0%} of prep"
+    return (f"decode is {share:.0%} of prep ({ctx.decode_share:.0%} for whole images; the plan decodes crops of "
+            f"{ctx.crop_area:.0%} of the area)")
 
 
 def _threads(t: Timings, ctx: Context) -> dict[str, Any]:
@@ -83,21 +117,22 @@ def _threads(t: Timings, ctx: Context) -> dict[str, Any]:
 
 
 def _gpu_decode(t: Timings, ctx: Context) -> dict[str, Any]:
+    share = plan_decode_share(ctx)
     if ctx.placement == "gpu":
         return _skip("GPU decode", "the plan already decodes on the GPU (placement gpu)")
-    if ctx.decode_share is None:
+    if share is None:
         return _skip("GPU decode", "no images sampled: decode share unknown")
-    k = speedup_from_decode(ctx.decode_share, 0.0)
+    k = speedup_from_decode(share, 0.0)
     where = "" if ctx.cuda else " (needs a GPU; none on this machine)"
     return _item(t, ctx, "GPU decode (--device gpu)" + where,
-                 f"CPU decode ({ctx.decode_share:.0%} of prep) moves to nvJPEG (augmentations move too, not "
-                 "counted: a lower bound), if the GPU's decoder keeps up (not measured here)", prep=k, here=ctx.cuda)
+                 f"CPU decode moves to nvJPEG: {_decode_words(ctx)} (augmentations move too, not counted: a lower "
+                 "bound), if the GPU's decoder keeps up (not measured here)", prep=k, here=ctx.cuda)
 
 
 def _roi_decode(t: Timings, ctx: Context) -> dict[str, Any]:
-    fused = [p for p in ctx.passes if p.startswith("fuse:decode+random_resized_crop")]
+    fused = _fused(ctx)
     if fused:
-        return _skip("region-of-interest decode", f"already fused by the plan ({fused[0]})")
+        return _skip("region-of-interest decode", f"already fused by the plan ({fused})")
     if ctx.crop_area is None:
         return _skip("region-of-interest decode", "the spec has no random_resized_crop right after decode")
     if ctx.decode_share is None:
@@ -114,10 +149,10 @@ def _reencode(t: Timings, ctx: Context) -> dict[str, Any]:
     ratio = pixel_ratio(ctx.sizes, ctx.target_short)
     if ratio > 0.9:
         return _skip(action, f"images are already close to a {ctx.target_short} px shorter side")
-    k = speedup_from_decode(ctx.decode_share, ratio)
+    k = speedup_from_decode(plan_decode_share(ctx) or 0.0, ratio)
     return _item(t, ctx, f"{action} (shorter side {ctx.target_short} px)",
-                 f"decode and bytes scale to {ratio:.0%} of now (pixels kept); train crops then come from "
-                 "lower-resolution images", prep=k, fetch=ratio)
+                 f"decode and bytes scale to {ratio:.0%} of now (pixels kept; {_decode_words(ctx)}); train crops "
+                 "then come from lower-resolution images", prep=k, fetch=ratio)
 
 
 def _cache(t: Timings, ctx: Context) -> dict[str, Any]:
@@ -143,17 +178,29 @@ def _shard_size(t: Timings, ctx: Context) -> dict[str, Any]:
 CANDIDATES = (_threads, _gpu_decode, _roi_decode, _reencode, _cache, _shard_size)
 
 
+def _rank_key(item: dict[str, Any]) -> tuple[float, float, bool]:
+    """Predicted speed-up first; among equal ones (a step-bound run caps them all), the loader's own gain."""
+    return (-round(item["predicted_speedup"], 9), -round(item["predicted_loader_speedup"], 9), not item["here"])
+
+
 def recommend(t: Timings, ctx: Context) -> list[dict[str, Any]]:
     """Every candidate, ranked: applicable ones by predicted speed-up (``rank`` 1, 2, ...), then the rest.
 
-    A candidate predicting under :data:`MIN_GAIN` keeps ``rank`` None with ``why`` saying so.
+    Equal speed-ups (the model caps every gain at the step's time) rank by
+    ``predicted_loader_speedup``, how much faster the loader alone gets: the headroom left.
+    A candidate predicting under :data:`MIN_GAIN` keeps ``rank`` None with ``why`` saying so;
+    so does one that needs a GPU this machine has not (its ``predicted_speedup`` is the gain
+    on a machine with one).
     """
     items = [make(t, ctx) for make in CANDIDATES]
     for it in items:
         if it["applicable"] and it["predicted_speedup"] < MIN_GAIN:
             it["applicable"] = False
             it["why"] = f"no predicted gain (x{it['predicted_speedup']:.2f}): {it['why']}"
-    ranked = sorted((i for i in items if i["applicable"]), key=lambda i: -i["predicted_speedup"])
+        elif it["applicable"] and it["action"].startswith("GPU decode") and not ctx.cuda:
+            it["applicable"] = False
+            it["why"] = f"not ranked: no GPU on this machine; on one, x{it['predicted_speedup']:.2f}: {it['why']}"
+    ranked = sorted((i for i in items if i["applicable"]), key=_rank_key)
     for n, it in enumerate(ranked, 1):
         it["rank"] = n
     rest = [dict(i, rank=None) for i in items if not i["applicable"]]
