@@ -167,17 +167,24 @@ def _write_side_shard(src: str, out: Path, samples: list[Sample], image_exts: li
 
 
 def find_bad_image(paths: list[str], index_paths: list[str], image_exts: list[set[str]],
-                   max_pixels: int) -> tuple[str, str, str] | None:
+                   max_pixels: int, *, limit: int | None = None) -> tuple[str, str, str] | None:
     """The first image DALI could not decode in these shards, as (shard, key, reason).
 
     Used after DALI failed a batch under ``on_error: raise`` without naming the sample:
     each image is decoded by PIL and by DALI's CPU decoder (in the check workers); the
-    first that is not ``ok`` (bad, or readable only by PIL) is the one.
+    first that is not ``ok`` (bad, or readable only by PIL) is the one. At most ``limit``
+    samples are checked (None: all).
     """
+    left = limit
     for path, idx in zip(paths, index_paths):
-        for key, name, v in check_members(path, read_index(idx, path), image_exts, max_pixels, True):
+        samples = read_index(idx, path)
+        if left is not None:
+            samples, left = samples[:left], left - min(left, len(samples))
+        for key, name, v in check_members(path, samples, image_exts, max_pixels, True):
             if v.status != "ok":
                 return path, key, f"{name}: {v.reason}"
+        if left == 0:
+            break
     return None
 
 
