@@ -280,3 +280,22 @@ def test_dali_check_refuses_too_many_pixels_from_the_header() -> None:
     assert pixels is None and "9000000 pixels exceeds max_pixels=4000000" in reason
     pixels, reason = dali.decode(IMAGES["jpeg"][0], max_pixels=4_000_000)
     assert reason == "" and pixels.shape == (48, 64, 3)
+
+
+def test_a_forked_child_neither_uses_nor_kills_the_parents_workers() -> None:
+    import os
+
+    from feedfast.sources.checkworker import pool
+
+    parent = pool()
+    list(parent.map([("check", IMAGES["jpeg"][0], MAX_PIXELS, True)]))
+    pids = [w.proc.pid for w in parent._workers]
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        ok = pool() is not parent
+        parent.close()  # as atexit would
+        os._exit(0 if ok else 1)
+    assert os.waitpid(child, 0)[1] == 0
+    assert [w.proc.pid for w in parent._workers] == pids and all(w.proc.poll() is None for w in parent._workers)
+    (answer,) = parent.map([("check", IMAGES["jpeg"][0], MAX_PIXELS, True)])
+    assert answer.status == "ok"

@@ -94,6 +94,7 @@ class CheckPool:
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._start_failures = 0
+        self._pid = os.getpid()  # a forked child must not use (or kill) its parent's workers
 
     def map(self, jobs: Iterable[Any], *, labels: Iterable[str] | None = None,
             seconds: float | None = None) -> Iterator[Any]:
@@ -198,8 +199,10 @@ class CheckPool:
         self._workers[i] = _Worker()
 
     def close(self) -> None:
-        """Stop every worker."""
+        """Stop every worker (in the process that started them; a forked copy just forgets them)."""
         workers, self._workers = self._workers, []
+        if os.getpid() != self._pid:
+            return
         for w in workers:
             w.kill()
 
@@ -225,6 +228,8 @@ _POOL: CheckPool | None = None
 def pool() -> CheckPool:
     """The process's check pool (as many workers as cores, at most 4), started on first use."""
     global _POOL
+    if _POOL is not None and _POOL._pid != os.getpid():
+        _POOL = None  # forked: the workers' pipes belong to the parent
     if _POOL is None:
         _POOL = CheckPool(min(4, os.cpu_count() or 1))
         atexit.register(_POOL.close)
