@@ -142,9 +142,34 @@ ROWS: dict[str, tuple[Callable[..., Iterator[Any]], str]] = {
 
 def time_row(it: Iterator[Any], *, warmup: int, batches: int) -> float:
     """Samples per second over ``batches`` batches after ``warmup``."""
+    return time_row_cpu(it, warmup=warmup, batches=batches)[0]
+
+
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and its live children (DataLoader workers)."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:
+            continue  # a child that ended in the window: its time is lost, and it is small
+    return total
+
+
+def time_row_cpu(it: Iterator[Any], *, warmup: int, batches: int) -> tuple[float, float]:
+    """Samples per second, and CPU milliseconds spent per sample (all threads and worker processes).
+
+    On a machine shared with other work, wall-clock rates swing with the others' load; the
+    CPU cost per sample does much less, and ``cores / cost`` is the rate a quiet machine
+    would reach if the row keeps its cores busy.
+    """
     for _ in range(warmup):
         next(it)
-    t0, n = time.perf_counter(), 0
+    c0, t0, n = cpu_seconds(), time.perf_counter(), 0
     for _ in range(batches):
         n += int(next(it)[0].shape[0])
-    return n / (time.perf_counter() - t0)
+    wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    return n / wall, cpu / n * 1e3

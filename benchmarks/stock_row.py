@@ -2,7 +2,7 @@
 
 ``make bench`` runs this with ``.venv-stock/bin/python`` (torch and stock Pillow, no
 pillow-simd) so the baseline is also measured as most users run it. Prints one JSON line:
-``{"samples_per_s": ..., "pil": "<PIL version>"}``.
+``{"samples_per_s": ..., "cpu_ms_per_sample": ..., "pil": "<PIL version>"}``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rows import time_row, torch_recipe  # noqa: E402
+from rows import time_row_cpu, torch_recipe  # noqa: E402
 
 
 def main() -> None:
@@ -27,8 +27,8 @@ def main() -> None:
     import PIL
 
     it = torch_recipe(args.shards, args.batch_size, args.workers)
-    rate = time_row(it, warmup=args.warmup, batches=args.batches)
-    print(json.dumps({"samples_per_s": rate, "pil": PIL.__version__}))
+    rate, cpu_ms = time_row_cpu(it, warmup=args.warmup, batches=args.batches)
+    print(json.dumps({"samples_per_s": rate, "cpu_ms_per_sample": cpu_ms, "pil": PIL.__version__}))
 
 
 if __name__ == "__main__":
