@@ -132,6 +132,13 @@ def _multipage_tiff(seed: int) -> bytes:
     return b.getvalue()
 
 
+def _mpo(img: Image.Image) -> bytes:
+    """A two-frame MPO (a stereo JPEG pair): DALI and PIL read the first frame."""
+    b = io.BytesIO()
+    img.save(b, "MPO", save_all=True, append_images=[img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)])
+    return b.getvalue()
+
+
 def _gradient16() -> Image.Image:
     """A 16-bit grey gradient whose mean is 0.5 of full scale."""
     ramp = np.linspace(0, 65535, 64).round().astype("uint16")
@@ -149,6 +156,7 @@ def hostile_images() -> dict[str, tuple[bytes, str]]:
         "jpeg": jpeg, "jpeg_cmyk": _enc(rgb.convert("CMYK"), "JPEG"), "jpeg_gray": _enc(rgb.convert("L"), "JPEG"),
         "jpeg_progressive": _enc(rgb, "JPEG", progressive=True),
         "jpeg_bad_exif": jpeg[:2] + b"\xff\xe1\x00\x10Exif\x00\x00MM\x00*\x00\x00\x00\xff" + jpeg[2:],
+        "jpeg_bad_icc": _enc(rgb, "JPEG", icc_profile=b"not an ICC profile" * 10), "mpo": _mpo(rgb),
         "png16": _enc(_gradient16(), "PNG"), "png_palette": _enc(rgb.convert("P"), "PNG"),
         "png_la": _enc(rgb.convert("LA"), "PNG"), "png_rgba": _enc(rgb.convert("RGBA"), "PNG"),
         "png_bad_crc": _png_with_bad_idat_crc(rgb),
