@@ -70,6 +70,7 @@ def test_two_gloo_ranks_name_the_straggler_and_the_top_level_is_the_job(tmp_path
         table = result["table"]
         assert "of every 10 GPU-hours at this rate, 6.7 wait on data (66.7% of 2 GPUs" in table
         assert "straggler: rank 1" in table and "mean stall fraction over ranks: 37.9%" in table
+        assert "run, 2 ranks" in table and "last 100 steps, this rank" in table
 
 
 def test_without_a_process_group_the_process_is_rank_zero() -> None:

@@ -137,6 +137,8 @@ def table(summary: dict[str, Any]) -> str:
     """
     window = summary.get("window") or {}
     head = ("", "run", f"last {window.get('size', '?')} steps")
+    if "ranks" in summary:  # the run column is the job's; the window is this rank's
+        head = ("", f"run, {summary.get('world_size')} ranks", f"{head[2]}, this rank")
     rows = [head]
     for key, label, fmt in _ROWS:
         rows.append((label, _cell(summary.get(key), fmt), _cell(window.get(key), fmt)))
