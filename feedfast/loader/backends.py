@@ -23,6 +23,7 @@ loader then copies through the pinned ring.
 from __future__ import annotations
 
 import random
+from functools import partial
 from typing import Callable, Iterator, Protocol
 
 from feedfast.compile.plan import Plan
@@ -31,6 +32,8 @@ from feedfast.loader.epoch import Batch, EpochPipe, make_pipeline, release_memor
 from feedfast.loader.prefetch import PinnedRing
 from feedfast.sources.assign import EpochPlan
 from feedfast.sources.dataset import ShardSet
+from feedfast.sources.rows import rank_rows
+from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 
 BACKENDS = ("auto", "dali", "threads", "pil")
 
@@ -64,10 +67,11 @@ class DaliSource:
 
     def __init__(self, plan: Plan, shards_for: Callable[[int], ShardSet], ring: PinnedRing, *, rank: int, world: int,
                  batch_size: int, threads: int, device_id: int | None, seed: int, prefetch: int,
-                 plan_for: Callable[[int], EpochPlan], keep_pools: bool) -> None:
+                 plan_for: Callable[[int], EpochPlan], keep_pools: bool, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
         self.plan, self.shards_for, self.ring, self.plan_for = plan, shards_for, ring, plan_for
         self.rank, self.world, self.batch_size, self.threads = rank, world, batch_size, threads
         self.device_id, self.seed, self.prefetch, self.keep_pools = device_id, seed, prefetch, keep_pools
+        self.max_pixels = max_pixels
         self.pipe: EpochPipe | None = None  # the open epoch's pipeline
         self.ahead: EpochPipe | None = None  # the next epoch's, started early
 
@@ -82,7 +86,9 @@ class DaliSource:
         self.pipe = pipe
         try:
             rng = random.Random(f"{self.seed}/{epoch}/{self.rank}/{start}")
-            for batch in run_epoch(pipe, self.plan, ep, self.ring, rng, self.shards_for(epoch)):
+            suspects = partial(self._suspects, epoch, ep, pipe.depth)
+            for batch in run_epoch(pipe, self.plan, ep, self.ring, rng, self.shards_for(epoch),
+                                   max_pixels=self.max_pixels, suspects=suspects):
                 if pipe.all_scheduled and self.ahead is None:
                     self._prepare(epoch + 1)
                 yield batch
@@ -90,6 +96,20 @@ class DaliSource:
             self.ring.drain()  # the side stream may still read DALI's buffers
             self.pipe = None
             self._drop(pipe)
+
+    def _suspects(self, epoch: int, ep: EpochPlan, depth: int, step: int) -> list[tuple[str, str]]:
+        """(shard, key) of the samples DALI's native reader holds for steps ``step`` .. ``step + depth``.
+
+        Its order is the rank's contiguous range (no shuffle: a shuffled epoch goes through the
+        feed, which names its samples); a shuffle buffer would widen it, so the buffer is added.
+        """
+        shards = self.shards_for(epoch)
+        exts = [{e.lower() for e in self.plan.nodes[i].params["ext"].split(";")} for i in range(len(self.plan.components))]
+        rows = rank_rows(shards.paths, shards.index_paths, shards.sizes, ep.shard_order, exts, rank=self.rank,
+                         world=self.world, window=0, seed=self.seed, epoch=epoch)
+        lo = max(0, step * self.batch_size - self.plan.spec.shuffle_buffer)
+        hi = (step + depth + 1) * self.batch_size + self.plan.spec.shuffle_buffer
+        return [(shards.paths[int(rows.shard[i])], rows.keys[i]) for i in range(lo, min(hi, len(rows.keys)))]
 
     def _build(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> EpochPipe:
         return make_pipeline(

@@ -135,8 +135,9 @@ class DataLoader:
             raise UserError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.spec = self.spec.replace(on_error=on_error) if on_error else self.spec
         self._cache_dir = Path(cache_dir) if cache_dir else _env.cache_dir()
+        self.max_pixels = positive("max_pixels", max_pixels) if max_pixels is not None else DEFAULT_MAX_PIXELS
         open_kw: dict[str, Any] = dict(
-            max_pixels=positive("max_pixels", max_pixels) if max_pixels is not None else DEFAULT_MAX_PIXELS,
+            max_pixels=self.max_pixels,
             cache_limit=positive("cache_limit", cache_limit) if cache_limit is not None else None,
             transfer=Transfer(retries=3 if remote_retries is None else at_least_zero("remote_retries", remote_retries)),
         )
@@ -170,7 +171,8 @@ class DataLoader:
                                       seed=self.spec.seed, prefetch=self.prefetch)
         if self.backend == "dali":
             return DaliSource(self.plan, self.shards_for, self.ring, threads=self.threads, device_id=self.device_id,
-                              plan_for=self.epoch_plan, keep_pools=self.plan.placement == "gpu", **common)
+                              plan_for=self.epoch_plan, keep_pools=self.plan.placement == "gpu",
+                              max_pixels=self.max_pixels, **common)
         if self.backend == "threads":
             from feedfast.loader.thread_epoch import run_thread_epoch
 

@@ -6,7 +6,7 @@ import random
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -20,6 +20,7 @@ from feedfast.ops.color import normalize_tensor
 from feedfast.sources.assign import EpochPlan
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.stream import StreamEpoch
+from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 
 
 @dataclass
@@ -159,11 +160,14 @@ class EpochPipe:
 
 
 def run_epoch(ep_pipe: EpochPipe, plan: Plan, ep: EpochPlan, ring: PinnedRing, rng: random.Random,
-              shards: ShardSet) -> Iterator[Batch]:
+              shards: ShardSet, *, max_pixels: int = DEFAULT_MAX_PIXELS,
+              suspects: Callable[[int], list[tuple[str, str]]] | None = None) -> Iterator[Batch]:
     """Yield this rank's batches of the epoch from the pipe's start step on (run on the producer thread).
 
     Each batch's device tensors are copied on the ring's side stream; ``Batch.ready`` is the
-    event the consumer's stream waits for (:meth:`PinnedRing.hand_over`).
+    event the consumer's stream waits for (:meth:`PinnedRing.hand_over`). When DALI fails a
+    step without naming the sample, ``suspects(step)`` (the samples of the steps in flight)
+    narrows :func:`~feedfast.loader.diagnose.diagnose`'s search.
     """
     omap = ep_pipe.omap
     raw_at = len(omap.fields)
@@ -171,7 +175,9 @@ def run_epoch(ep_pipe: EpochPipe, plan: Plan, ep: EpochPlan, ring: PinnedRing, r
         try:
             outs = ep_pipe.next()
         except RuntimeError as exc:
-            raise diagnose(exc, plan, step, shards, omap.stream) from exc
+            candidates = suspects(step) if suspects is not None and omap.stream is None else None
+            raise diagnose(exc, plan, step, shards, omap.stream, max_pixels=max_pixels,
+                           candidates=candidates) from exc
         checkpoint = ep_pipe.pipe.checkpoint()
         size, valid = ep.batch_sizes[step], ep.valid[step]
         where = omap.stream.origins(step, size) if omap.stream else convert.origins(outs[raw_at], size)
