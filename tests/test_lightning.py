@@ -112,10 +112,6 @@ def test_mid_epoch_checkpoint_resumes_under_two_ddp_processes(job_args: list[str
     _check_resume(ddp, tmp_path, save_at=2, steps_per_epoch=5, ranks=2, first=torchrun(), then=torchrun())
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "BatchInfo is a frozen dataclass and Lightning's batch transfer (apply_to_collection) refuses frozen "
-    "dataclasses, so DataLoader(sample_info=True) fails in Trainer.fit; a BatchInfo.to(device) method (Lightning "
-    "then calls it) or a non-frozen BatchInfo fixes it: then drop this marker"))
 def test_batches_with_sample_info_pass_through_lightnings_batch_transfer() -> None:
     pytest.importorskip("lightning_fabric")  # the part of Lightning that moves batches, without torchmetrics
     import torch

@@ -147,6 +147,7 @@ def build_plan(spec: Spec, *, device: str | None = None, consumer: str = "cpu", 
     from feedfast.compile import passes
 
     plan = lower(spec)
+    plan.consumer = consumer
     passes.place(plan, resolve_placement(device or spec.device))
     passes.cheap_transfer(plan, consumer)
     if fuse:

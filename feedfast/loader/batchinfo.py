@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -30,6 +30,10 @@ class BatchInfo:
     epoch: int
     step: int
     state: dict[str, Any]
+
+    def to(self, device: Any, non_blocking: bool = False) -> "BatchInfo":
+        """The same info with ``valid`` on ``device`` (what Lightning and other batch movers call)."""
+        return replace(self, valid=self.valid.to(device, non_blocking=non_blocking))
 
     @property
     def keys(self) -> list[str]:
