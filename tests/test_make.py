@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +53,7 @@ def test_csv_and_jsonl_lists(tmp_path: Path) -> None:
     assert main(["shards", "make", str(tmp_path / "l.csv"), str(tmp_path / "a")]) == 0
     assert main(["shards", "make", str(tmp_path / "l.jsonl"), str(tmp_path / "b")]) == 0
     labels = [int(v) for _, ys in feedfast.DataLoader(SPEC, shards=str(tmp_path / "a" / "*.tar")) for v in ys]
-    assert labels == [7, 3]
+    assert sorted(labels) == [3, 7]
     (tmp_path / "bad.csv").write_text("t/cat/0.JPG,seven\n")
     assert main(["shards", "make", str(tmp_path / "bad.csv"), str(tmp_path / "c")]) == 2
     (tmp_path / "missing.csv").write_text("nope.jpg,1\n")
@@ -135,3 +136,32 @@ def test_a_repeated_key_is_delivered_once(tmp_path: Path) -> None:
         loader = feedfast.DataLoader(SPEC, shards=shard, batch_size=1)
     got = [(k, int(y)) for _, ys in loader for (_, k), y in zip(loader.last_origins, ys)]
     assert got == [("a", 1), ("b", 2)]
+
+
+def _sorted_tree(root: Path, classes: int, per_class: int) -> None:
+    from PIL import Image
+
+    for c in range(classes):
+        (root / f"c{c:02d}").mkdir(parents=True)
+        for i in range(per_class):
+            Image.new("RGB", (8, 8), (c * 20, i * 10, 0)).save(root / f"c{c:02d}" / f"{i}.jpg")
+
+
+def test_make_shuffles_across_shards_by_default_and_inspect_warns_on_sorted_shards(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _sorted_tree(tmp_path / "tree", classes=8, per_class=10)
+    assert main(["shards", "make", str(tmp_path / "tree"), str(tmp_path / "sorted"), "--per-shard", "10",
+                 "--no-shuffle"]) == 0
+    assert main(["shards", "make", str(tmp_path / "tree"), str(tmp_path / "mixed"), "--per-shard", "10"]) == 0
+    assert "shuffled across shards (seed 0)" in capsys.readouterr().out
+    capsys.readouterr()
+    assert main(["shards", "inspect", str(tmp_path / "sorted" / "*.tar"), "--json"]) == 0
+    sorted_report = json.loads(capsys.readouterr().out)
+    assert [s["distinct_labels"] for s in sorted_report["shards"]] == [1] * 8
+    assert sorted_report["label_mixing"]["ratio"] < 0.3
+    assert any("class-sorted" in p for p in sorted_report["problems"])
+    assert main(["shards", "inspect", str(tmp_path / "mixed" / "*.tar"), "--json"]) == 0
+    mixed = json.loads(capsys.readouterr().out)
+    assert mixed["label_mixing"]["ratio"] > 0.8 and not any("class-sorted" in p for p in mixed["problems"])
+    got = Counter(int(y) for _, ys in feedfast.DataLoader(SPEC, shards=str(tmp_path / "mixed" / "*.tar")) for y in ys)
+    assert got == Counter({c: 10 for c in range(8)})  # every sample once, whatever the order

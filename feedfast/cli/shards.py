@@ -40,6 +40,9 @@ def add_parser(sub: Any) -> None:
     mk.add_argument("--prefix", default="shard")
     mk.add_argument("--overwrite", action="store_true",
                     help="remove the shards, indexes and classes.json already in OUT (default: refuse such a folder)")
+    mk.add_argument("--no-shuffle", action="store_true",
+                    help="keep the listed order (default: samples shuffled across shards, so no shard is class-sorted)")
+    mk.add_argument("--seed", type=int, default=0, help="seed of the shuffle (default 0)")
     mk.set_defaults(func=make)
     idx = s.add_parser("index", help="build (or refresh) DALI indexes for shards")
     idx.add_argument("shards", nargs="+")
@@ -87,11 +90,14 @@ def make(args: argparse.Namespace) -> int:
         mk.prepare_out(out, overwrite=args.overwrite)
     else:
         raise UserError(f"{src} is neither a folder of class subfolders nor a .csv/.jsonl list")
+    if not args.no_shuffle:
+        items = mk.shuffled(items, args.seed)
     limit = None if args.per_shard else mk.parse_size(args.shard_size or "256MB")
     paths = mk.write_shards(items, out, per_shard=args.per_shard, shard_size=limit, prefix=args.prefix)
     for p in paths:
         load_index(p, _env.cache_dir())
-    print(f"wrote {len(items)} samples in {len(paths)} shards with indexes to {out}")
+    order = "in the listed order" if args.no_shuffle else f"shuffled across shards (seed {args.seed})"
+    print(f"wrote {len(items)} samples {order} in {len(paths)} shards with indexes to {out}")
     return 0
 
 
@@ -111,21 +117,36 @@ def index(args: argparse.Namespace) -> int:
 
 def inspect(args: argparse.Namespace) -> int:
     """Counts, components and sizes of shards, and every problem with what the loader does about it."""
-    from feedfast.cli.shardstats import inspect_shard
+    from feedfast.cli.shardstats import inspect_shard, label_mixing
     from feedfast.sources.shardlist import resolve_shards
 
     report: dict[str, Any] = {"shards": [], "samples": 0, "components": Counter(), "problems": []}
+    labels: list[list[int]] = []
     for p in resolve_shards(args.shards):
         shard = inspect_shard(p, check=args.check, image_exts=_exts(args.image_ext))
-        report["shards"].append({"path": p, "samples": shard.samples, "components": shard.components})
+        report["shards"].append({"path": p, "samples": shard.samples, "components": shard.components,
+                                 "distinct_labels": len(set(shard.labels))})
         report["samples"] += shard.samples
         report["components"].update(shard.components)
         report["problems"] += shard.problems
+        labels.append(shard.labels)
     report["components"] = dict(report["components"])
+    mixing = label_mixing(labels)
+    if mixing is not None:
+        report["label_mixing"] = mixing
+        if mixing["ratio"] < 0.5:
+            report["problems"].append(
+                f"shards look class-sorted: a shard holds {mixing['mean_distinct']:.1f} distinct labels on average "
+                f"where shuffled shards of the same sizes would hold {mixing['expected_distinct']:.1f}; feedfast's "
+                "shuffle=True still permutes local shards, but buffer and window shuffles (DALI's, WebDataset's, "
+                "remote shards) give batches of few classes: rewrite them with `feedfast shards make` (it shuffles)")
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(f"{len(report['shards'])} shards, {report['samples']} samples; components: {report['components']}")
+        if mixing is not None:
+            print(f"labels: {mixing['labels']} distinct; {mixing['mean_distinct']:.1f} per shard on average, "
+                  f"{mixing['ratio']:.2f} of what shuffled shards would hold")
         for prob in report["problems"]:
             print(f"  problem: {prob}")
     return 0

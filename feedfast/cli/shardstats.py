@@ -12,7 +12,8 @@ import io
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from feedfast.sources.index import Member, parse_index
 
@@ -113,6 +114,7 @@ class ShardReport:
     samples: int
     components: dict[str, int]
     problems: list[str]
+    labels: list[int] = field(default_factory=list)  # the integer ``.cls`` labels, in shard order
 
 
 def inspect_shard(path: str, *, check: bool = False, image_exts: set[str] | frozenset[str] = frozenset(),
@@ -141,13 +143,15 @@ def inspect_shard(path: str, *, check: bool = False, image_exts: set[str] | froz
     for s in repeated:
         problems.append(f"{path}: key {s.key!r} repeats an earlier sample of this shard ({', '.join(s.exts)}): "
                         "the loader reads only the first sample of a key")
-    problems += _label_problems(path, samples)
+    labels: list[int] = []
+    problems += _label_problems(path, samples, labels)
     if check and image_exts:
         problems += _image_problems(path, samples, image_exts, max_pixels or DEFAULT_MAX_PIXELS)
-    return ShardReport(len(samples), dict(exts), problems)
+    return ShardReport(len(samples), dict(exts), problems, labels)
 
 
-def _label_problems(path: str, samples: list) -> list[str]:  # type: ignore[type-arg]
+def _label_problems(path: str, samples: list, labels: list[int]) -> list[str]:  # type: ignore[type-arg]
+    """Problems with ``.cls`` labels; the integer ones are appended to ``labels``."""
     out = []
     with open(path, "rb") as f:
         for s in samples:
@@ -159,10 +163,32 @@ def _label_problems(path: str, samples: list) -> list[str]:  # type: ignore[type
                 if not text.lstrip("-").isdigit():
                     out.append(f"{path}: {m.name}: label {text[:20]!r} is not an integer (the `label` op fails "
                                "on it: an error naming the sample)")
-                elif int(text) < 0:
+                else:
+                    labels.append(int(text))
+                if text.lstrip("-").isdigit() and int(text) < 0:
                     out.append(f"{path}: {m.name}: negative label {int(text)} (delivered as is; "
                                "most losses reject it)")
     return out
+
+
+def label_mixing(per_shard: Sequence[Sequence[int]]) -> dict[str, Any] | None:
+    """How mixed labels are across shards: mean distinct labels per shard against shuffled shards' expectation.
+
+    The expectation, for a shard of ``n`` samples drawn at random from the whole set's label
+    frequencies ``p_c``, is ``sum_c 1 - (1 - p_c) ** n``. None when there are no labels or one.
+    """
+    from collections import Counter
+
+    counts = Counter(label for labels in per_shard for label in labels)
+    total = sum(counts.values())
+    sized = [labels for labels in per_shard if labels]
+    if len(counts) < 2 or not sized:
+        return None
+    freqs = [c / total for c in counts.values()]
+    expected = sum(sum(1 - (1 - p) ** len(labels) for p in freqs) for labels in sized) / len(sized)
+    mean = sum(len(set(labels)) for labels in sized) / len(sized)
+    return {"labels": len(counts), "mean_distinct": round(mean, 2), "expected_distinct": round(expected, 2),
+            "ratio": round(mean / expected, 3)}
 
 
 def _image_problems(path: str, samples: list, image_exts: set[str] | frozenset[str],  # type: ignore[type-arg]

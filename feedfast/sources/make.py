@@ -10,6 +10,11 @@ extension, dots replaced by ``_`` (the extension starts at the first dot of a na
 An output folder that already holds shards (``*.tar``), indexes (``*.idx``) or a
 ``classes.json`` is refused: old shards left beside new ones would be read as one dataset.
 ``overwrite=True`` (``--overwrite``) removes exactly those files first; other files stay.
+
+Samples are shuffled across shards before packing (:func:`shuffled`, seeded; ``--no-shuffle``
+keeps the listed order): an image-folder tree packed as it lies gives class-sorted shards, on
+which any reader that shuffles within a buffer or a window (DALI's, WebDataset's, feedfast's
+for remote shards) yields batches of a few classes.
 """
 
 from __future__ import annotations
@@ -64,6 +69,15 @@ def from_folder(root: Path) -> tuple[list[Item], list[str]]:
             if f.is_file() and f.suffix.lower() in IMAGE_EXTS:
                 items.append(Item(f, label, _key(f.relative_to(root))))
     return items, classes
+
+
+def shuffled(items: list[Item], seed: int) -> list[Item]:
+    """``items`` in a random order fixed by ``seed``."""
+    import random
+
+    out = list(items)
+    random.Random(f"feedfast-make/{seed}").shuffle(out)
+    return out
 
 
 def from_list(path: Path) -> list[Item]:
