@@ -69,7 +69,9 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     local = resolve_shards(demo_shards())
-    kw: dict[str, Any] = {"batch_size": args.batch_size, "num_workers": args.workers}
+    # DALI on both sides (the default CPU backend is the threaded path, which reads local shards only);
+    # under shuffle the local side reads the global order through the same feed (sources/order.py)
+    kw: dict[str, Any] = {"batch_size": args.batch_size, "num_workers": args.workers, "backend": "dali"}
     if args.no_shuffle:
         kw["shuffle"] = False
     with serve(Path(local[0]).parent, args.server) as (base, srv):
