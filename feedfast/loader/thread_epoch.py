@@ -152,7 +152,8 @@ class _Epoch:
         self.constants = {f.name: _constants(f.normalize, f.normalize["layout"] == "CHW")
                           for f in self.fields if f.normalize}
         self.chunk = max(1, math.ceil(batch_size / (2 * threads)))
-        self.buffers = _Buffers(limit=2 * len(self.fields) * (prefetch + 3))
+        pixel_fields = sum(f.kind == "pixels" for f in self.fields)
+        self.buffers = _Buffers(limit=pixel_fields * (prefetch + 3))  # in flight, the consumer's, one spare
         self._fds: dict[int, int] = {}
         self._fd_lock = threading.Lock()
         self._local = threading.local()
