@@ -345,3 +345,21 @@ def test_pixels_against_torchvision_resized_crop_with_the_same_boxes(shards: lis
         expected.append(torch.from_numpy(np.asarray(crop).copy()))
     err = (ours.float() - torch.stack(expected).float()).abs()
     assert float(err.max()) == 0.0 if not draft else float(err.mean()) < 2.0
+
+
+def test_a_spec_without_images_features_npy_gives_the_pil_backends_batches(tmp_path: Path) -> None:
+    path = tmp_path / "features-0000.tar"
+    with tarfile.open(path, "w") as tar:
+        for i in range(7):
+            buf = io.BytesIO()
+            np.save(buf, np.arange(5, dtype=np.float32) * i)
+            for ext, payload in (("npy", buf.getvalue()), ("cls", str(i % 3).encode())):
+                info = tarfile.TarInfo(f"s{i}.{ext}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    spec = load_spec(ROOT / "pipelines/features-npy.yaml").replace(batch_size=3)
+    assert fast_path_supported(build_plan(spec, device="cpu"))
+    ours, pil = _run(spec, [str(path)]), _run(spec, [str(path)], backend="pil")
+    assert _origins(ours) == _origins(pil) and len(ours) == 3
+    for a, b in zip(ours, pil):
+        assert torch.equal(a.fields["features"], b.fields["features"]) and torch.equal(a.fields["label"], b.fields["label"])
