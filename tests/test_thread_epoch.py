@@ -363,3 +363,14 @@ def test_a_spec_without_images_features_npy_gives_the_pil_backends_batches(tmp_p
     assert _origins(ours) == _origins(pil) and len(ours) == 3
     for a, b in zip(ours, pil):
         assert torch.equal(a.fields["features"], b.fields["features"]) and torch.equal(a.fields["label"], b.fields["label"])
+
+
+@pytest.mark.usefixtures("no_draft")
+def test_two_views_of_one_decode_equal_the_pil_backend(shards: list[str]) -> None:
+    view = {"from": "image", "ops": ["decode", {"random_resized_crop": {"size": 24}}, "flip", "normalize"]}
+    spec = load_spec({"source": {"components": {"image": {"ext": "jpg", "kind": "image"}}},
+                      "pipeline": {"a": view, "b": view}, "outputs": {"a": "a", "b": "b"}, "batch": {"size": 4}})
+    assert fast_path_supported(build_plan(spec, device="cpu"))
+    for x, y in zip(_run(spec, shards), _run(spec, shards, backend="pil")):
+        assert torch.equal(x.fields["a"], y.fields["a"]) and torch.equal(x.fields["b"], y.fields["b"])
+        assert not torch.equal(x.fields["a"], x.fields["b"])  # two draws, one decode
