@@ -16,7 +16,7 @@ from PIL import Image
 from feedfast import _env
 from feedfast.compile.plan import build_plan
 from feedfast.errors import SampleError
-from feedfast.loader import thread_sample
+from feedfast.loader import pil_fast, thread_sample
 from feedfast.loader.epoch import Batch
 from feedfast.loader.pil_epoch import run_pil_epoch
 from feedfast.loader.thread_epoch import fast_path_supported, run_thread_epoch
@@ -277,11 +277,11 @@ def test_decoding_only_the_rows_a_crop_reads_gives_the_same_rows() -> None:
     jpeg = buf.getvalue()
     full = np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"))
     top = Image.open(io.BytesIO(jpeg))
-    assert thread_sample.load_rows(top, 77)
+    assert pil_fast.load_rows(top, 77)
     assert np.array_equal(np.asarray(top.convert("RGB"))[:77], full[:77])
     assert not np.asarray(top.convert("RGB"))[120:].any()  # rows below were never decoded
     cut = Image.open(io.BytesIO(jpeg[: len(jpeg) // 4]))  # the data ends above row 150
-    assert not thread_sample.load_rows(cut, 150)
+    assert not pil_fast.load_rows(cut, 150)
 
 
 def test_rows_needed_covers_the_box_and_the_filter_reach() -> None:

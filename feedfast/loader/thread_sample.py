@@ -10,7 +10,7 @@ view computed by one ``resize(size, box=...)`` (or one ``crop``), with:
 - reduced-size JPEG decoding (DCT scaling, ``Image.draft``): the largest factor of 2, 4 or 8
   that keeps every box the source feeds at least its output size;
 - JPEG rows decoded only down to the lowest row a box (and its filter) reads
-  (:func:`load_rows`): libjpeg decodes top to bottom, so the rest is never decoded;
+  (:func:`~feedfast.loader.pil_fast.load_rows`): libjpeg decodes top to bottom, so the rest is never decoded;
 - flips left to the writer (a reversed NumPy view), and ``normalize`` to the batch.
 
 What differs from the ``pil`` backend: nothing where no draft applies (the resize reads the
@@ -25,7 +25,6 @@ reduction by more than :data:`REDUCING_GAP` first averages pixel blocks (Pillow'
 
 from __future__ import annotations
 
-import ctypes
 import io
 import math
 import random
@@ -36,6 +35,7 @@ import numpy as np
 
 from feedfast.baseline.pil_ops import random_resized_crop_params
 from feedfast.compile.pil import PilProgram, PilStep
+from feedfast.loader.pil_fast import exported_pixels, load_rows
 from feedfast.ops.base import as_hw
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.geometry import _pil_interp
@@ -234,41 +234,6 @@ def rows_needed(views: Any, scale: float, height: int) -> int:
     return min(height, int(need) + 1)
 
 
-_MARK = bytes(random.Random(7).randrange(256) for _ in range(4099))
-
-
-def load_rows(img: Any, rows: int) -> bool:
-    """Decode a JPEG only down to row ``rows`` (rows below stay black); other images in full.
-
-    libjpeg decodes top to bottom, so rows below the lowest one a crop reads are not worth
-    decoding. Pillow decodes the rows of a shortened tile, then libjpeg reports "too few
-    scanlines" and Pillow "broken data stream": expected. Whether the rows themselves decoded
-    is told by the last one, filled beforehand with a mark that decoding overwrites. False
-    when it did not (a damaged or truncated JPEG): the caller decodes in full to get the error.
-    A JPEG damaged only below the rows a crop reads is delivered.
-    """
-    from PIL import Image
-
-    tile = img.tile
-    if img.format != "JPEG" or len(tile) != 1 or tile[0][0] != "jpeg" or rows >= tile[0][1][3] - tile[0][1][1]:
-        img.load()
-        return True
-    x0, y0, x1, _ = tile[0][1]
-    extents = (x0, y0, x1, y0 + rows)
-    img.tile = [tile[0]._replace(extents=extents) if hasattr(tile[0], "_replace") else
-                (tile[0][0], extents, *tile[0][2:])]
-    img.load_prepare()
-    width = img.width
-    size = width * len(img.getbands())
-    mark = (_MARK * (size // len(_MARK) + 1))[:size]
-    img.im.paste(Image.frombytes(img.mode, (width, 1), mark).im, (0, rows - 1, width, rows))
-    try:
-        img.load()
-    except OSError:
-        img.tile = []
-    return img.crop((0, rows - 1, width, rows)).tobytes() != mark
-
-
 def _pixels(img: Any, view: View, scale: float) -> np.ndarray:
     if view.resample is None:
         result = img if view.clip == (0, 0, *img.size) else img.crop(view.clip)
@@ -289,59 +254,6 @@ def _pixels(img: Any, view: View, scale: float) -> np.ndarray:
     if view.vflip:
         arr = arr[::-1]
     return arr
-
-
-class _ArrowSchema(ctypes.Structure):
-    pass
-
-
-class _ArrowArray(ctypes.Structure):
-    pass
-
-
-_ArrowSchema._fields_ = [
-    ("format", ctypes.c_char_p), ("name", ctypes.c_char_p), ("metadata", ctypes.c_char_p), ("flags", ctypes.c_int64),
-    ("n_children", ctypes.c_int64), ("children", ctypes.POINTER(ctypes.POINTER(_ArrowSchema))),
-    ("dictionary", ctypes.c_void_p), ("release", ctypes.c_void_p), ("private_data", ctypes.c_void_p)]
-_ArrowArray._fields_ = [
-    ("length", ctypes.c_int64), ("null_count", ctypes.c_int64), ("offset", ctypes.c_int64),
-    ("n_buffers", ctypes.c_int64), ("n_children", ctypes.c_int64), ("buffers", ctypes.POINTER(ctypes.c_void_p)),
-    ("children", ctypes.POINTER(ctypes.POINTER(_ArrowArray))), ("dictionary", ctypes.c_void_p),
-    ("release", ctypes.c_void_p), ("private_data", ctypes.c_void_p)]
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.restype, _capsule_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-
-
-class _Exported:
-    """A NumPy array interface over an image's memory that keeps the Arrow export alive."""
-
-    def __init__(self, address: int, shape: tuple[int, ...], keep: Any) -> None:
-        self.__array_interface__ = {"data": (address, True), "shape": shape, "typestr": "|u1", "version": 3}
-        self._keep = keep
-
-
-def exported_pixels(img: Any) -> np.ndarray:
-    """The image's pixels as a uint8 HW or HWC array without a copy where Pillow can export them.
-
-    Pillow (12 and later) exports an image held in one memory block through the Arrow C data
-    interface: RGB as a list of 4 bytes per pixel (a padding byte, dropped by a view).
-    Elsewhere, ``np.asarray`` (one copy through ``tobytes``).
-    """
-    if img.mode != "RGB":  # exporting an "L" image crashed pillow-simd 12.1.1 here: RGB only
-        return np.asarray(img)
-    try:
-        schema_capsule, array_capsule = img.__arrow_c_array__()
-    except (AttributeError, ValueError):
-        return np.asarray(img)
-    schema = _ArrowSchema.from_address(_capsule_pointer(schema_capsule, b"arrow_schema"))
-    array = _ArrowArray.from_address(_capsule_pointer(array_capsule, b"arrow_array"))
-    width, height = img.size
-    keep = (schema_capsule, array_capsule, img)
-    if schema.format == b"+w:4" and not array.offset:
-        child = array.children[0].contents
-        if child.offset == 0 and child.length == width * height * 4:
-            return np.asarray(_Exported(child.buffers[1], (height, width, 4), keep))[:, :, :3]
-    return np.asarray(img)
 
 
 def program_values(program: PilProgram, raw: Sequence[bytes], rng: random.Random) -> dict[str, Any]:
