@@ -51,6 +51,8 @@ STOCK := .venv-stock
 $(STOCK)/.installed:
 	test -x $(STOCK)/bin/python || $(PYTHON) -m venv $(STOCK)
 	$(STOCK)/bin/pip install -q "$(TORCH_SPEC)" Pillow webdataset braceexpand numpy pyyaml psutil tqdm
+	@# torchvision for the recipe row, matching the installed torch; --no-deps keeps that torch (Pillow is there)
+	$(STOCK)/bin/pip install -q --no-deps "torchvision==$$($(STOCK)/bin/python -c 'import torch; v = torch.__version__.split("+")[0].split("."); print(f"0.{int(v[1]) + 15}.{v[2]}")')"
 	$(STOCK)/bin/pip install -q --no-deps -e .
 	touch $@
 

@@ -32,7 +32,6 @@ sys.path.insert(0, str(HERE))
 import rows  # noqa: E402
 
 
-
 def feedfast_default(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
     """feedfast.DataLoader on imagenet-train with no backend or device argument (on the CPU: the threaded path)."""
     import feedfast

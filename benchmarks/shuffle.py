@@ -28,7 +28,6 @@ import tarfile
 import time
 from datetime import date
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))

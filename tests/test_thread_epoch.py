@@ -374,3 +374,34 @@ def test_two_views_of_one_decode_equal_the_pil_backend(shards: list[str]) -> Non
     for x, y in zip(_run(spec, shards), _run(spec, shards, backend="pil")):
         assert torch.equal(x.fields["a"], y.fields["a"]) and torch.equal(x.fields["b"], y.fields["b"])
         assert not torch.equal(x.fields["a"], x.fields["b"])  # two draws, one decode
+
+
+@pytest.mark.parametrize("backend", ["threads", "pil", "dali"])
+def test_a_16_bit_image_keeps_its_values_on_every_backend(tmp_path: Path, backend: str) -> None:
+    """A 16-bit grey gradient of mean 0.5 arrives at about 0.5 (it came out at 0.998 when clipped to 8 bits)."""
+    import io
+    import tarfile
+
+    import numpy as np
+    from PIL import Image
+
+    import feedfast
+
+    ramp = np.tile(np.linspace(0, 65535, 64, dtype=np.uint16), (64, 1))
+    buf = io.BytesIO()
+    Image.fromarray(ramp).save(buf, format="PNG")
+    shard = tmp_path / "deep.tar"
+    with tarfile.open(shard, "w") as tar:
+        for i in range(4):
+            for ext, data in (("png", buf.getvalue()), ("cls", b"1")):
+                info = tarfile.TarInfo(f"s{i}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    spec = {"version": 1, "name": "deep",
+            "source": {"components": {"image": {"ext": "png", "kind": "image"}, "label": {"ext": "cls", "kind": "label"}}},
+            "pipeline": {"image": ["decode", {"resize": {"size": [32, 32]}},
+                                   {"normalize": {"mean": [0, 0, 0], "std": [1, 1, 1]}}],
+                         "label": ["label"]},
+            "outputs": ["image", "label"], "batch": {"size": 4}}
+    images, _ = next(iter(feedfast.DataLoader(spec, shards=str(shard), backend=backend, num_workers=1)))
+    assert abs(float(images.mean()) - 0.5) < 0.03, float(images.mean())

@@ -195,6 +195,8 @@ def draft_factor(view: View) -> int:
 def _materialize(views: dict[str, View], opened: dict[int, tuple[Any, PilStep, bytes]]) -> dict[str, np.ndarray]:
     from PIL import Image
 
+    from feedfast.sources.decoders import to_8bit
+
     out: dict[str, np.ndarray] = {}
     for source, (img, step, raw) in opened.items():
         mine = {name: v for name, v in views.items() if v.source == source}
@@ -210,7 +212,7 @@ def _materialize(views: dict[str, View], opened: dict[int, tuple[Any, PilStep, b
             if not load_rows(img, rows_needed(mine.values(), scale, img.height)):
                 raise NeedsFallback  # the rows did not decode: the full decode says why
             target = "L" if step.params["color"] == "gray" else "RGB"
-            decoded = img if img.mode == target else img.convert(target)
+            decoded = img if img.mode == target else to_8bit(img).convert(target)  # 16-bit scaled, not clipped
         except (*_PIL_ERRORS, Image.DecompressionBombError) as exc:
             raise _decode_failure(step, exc, raw) from None
         for name, view in mine.items():
