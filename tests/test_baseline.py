@@ -16,13 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from feedfast.baseline import IMAGENET_MEAN, IMAGENET_STD, TorchRecipe, make_torch_loader, pil_ops
+from feedfast.baseline import IMAGENET_MEAN, IMAGENET_STD, TorchRecipe, make_torch_loader
 from feedfast.baseline.dali_recipe import DaliRecipeLoader, ascii_labels
 from feedfast.baseline.from_spec import settings_from_spec
 from feedfast.baseline.rounds import ratio_spread, round_order
 from feedfast.baseline.shard_dataset import ShardSamples
 from feedfast.baseline.vision import transforms
 from feedfast.errors import UserError
+from feedfast.ops import pil_ops
 from feedfast.sources.index import load_index
 from feedfast.sources.synth import synth_shards
 from tests.helpers import SMALL_SPEC

@@ -316,11 +316,11 @@ def test_pixels_against_torchvision_resized_crop_with_the_same_boxes(shards: lis
     Full-size decoding: equal, pixel for pixel. Reduced-size decoding (the fixtures' small
     images, 32 px crops): the tolerance of the pil-backend test above (mean < 2.0 grey levels).
     """
-    from feedfast.baseline.pil_ops import random_resized_crop_params
     from feedfast.baseline.vision import transforms
     from feedfast.compile.pil import compile_pil
     from feedfast.errors import UserError
     from feedfast.loader.pil_epoch import rank_samples
+    from feedfast.ops.pil_ops import random_resized_crop_params
 
     try:
         functional = transforms().functional

@@ -6,8 +6,8 @@
   parameters, as a DALI user would write it.
 - :mod:`~feedfast.baseline.rounds`: the order of alternating rounds and the spread of ratios.
 
-:mod:`~feedfast.baseline.pil_ops` is feedfast's own re-implementation of the torchvision
-transforms, used by the ``pil`` backend; no baseline uses it.
+feedfast's own PIL forms of the geometry ops (used by the ``pil`` and ``threads`` backends) live
+beside the ops they implement, in :mod:`feedfast.ops.pil_ops`; no baseline uses them.
 """
 
 from feedfast.baseline.torch_recipe import (

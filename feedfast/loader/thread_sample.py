@@ -33,12 +33,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from feedfast.baseline.pil_ops import random_resized_crop_params
 from feedfast.compile.pil import PilProgram, PilStep
 from feedfast.loader.pil_fast import exported_pixels, load_rows
 from feedfast.ops.base import as_hw
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.geometry import _pil_interp
+from feedfast.ops.pil_ops import random_resized_crop_params
 from feedfast.ops.registry import OPS
 
 FAST_OPS = frozenset({"decode", "random_resized_crop", "resize", "center_crop", "flip", "normalize"})

@@ -60,7 +60,7 @@ def _rrc_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
 
 
 def _rrc_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
-    from feedfast.baseline import pil_ops
+    from feedfast.ops import pil_ops
 
     return pil_ops.random_resized_crop(
         img, p["size"], scale=tuple(p["scale"]), ratio=tuple(p["ratio"]), rng=rng,
@@ -110,7 +110,7 @@ def _resize_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
 
 
 def _resize_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
-    from feedfast.baseline import pil_ops
+    from feedfast.ops import pil_ops
 
     if isinstance(p["size"], int):
         return pil_ops.resize_shorter(img, p["size"], _pil_interp(p["interpolation"]))
@@ -137,7 +137,7 @@ def _center_crop_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
 
 
 def _center_crop_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
-    from feedfast.baseline import pil_ops
+    from feedfast.ops import pil_ops
 
     return pil_ops.center_crop(img, p["size"])
 

@@ -1,8 +1,10 @@
-"""torchvision's classic PIL transforms, re-implemented without torchvision.
+"""The PIL forms of the geometry and colour ops (the ``pil`` and ``threads`` backends' implementation).
 
 Each function reproduces the torchvision (``transforms`` v1 / ``functional``) semantics for
-PIL images, including its rounding rules, so the baseline measures what torchvision users
-run. Randomness comes from an explicit ``random.Random`` instead of torch's global RNG.
+PIL images, including its rounding rules, so a spec gives the pixels a torchvision user
+expects on every backend. Randomness comes from an explicit ``random.Random`` instead of
+torch's global RNG. The op registry (:mod:`feedfast.ops.geometry`) calls them; comparisons
+against torchvision run torchvision itself (:mod:`feedfast.baseline.torch_recipe`).
 """
 
 from __future__ import annotations
