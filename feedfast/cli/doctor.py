@@ -110,11 +110,23 @@ def collect(decode_seconds: float = 1.0) -> dict[str, Any]:
         "versions": sysprobe.versions(), "cuda": cuda,
         "hw_jpeg_decoder": sysprobe.hw_jpeg_decoder(cuda["available"], jpeg),
         "cpu": cpu, "memory": sysprobe.memory(), "cache": sysprobe.cache_folder(),
-        "simd": {"cpu": cpu_simd(), "pil": pil_simd_level()},
+        "simd": {"cpu": cpu_simd(), "pil": pil_simd_level()}, "pil_codecs": _codecs(),
         "decode_benchmark": decode_benchmark(jpeg, decode_seconds, cpu["usable"]),
     }
     report["limits"] = limits(report)
     return report
+
+
+def _codecs() -> dict[str, dict[str, Any]]:
+    """{PIL codec: {present, reads}} (empty without PIL)."""
+    try:
+        from feedfast.sources.decoders import pil_codecs
+    except ImportError:
+        return {}
+    try:
+        return {name: {"present": present, "reads": what} for name, (present, what) in pil_codecs().items()}
+    except ImportError:  # no PIL
+        return {}
 
 
 def limits(r: dict[str, Any]) -> list[str]:
@@ -141,6 +153,11 @@ def limits(r: dict[str, Any]) -> list[str]:
         out.append(f"pillow-simd was built for {simd['pil']['level']} on a CPU with AVX2: its resizes run slower than "
                    "they could; rebuild: CC=\"cc -mavx2\" pip install --force-reinstall --no-deps --no-binary :all: "
                    "--no-cache-dir pillow-simd")
+    missing = [f"{name} ({c['reads']})" for name, c in r.get("pil_codecs", {}).items() if not c["present"]]
+    if missing:
+        out.append(f"this PIL lacks {', '.join(missing)}: such images are checked and decoded by DALI and re-encoded "
+                   "as PNG (slower to load; without DALI they are left out); a PIL built with those libraries reads "
+                   "them directly")
     if not r["cache"]["writable"]:
         out.append(f"cache folder not writable ({r['cache']['reason']}): shard indexes are rebuilt on every run")
     return out
@@ -178,6 +195,8 @@ def _print(r: dict[str, Any]) -> None:
                       f"cgroup quota {cpu['cgroup_quota'] if cpu['cgroup_quota'] is not None else 'none'}"),
         ("memory", f"{mem['total_mb'] / 1e3:.1f} GB, {mem['available_mb'] / 1e3:.1f} GB available; /dev/shm {shm}"),
         ("cache folder", f"{cache['path']} ({state})"),
+        ("PIL codecs", ", ".join(f"{n} {'yes' if c['present'] else 'NO'}" for n, c in r.get("pil_codecs", {}).items())
+         or "unknown (no PIL)"),
         ("decode", r["decode_benchmark"]["what"]),
     ]
     print("feedfast doctor\n" + table(rows))
