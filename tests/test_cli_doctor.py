@@ -19,7 +19,8 @@ def test_doctor_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--json", *FAST]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert set(rep) == {"versions", "cuda", "hw_jpeg_decoder", "cpu", "memory", "cache", "simd", "decode_benchmark",
-                        "limits"}
+                        "limits", "pil_codecs"}
+    assert rep["pil_codecs"]["jpg"]["present"] is True and "zlib" in rep["pil_codecs"]
     assert rep["simd"]["pil"]["level"] in ("AVX-512", "AVX2", "AVX", "SSE4", "none (no -msse4/-mavx flags)", "unknown")
     v = rep["versions"]
     for key in ("feedfast", "python", "torch", "dali", "webdataset"):
