@@ -21,6 +21,7 @@ from feedfast.sources.index import format_index, scan_tar
 from feedfast.sources.remote import RemoteError, Transfer, fetch_range
 from feedfast.sources.remote_index import remote_index
 from feedfast.sources.shardlist import resolve_shards
+from feedfast.sources.transport import transport_for
 from tests.helpers import make_shards
 from tests.rangeserver import RangeServer
 
@@ -240,3 +241,23 @@ def test_an_undecodable_image_over_http_is_named_or_skipped(small_spec: dict, lo
         loader = feedfast.DataLoader(small_spec, shards=url, on_error="skip", cache_dir=tmp_path / "c")
         assert [(s["shard"], s["key"]) for s in loader.skipped_samples()] == [(url, "train-00000002")]
         assert sum(len(keys) for keys, _, _ in _epoch(loader)) == 4
+
+
+def test_every_scheme_reads_the_same_ranges_through_one_interface(local: list[str], server: RangeServer,
+                                                                  tmp_path: Path) -> None:
+    data = open(local[1], "rb").read()
+    members = [m for s in scan_tar(local[1]) for m in s.members]
+    cache = ShardCache(str(tmp_path / "shards"), transfer=FAST)
+    url = _urls(server, local)[1]
+    readers = [(transport_for(name, FAST), name) for name in (local[1], f"file://{local[1]}", url)]
+    for transport, name in readers + [(cache, f"pipe:cat {local[1]}")]:  # pipe: through the cache that wraps it
+        assert transport.stream(name, lambda f: f.read()) == data, name
+        assert all(transport.read_range(name, m.offset, m.size) == data[m.offset:m.offset + m.size] for m in members)
+        with pytest.raises(ShardError, match="truncated|ends before|IncompleteRead"):
+            transport.read_range(name, len(data) - 4, 8)
+    assert transport_for(local[1]).validators(local[1])["size"] == str(len(data))
+    assert transport_for(url).validators(url)["content-length"] == str(len(data))
+    pipe = transport_for(f"pipe:cat {local[1]}")
+    assert not pipe.ranged and pipe.stream(f"pipe:cat {local[1]}", lambda f: f.read()) == data
+    with pytest.raises(ShardError, match="no byte ranges.*shard cache"):
+        pipe.read_range(f"pipe:cat {local[1]}", 0, 4)

@@ -25,8 +25,9 @@ import torch
 import feedfast
 from feedfast.errors import ShardError, UserError
 from feedfast.sources.index import format_index, scan_tar
-from feedfast.sources.remote import RemoteError, Transfer, read_all, validators
+from feedfast.sources.remote import RemoteError, Transfer
 from feedfast.sources.remote_index import remote_index
+from feedfast.sources.transport import transport_for
 from tests.helpers import make_shards
 
 pytest.importorskip("moto", reason="the s3 tests need a local S3 server: pip install -e '.[dev]'")
@@ -152,10 +153,16 @@ def test_two_ranks_over_s3_read_the_local_ranges_and_a_shuffled_epoch_is_exact(s
 
 
 def test_feedfasts_own_s3_reads_index_scan_sidecar_and_validators(local: list[str], s3: Any, tmp_path: Path) -> None:
-    size = os.path.getsize(local[0])
-    found = validators("s3://bucket/train-0000.tar", FAST)
+    size, url = os.path.getsize(local[0]), "s3://bucket/train-0000.tar"
+    transport = transport_for(url, FAST)
+    found = transport.validators(url)
     assert found["size"] == str(size) and found["ETag"].strip('"')
-    assert read_all("s3://bucket/train-0000.tar", lambda f: f.read(), FAST) == Path(local[0]).read_bytes()
+    data = Path(local[0]).read_bytes()
+    assert transport.stream(url, lambda f: f.read()) == data
+    for m in scan_tar(local[0])[3].members:  # ranged reads, as a global sample order needs them
+        assert transport.read_range(url, m.offset, m.size) == data[m.offset:m.offset + m.size]
+    with pytest.raises(ShardError, match=r"s3://bucket/train-0000\.tar"):
+        transport.read_range(url, size - 4, 8)  # past the end
     for bucket in ("bucket", "indexed"):
         _, samples, got_size = remote_index(f"s3://{bucket}/train-0000.tar", tmp_path / "cache", FAST)
         assert samples == scan_tar(local[0]) and got_size == size
@@ -176,7 +183,7 @@ def test_a_changed_s3_shard_gets_a_new_index(local: list[str], s3: Any, tmp_path
 
 def test_a_missing_s3_shard_or_bucket_names_the_url(small_spec: dict, s3: Any, tmp_path: Path) -> None:
     with pytest.raises(RemoteError, match=r"shard not found: 's3://bucket/missing\.tar'") as err:
-        validators("s3://bucket/missing.tar", FAST)
+        transport_for("s3://bucket/missing.tar", FAST).validators("s3://bucket/missing.tar")
     assert err.value.status == 404
     for url in ("s3://bucket/missing.tar", "s3://no-such-bucket/a.tar"):
         with pytest.raises(ShardError, match=url.replace(".", r"\.")):

@@ -11,6 +11,9 @@ the folder holds at most ``limit`` bytes (``None``: no limit, the default). The 
 downloaded is never deleted, so one shard larger than the limit still works. A shard
 deleted while a reader needs it is downloaded again; a reader that already opened it keeps
 reading the deleted file. Concurrent downloads of one URL are serialized with a lock file.
+
+The cache is itself a :class:`~feedfast.sources.transport.Transport` that wraps whichever
+transport reads the URL: its reads (``stream``, ``read_range``) are of the cached copy.
 """
 
 from __future__ import annotations
@@ -22,14 +25,17 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable, TypeVar
 
 from feedfast.errors import ShardError
-from feedfast.sources.remote import DEFAULT_TRANSFER, Transfer, read_all
+from feedfast.sources.remote import DEFAULT_TRANSFER, Transfer
+from feedfast.sources.transport import Transport, transport_for
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class ShardCache:
+class ShardCache(Transport):
     """Whole remote shards kept under ``root``, at most ``limit`` bytes of them (None: unlimited)."""
 
     root: str
@@ -71,6 +77,22 @@ class ShardCache:
                 continue  # evicted between ensure() and open(): fetch it again
         raise ShardError(f"cached shard {url!r} keeps disappearing from {self.root}: is the cache limit too small?")
 
+    def stream(self, url: str, consume: Callable[[IO[bytes]], T]) -> T:
+        """Hand the cached copy of ``url`` (downloaded first if needed) to ``consume``."""
+        with self.open(url) as f:
+            return consume(f)
+
+    def read_range(self, url: str, offset: int, size: int) -> bytes:
+        """``size`` bytes of the cached copy of ``url`` at ``offset`` (downloaded first if needed)."""
+        with self.open(url) as f:
+            try:
+                data = os.pread(f.fileno(), size, offset)
+            except OSError as exc:
+                raise ShardError(f"cannot read the cached copy of shard {url!r}: {exc}") from exc
+        if len(data) != size:
+            raise ShardError(f"shard is truncated: {url!r} ends before byte {offset + size}")
+        return data
+
     def _download(self, url: str, path: Path) -> None:
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.part")
 
@@ -79,7 +101,7 @@ class ShardCache:
                 shutil.copyfileobj(stream, out, 1 << 20)
 
         try:
-            read_all(url, copy, self.transfer)
+            transport_for(url, self.transfer).stream(url, copy)
             os.replace(tmp, path)
         finally:
             if tmp.exists():

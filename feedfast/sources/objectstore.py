@@ -1,23 +1,24 @@
-"""s3:// and gs:// shards read from Python through fsspec (s3fs, gcsfs), to index them.
+"""s3:// and gs:// shards read from Python through fsspec (s3fs, gcsfs): metadata, streams, byte ranges.
 
 DALI's webdataset reader reads these shards itself (its own AWS and GCS clients); feedfast
-only needs each shard's index, fetched beside the shard or built by one scan. fsspec and
-its backends are optional: without them, indexing fails with a ShardError saying what to
-install.
+reads their metadata and indexes (fetched beside the shard or built by one scan) and,
+through :mod:`.transport`, byte ranges. fsspec and its backends are optional: without
+them, reading fails with a ShardError saying what to install. Endpoints and credentials
+are the clients' own settings (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
 """
 
 from __future__ import annotations
 
+import http.client
 from typing import IO, Any, Callable, TypeVar
 
 from feedfast.errors import ShardError
+from feedfast.sources.remote import RemoteError
 
 T = TypeVar("T")
 
 
 def _not_found(url: str) -> ShardError:
-    from feedfast.sources.remote import RemoteError  # remote imports this module
-
     return RemoteError(f"shard not found: {url!r}", url=url, status=404)
 
 
@@ -30,25 +31,42 @@ def _fsspec(url: str) -> Any:
     return fsspec
 
 
-def read(url: str, consume: Callable[[IO[bytes]], T]) -> T:
-    """Open ``url`` with fsspec and hand the stream to ``consume``."""
-    fsspec = _fsspec(url)
+def _filesystem(url: str) -> tuple[Any, str]:
+    """fsspec's filesystem for ``url`` and the path within it."""
     try:
-        with fsspec.open(url, "rb") as f:
-            return consume(f)
+        return _fsspec(url).core.url_to_fs(url)  # type: ignore[no-any-return]
     except ImportError as exc:  # fsspec is there but not s3fs/gcsfs
         raise ShardError(f"cannot index {url!r}: {exc}") from exc
+
+
+def read(url: str, consume: Callable[[IO[bytes]], T]) -> T:
+    """Open ``url`` with fsspec and hand the stream to ``consume``."""
+    fs, path = _filesystem(url)
+    try:
+        with fs.open(path, "rb") as f:
+            return consume(f)
     except FileNotFoundError as exc:
         raise _not_found(url) from exc
 
 
+def read_range(url: str, offset: int, size: int) -> bytes:
+    """``size`` bytes of ``url`` at ``offset`` (one ranged GET); a short answer is an IncompleteRead."""
+    if size <= 0:
+        return b""
+    fs, path = _filesystem(url)
+    try:
+        data = fs.cat_file(path, start=offset, end=offset + size)
+    except FileNotFoundError as exc:
+        raise _not_found(url) from exc
+    if len(data) != size:
+        raise http.client.IncompleteRead(data, size - len(data))
+    return bytes(data)
+
+
 def info(url: str) -> dict[str, Any]:
     """fsspec's metadata of ``url`` (size, ETag, modification time)."""
-    fsspec = _fsspec(url)
+    fs, path = _filesystem(url)
     try:
-        fs, path = fsspec.core.url_to_fs(url)
         return dict(fs.info(path))
-    except ImportError as exc:
-        raise ShardError(f"cannot index {url!r}: {exc}") from exc
     except FileNotFoundError as exc:
         raise _not_found(url) from exc

@@ -1,11 +1,11 @@
-"""Remote shards: URL kinds, whole-shard streams and byte ranges, with retries.
+"""Remote shards: URL kinds, retries, and the http(s) and ``pipe:`` reads under :mod:`.transport`.
 
-How each kind is read, whole (to index or cache it) and in parts (to feed batches):
+This module holds what the transports share (:class:`RemoteError`, :class:`Transfer`,
+:func:`retrying`, :func:`url_kind`) and the http(s) and ``pipe:`` primitives; callers read
+shards through :func:`feedfast.sources.transport.transport_for`, which picks the scheme's reads:
 
-- ``file`` (``a.tar``, ``file:///a.tar``): ``open``; ``pread``;
 - ``http`` (``https://host/a.tar``): ``GET``; ``GET`` with ``Range`` on kept-alive connections;
-- ``pipe`` (``pipe:curl -s URL``): the command's stdout; no parts: cached whole first;
-- ``s3``, ``gs`` (``s3://bucket/a.tar``): fsspec (s3fs, gcsfs) when installed; DALI's reader.
+- ``pipe`` (``pipe:curl -s URL``): the command's stdout; no parts: cached whole first.
 
 Connection errors, timeouts, truncated bodies and HTTP 5xx and 429 answers are retried
 ``Transfer.retries`` times, waiting ``backoff``, 2x, 4x ... seconds; any other status, and
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterator, TypeVar
 
 from feedfast.errors import ShardError
-from feedfast.sources import httpconn, objectstore
+from feedfast.sources import httpconn
 
 T = TypeVar("T")
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
@@ -141,23 +141,15 @@ def _skip(stream: IO[bytes], count: int) -> None:
         count -= got
 
 
-def read_all(url: str, consume: Callable[[IO[bytes]], T], transfer: Transfer = DEFAULT_TRANSFER) -> T:
-    """Open a remote shard as a stream and hand it to ``consume``; the whole read is retried.
+def http_stream(url: str, consume: Callable[[IO[bytes]], T], transfer: Transfer = DEFAULT_TRANSFER) -> T:
+    """GET an http(s) shard and hand the body to ``consume``; the whole read is retried.
 
     A failure mid-stream (a dropped connection, a truncated body) retries from the start,
-    so ``consume`` must not keep state between calls. ``pipe:`` commands are not retried.
+    so ``consume`` must not keep state between calls.
 
     Raises:
         RemoteError: the shard cannot be read; names the URL and the HTTP status.
     """
-    kind = url_kind(url)
-    if kind == "pipe":
-        with open_pipe(url) as stream:
-            return consume(stream)
-    if kind in ("s3", "gs"):
-        return retrying(url, transfer, lambda: objectstore.read(url, consume))
-    if kind != "http":
-        raise ShardError(f"not a remote shard: {url!r}")
 
     def once() -> T:
         with _http(url, transfer) as resp:
@@ -194,17 +186,11 @@ class _Discard:
         return len(data)
 
 
-def validators(url: str, transfer: Transfer = DEFAULT_TRANSFER) -> dict[str, str]:
-    """What identifies this version of a remote shard: ETag, Last-Modified, Content-Length.
+def http_validators(url: str, transfer: Transfer = DEFAULT_TRANSFER) -> dict[str, str]:
+    """What identifies this version of an http(s) shard: ETag, Last-Modified, Content-Length.
 
-    Empty for ``pipe:`` shards and when ``HEAD`` is refused (403, 405, 501).
+    Empty when ``HEAD`` is refused (403, 405, 501).
     """
-    kind = url_kind(url)
-    if kind in ("s3", "gs"):
-        info = retrying(url, transfer, lambda: objectstore.info(url))
-        return {k: str(info[k]) for k in ("ETag", "etag", "LastModified", "mtime", "size") if info.get(k)}
-    if kind != "http":
-        return {}
     try:
         with retrying(url, transfer, lambda: _http(url, transfer, method="HEAD")) as resp:
             headers = resp.headers

@@ -23,7 +23,8 @@ from typing import IO
 
 from feedfast.errors import ShardError
 from feedfast.sources.index import Sample, data_end, format_index, group_members, member_of, parse_index, write_atomic
-from feedfast.sources.remote import DEFAULT_TRANSFER, RemoteError, Transfer, read_all, validators
+from feedfast.sources.remote import DEFAULT_TRANSFER, RemoteError, Transfer
+from feedfast.sources.transport import Transport, transport_for
 
 SIDECAR_MISSING = frozenset({403, 404, 410})
 
@@ -39,7 +40,8 @@ def remote_index(url: str, cache_dir: Path, transfer: Transfer = DEFAULT_TRANSFE
     Raises:
         ShardError: the shard cannot be read, is not a tar, or holds no samples; names the URL.
     """
-    found = validators(url, transfer)
+    transport = transport_for(url, transfer)
+    found = transport.validators(url)
     size = _size(found)
     key = hashlib.sha1(f"{url}|{json.dumps(found, sort_keys=True)}".encode()).hexdigest()
     cached = cache_dir / "remote-index" / f"{key}.idx"
@@ -49,8 +51,8 @@ def remote_index(url: str, cache_dir: Path, transfer: Transfer = DEFAULT_TRANSFE
             return cached, samples, size or data_end(samples)
         except (ShardError, ValueError, IndexError, UnicodeDecodeError) as exc:
             warnings.warn(f"rebuilding the unreadable cached index {str(cached)!r} of {url!r}: {exc}", stacklevel=2)
-    found_samples = _sidecar(url, transfer, size)
-    samples = found_samples if found_samples is not None else read_all(url, lambda f: scan_stream(f, url), transfer)
+    found_samples = _sidecar(url, transport, size)
+    samples = found_samples if found_samples is not None else transport.stream(url, lambda f: scan_stream(f, url))
     if not samples:
         raise ShardError(f"shard holds no samples: {url!r}")
     write_atomic(cached, format_index(samples))
@@ -62,13 +64,13 @@ def _size(found: dict[str, str]) -> int:
     return int(text) if text.isdigit() else 0
 
 
-def _sidecar(url: str, transfer: Transfer, size: int) -> list[Sample] | None:
+def _sidecar(url: str, transport: Transport, size: int) -> list[Sample] | None:
     """The samples of the index next to the shard, or None when there is no usable one."""
     where = sidecar_url(url)
     if where == url:
         return None
     try:
-        text = read_all(where, lambda stream: stream.read().decode("utf-8"), transfer)
+        text = transport.stream(where, lambda stream: stream.read().decode("utf-8"))
     except RemoteError as exc:
         if exc.status in SIDECAR_MISSING:
             return None
