@@ -6,8 +6,9 @@ when the endpoint is an IP address) reads the samples, and feedfast reads each s
 metadata and index itself through fsspec (s3fs, which reads the same variables).
 
 The server runs in its own process, not in a thread of the test's: DALI holds the GIL while
-its reader opens the shards at build time, so a server thread of this interpreter cannot
-answer, and the SDK gives up after its 3-second low-speed timeout ("curlCode: 28").
+its reader opens the shards at build time (seen: no other Python thread ran during the build),
+so a server thread of this interpreter cannot answer, and the SDK gives up after its
+3-second low-speed timeout ("S3 Object not found ... curlCode: 28").
 """
 
 from __future__ import annotations
