@@ -69,6 +69,8 @@ def _run(tmp: Path, shards: list[str], *, world: int, batch: int, workers: int =
         p.start()
     for p in procs:
         p.join(timeout=180)
+    for p, o in zip(procs, outs):
+        assert o.exists(), f"rank process ended with exit code {p.exitcode} and wrote nothing"
     records = [json.loads(o.read_text()) for o in outs]
     for r in records:
         assert "error" not in r, r.get("error")
