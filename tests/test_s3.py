@@ -13,6 +13,7 @@ so a server thread of this interpreter cannot answer, and the SDK gives up after
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -195,3 +196,21 @@ def test_on_error_skip_over_s3_is_refused_with_the_fix(small_spec: dict, s3: Any
     # images are checked on local bytes, and s3 shards are not cached locally today (see dataset.locate)
     with pytest.raises(UserError, match=r"on_error='skip'.*s3://bucket/train-0000\.tar"):
         feedfast.DataLoader(small_spec, shards=f"s3://bucket/{SHARDS}", on_error="skip", cache_dir=tmp_path)
+
+
+def test_resume_mid_epoch_over_s3_reproduces_the_remaining_batches(small_spec: dict, s3: Any) -> None:
+    url, shuffled = f"s3://bucket/{SHARDS}", {**small_spec, "shuffle": {"buffer": 8, "shards": True}}
+    full = _run(shuffled, url, shuffle=True)
+    part = feedfast.DataLoader(shuffled, shards=url, backend="dali", shuffle=True, num_workers=1)
+    it = iter(part)
+    for _ in range(2):
+        next(it)
+    state = json.loads(json.dumps(part.state_dict()))
+    part.close()
+    resumed = feedfast.DataLoader(shuffled, shards=url, backend="dali", shuffle=True, num_workers=1)
+    resumed.load_state_dict(state)
+    rest = []
+    for images, labels in resumed:
+        rest.append(([k for _, k in resumed.last_origins[: resumed.last_valid]], labels.tolist(), images.clone()))
+    resumed.close()
+    assert _same(rest, full[2:])
