@@ -88,8 +88,8 @@ def test_a_folder_holding_shards_is_refused_unless_overwrite(tmp_path: Path, cap
     assert "already holds shards" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in out.glob("*.tar")) == old  # nothing was touched
     assert main(["shards", "make", str(tmp_path / "t"), str(out), "--per-shard", "9", "--overwrite"]) == 0
-    assert sorted(p.name for p in out.glob("*.tar")) == ["shard-000000.tar"]
-    assert sorted(p.name for p in out.glob("*.idx")) == ["shard-000000.idx"]
+    assert sorted(p.name for p in out.glob("*.tar")) == ["train-0000.tar"]
+    assert sorted(p.name for p in out.glob("*.idx")) == ["train-0000.idx"]
     assert (out / "notes.txt").read_text() == "mine"  # only shards, indexes and classes.json are removed
     capsys.readouterr()
     assert main(["shards", "inspect", str(out / "*.tar"), "--json"]) == 0

@@ -60,7 +60,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batches", type=int, default=10, help="timed batches per run (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed batches per run (default 3)")
     p.add_argument("--threads", type=int, default=None, help="loader threads (default: all cores)")
-    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None, help="samples per batch (default: the spec's batch.size)")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default=None, help="pipeline placement")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="spec override key=value")
     p.add_argument("--json", dest="json_path", default=None,

@@ -39,7 +39,7 @@ def _stall_rows(report: dict[str, Any]) -> list[tuple[str, Any]]:
     rows = [
         ("prep stall", f"{s['prep_stall_ms']:.1f} ms/batch ({_pct(s['prep_stall_fraction'])} {of})"),
         ("fetch stall", f"{s['fetch_stall_ms']:.1f} ms/batch ({_pct(s['fetch_stall_fraction'])} {of}); "
-                        f"start-up fetch {s['startup_fetch_s']:+.2f} s"),
+                        f"start-up fetch {max(0.0, s['startup_fetch_s']):.2f} s"),  # noise can make the difference < 0
         ("fetch measured by", s["fetch_basis"]),
         ("throughput ratios", f"cached/synthetic {_num(s['prep_throughput_ratio'], '.3g')}, "
                               f"cold/cached {_num(s['fetch_throughput_ratio'], '.3g')}"),

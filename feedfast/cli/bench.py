@@ -48,7 +48,7 @@ def add_parser(sub: Any) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", nargs="?", default="imagenet-train", help="spec file or shipped pipeline name")
     p.add_argument("--shards", help="shard paths, glob or brace pattern (default: the demo dataset)")
-    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None, help="samples per batch (default: the spec's batch.size)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default=None, help="pipeline placement")
     length = p.add_mutually_exclusive_group()

@@ -138,8 +138,9 @@ def prepare_out(out: Path, *, overwrite: bool) -> None:
 
 
 def write_shards(items: list[Item], out: Path, *, per_shard: int | None = None, shard_size: int | None = None,
-                 prefix: str = "shard") -> list[Path]:
-    """Pack items into ``{prefix}-NNNNNN.tar`` files; a shard closes at ``per_shard`` samples or ``shard_size`` bytes."""
+                 prefix: str = "train") -> list[Path]:
+    """Pack items into ``{prefix}-NNNN.tar`` files (as ``shards synth`` names them: ``train-0000.tar``, more
+    digits past 9999); a shard closes at ``per_shard`` samples or ``shard_size`` bytes."""
     if not items:
         raise UserError("nothing to pack: no image files found")
     seen: set[str] = set()
@@ -154,7 +155,7 @@ def write_shards(items: list[Item], out: Path, *, per_shard: int | None = None, 
         if tar is None or (per_shard and count >= per_shard) or (shard_size and size >= shard_size):
             if tar is not None:
                 tar.close()
-            shards.append(out / f"{prefix}-{len(shards):06d}.tar")
+            shards.append(out / f"{prefix}-{len(shards):04d}.tar")
             tar, size, count = tarfile.open(shards[-1], "w", format=tarfile.PAX_FORMAT), 0, 0
         size += _add_sample(tar, it)
         count += 1
