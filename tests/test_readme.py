@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 import feedfast
@@ -24,7 +25,9 @@ def test_readme_spec_is_valid() -> None:
     assert spec.outputs == ("image", "label") and spec.fields["image"].ops[1].op == "random_resized_crop"
 
 
-def test_readme_python_snippets_run(small_spec: dict, shards: list[str]) -> None:
+def test_readme_python_snippets_run(small_spec: dict, shards: list[str], tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # from outside the repository, as a user runs them
     loader = feedfast.DataLoader(small_spec, shards=shards, num_workers=1, shuffle=True)
     seen = []
     for code in _blocks("python"):
