@@ -77,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--only", default="", help="comma-separated contender names (substring match)")
     ap.add_argument("--json", default="")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval (s) for this process: how long a thread holds the GIL before "
+                         "another may take it (Python's default 0.005)")
     args = ap.parse_args(argv)
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
 
     if args.set == "imagenet":
         from photos import photo_dataset

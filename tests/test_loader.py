@@ -223,3 +223,23 @@ def test_normalize_constants_are_made_once_per_device_without_a_host_copy(monkey
     assert torch.equal(first, again) and first.shape == (2, 3, 4, 4)
     want = (x.float() / 255 - torch.as_tensor([0.1, 0.2, 0.3])) / 0.5
     torch.testing.assert_close(first, want.permute(0, 3, 1, 2), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["threads", "pil"])
+def test_the_next_epoch_starts_while_this_one_drains_and_gives_the_same_batches(
+        small_spec: dict, shards: list[str], backend: str) -> None:
+    kw: dict[str, Any] = {"backend": backend, "shuffle": True}
+    loader = _loader(small_spec, shards, **kw)
+    first = [(x.clone(), list(loader.last_origins)) for x, _ in loader]
+    assert loader.source.ahead is not None and loader.source.ahead[0] == 1  # started at the end of epoch 0
+    second = [(x.clone(), list(loader.last_origins)) for x, _ in loader]
+    fresh = _loader(small_spec, shards, **kw)
+    fresh.set_epoch(1)
+    want = [(x.clone(), list(fresh.last_origins)) for x, _ in fresh]
+    assert [k for _, k in second] == [k for _, k in want] != [k for _, k in first]
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(second, want))
+    loader.set_epoch(5)  # another epoch than the one started: it is dropped, epoch 5 runs from its start
+    fresh.set_epoch(5)
+    assert [list(loader.last_origins) for _ in loader] == [list(fresh.last_origins) for _ in fresh]
+    loader.close()
+    assert loader.source.ahead is None

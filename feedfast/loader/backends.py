@@ -23,6 +23,7 @@ loader then copies through the pinned ring.
 from __future__ import annotations
 
 import random
+import threading
 from functools import partial
 from typing import Callable, Iterator, Protocol
 
@@ -45,6 +46,10 @@ class EpochSource(Protocol):
 
     def batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Batch]:
         """Batches of ``epoch`` from step ``start``; ``checkpoint`` is a state this source wrote in a Batch."""
+        ...
+
+    def prepare(self, epoch: int) -> None:
+        """Start ``epoch``'s first batches now, ahead of its iteration (dropped if another epoch comes next)."""
         ...
 
     def close(self) -> None:
@@ -130,6 +135,13 @@ class DaliSource:
         ahead.prefetch()
         self.ahead = ahead
 
+    def prepare(self, epoch: int) -> None:
+        """Build and start ``epoch``'s pipeline unless it already is (the loader calls it at an epoch's end)."""
+        if self.ahead is None or self.ahead.epoch != epoch:
+            self._drop(self.ahead)
+            self.ahead = None
+            self._prepare(epoch)
+
     def _drop(self, ep_pipe: EpochPipe | None) -> None:
         if ep_pipe is not None:
             pipe, ep_pipe.pipe = ep_pipe.pipe, None
@@ -154,20 +166,79 @@ class ProgramSource:
 
     def __init__(self, name: str, run: Callable[..., Iterator[Batch]], plan: Plan,
                  shards_for: Callable[[int], ShardSet], *, rank: int, world: int, batch_size: int, workers: int,
-                 seed: int, prefetch: int) -> None:
-        self.name, self.run, self.plan, self.shards_for = name, run, plan, shards_for
+                 seed: int, prefetch: int, plan_for: Callable[[int], EpochPlan]) -> None:
+        self.name, self.run, self.plan, self.shards_for, self.plan_for = name, run, plan, shards_for, plan_for
         self.rank, self.world, self.batch_size = rank, world, batch_size
         self.workers, self.seed, self.prefetch = workers, seed, prefetch
+        self.ahead: tuple[int, _Started] | None = None  # the next epoch, started while this one drains
+
+    def _epoch(self, epoch: int, ep: EpochPlan, start: int) -> Iterator[Batch]:
+        return self.run(self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world,
+                        batch_size=self.batch_size, workers=self.workers, seed=self.seed, epoch=epoch, start=start,
+                        prefetch_factor=self.prefetch)
 
     def batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Batch]:
         """The epoch's batches of host tensors; the state after each is its step (kept by the loader)."""
-        yield from self.run(self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world,
-                       batch_size=self.batch_size, workers=self.workers, seed=self.seed, epoch=epoch, start=start,
-                       prefetch_factor=self.prefetch)
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead[0] == epoch and start == 0 and ep == self.plan_for(epoch):
+            yield from ahead[1].take()
+            return
+        if ahead is not None:
+            ahead[1].close()
+        yield from self._epoch(epoch, ep, start)
+
+    def prepare(self, epoch: int) -> None:
+        """Start making ``epoch``'s first batches on a thread of their own while the current epoch drains."""
+        if self.ahead is not None and self.ahead[0] == epoch:
+            return
+        self.close()
+        ep = self.plan_for(epoch)
+        self.ahead = (epoch, _Started(lambda: self._epoch(epoch, ep, 0), self.prefetch))
 
     def close(self) -> None:
-        """Nothing is held between epochs (each epoch's threads or processes end with it)."""
-        return None
+        """Stop and drop a started next epoch (its threads or worker processes end with it)."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            ahead[1].close()
+
+
+class _Started:
+    """An epoch's batches started ahead: the generator made, and its first ``count`` batches taken, on a thread."""
+
+    def __init__(self, make: Callable[[], Iterator[Batch]], count: int) -> None:
+        self._items: Iterator[Batch] | None = None
+        self._held: list[Batch] = []
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(make, count), name="feedfast-next-epoch", daemon=True)
+        self._thread.start()
+
+    def _run(self, make: Callable[[], Iterator[Batch]], count: int) -> None:
+        try:
+            self._items = make()
+            for _ in range(count):
+                self._held.append(next(self._items))
+        except StopIteration:
+            return
+        except BaseException as exc:  # noqa: BLE001 - re-raised by take(), in the epoch that asks for it
+            self._error = exc
+
+    def take(self) -> Iterator[Batch]:
+        """The held batches, then the rest of the epoch."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        held, self._held = self._held, []
+        yield from held
+        if self._items is not None:
+            yield from self._items
+
+    def close(self) -> None:
+        """Wait for the start, then close the generator (its threads or worker processes end)."""
+        self._thread.join()
+        self._held = []
+        close = getattr(self._items, "close", None)
+        if callable(close):
+            close()
 
 
 def choose_backend(requested: str, plan: Plan, shards: ShardSet) -> str:

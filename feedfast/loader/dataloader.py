@@ -177,11 +177,12 @@ class DataLoader:
             from feedfast.loader.thread_epoch import run_thread_epoch
 
             return ProgramSource("threads", run_thread_epoch, self.plan, self.shards_for, workers=self.threads,
-                                 **common)
+                                 plan_for=self.epoch_plan, **common)
         from feedfast.loader.pil_epoch import run_pil_epoch
 
         workers = self.threads if num_workers is None else num_workers  # 0: in this process, as in torch
-        return ProgramSource("pil", run_pil_epoch, self.plan, self.shards_for, workers=workers, **common)
+        return ProgramSource("pil", run_pil_epoch, self.plan, self.shards_for, workers=workers,
+                             plan_for=self.epoch_plan, **common)
 
     def _layer(self) -> DeviceLayer:
         """The device layer of the batches' device (tests replace it with a stand-in)."""
@@ -242,6 +243,7 @@ class DataLoader:
         """The epoch's batches, made on the producer thread (see :mod:`feedfast.loader.ahead`)."""
         for batch in self.source.batches(epoch, ep, start, checkpoint):
             yield batch if batch.ready is not None else self._upload_host(batch)
+        self.source.prepare(epoch + 1)  # loops go on to the next epoch: its first batches are made now
 
     def _normalize(self, fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The cheap-transfer pass's ``normalize``, on the side stream after the uint8 copy."""
