@@ -61,11 +61,15 @@ class DataLoader:
             ``http(s)://`` and ``pipe:CMD`` (streamed; see :mod:`feedfast.sources.stream`),
             ``s3://`` and ``gs://`` (DALI's reader; see :mod:`feedfast.sources.dataset`).
         batch_size: overrides the spec's batch size.
-        shuffle: True shuffles shard order per epoch and samples in a buffer.
+        shuffle: True reads every epoch in a new uniform permutation of the whole dataset over
+            local shards (:mod:`feedfast.sources.order`; a state then resumes at any world
+            size), and in a windowed shuffle of each rank's range over remote shards.
         drop_last: True drops incomplete batches (``last_batch: drop``).
         num_workers: CPU threads of the ``dali`` and ``threads`` backends (0 means 1), worker
             processes of the ``pil`` backend; default: all usable cores.
         pin_memory: stage CUDA copies in pinned memory (default True).
+        pin_memory_device: torch's meaning: the device pinned memory serves; "" or the
+            delivery device's type (it never moves batches: use ``device``).
         prefetch_factor: batches made ahead of the training step on the loader's background
             thread, and DALI's queue depth (default 2).
         seed: overrides the spec's seed (order and augmentation).

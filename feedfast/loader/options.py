@@ -5,8 +5,9 @@ torch argument             status       what feedfast does
 =========================  ===========  =================================================
 dataset (1st positional)   mapped       the spec (path, dict or Spec); shards via ``shards=``
 batch_size                 supported    overrides the spec's ``batch.size``
-shuffle                    mapped       True: shard order per epoch + a 1,024-sample buffer
-                                        (unless the spec sets one); False: file order
+shuffle                    mapped       True: a uniform permutation of the whole dataset per
+                                        epoch over local shards (a windowed shuffle over remote
+                                        ones); False: file order
 drop_last                  mapped       True: ``last_batch: drop``; False: ``partial`` even when
                                         the spec says ``drop`` (an explicit argument wins);
                                         None (unset): the spec's policy
