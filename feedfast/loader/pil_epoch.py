@@ -91,6 +91,17 @@ def rank_samples(program: PilProgram, shards: ShardSet, ep: EpochPlan, *, rank: 
                       int(rows.position[j])) for j in order]
 
 
+def epoch_samples(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, seed: int,
+                  epoch: int) -> tuple[PilProgram, list[SampleRef]]:
+    """The plan's PIL program and this rank's samples of the epoch, checked against the epoch plan."""
+    program = compile_pil(plan.spec)
+    order = rank_samples(program, shards, ep, rank=rank, world=world, shuffle=plan.spec.shuffle_buffer > 0,
+                         seed=seed, epoch=epoch)
+    if len(order) != ep.rank_samples:
+        raise BackendError(f"rank {rank} has {len(order)} samples but its epoch plan expects {ep.rank_samples}")
+    return program, order
+
+
 @dataclass(frozen=True)
 class _Failure:
     """A worker's failure, as plain data, re-raised in the main process."""
@@ -216,12 +227,7 @@ def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
         SampleError: a sample could not be decoded; names the shard and key.
         ShardError: a shard or its index cannot be read.
     """
-    spec = plan.spec
-    program = compile_pil(spec)
-    order = rank_samples(program, shards, ep, rank=rank, world=world, shuffle=spec.shuffle_buffer > 0,
-                         seed=seed, epoch=epoch)
-    if len(order) != ep.rank_samples:
-        raise BackendError(f"rank {rank} has {len(order)} samples but its epoch plan expects {ep.rank_samples}")
+    program, order = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
     data = EpochBatches(program, shards.paths, order, ep, batch_size=batch_size, seed=seed, epoch=epoch, start=start)
     loader = torch.utils.data.DataLoader(
         data, batch_size=None, shuffle=False, num_workers=workers, collate_fn=_identity,

@@ -48,7 +48,7 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, FeedfastError, SampleError, ShardError
 from feedfast.loader import convert
 from feedfast.loader.epoch import Batch
-from feedfast.loader.pil_epoch import SampleRef, rank_samples
+from feedfast.loader.pil_epoch import SampleRef, epoch_samples
 from feedfast.loader.thread_sample import NeedsFallback, fast_program, fast_values, program_values
 from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, step_positions
@@ -324,12 +324,7 @@ def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, 
         SampleError: a sample could not be decoded; names the shard and key.
         ShardError: a shard or its index cannot be read.
     """
-    spec = plan.spec
-    program = compile_pil(spec)
-    order = rank_samples(program, shards, ep, rank=rank, world=world, shuffle=spec.shuffle_buffer > 0,
-                         seed=seed, epoch=epoch)
-    if len(order) != ep.rank_samples:
-        raise BackendError(f"rank {rank} has {len(order)} samples but its epoch plan expects {ep.rank_samples}")
+    program, order = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
     threads = workers or _env.usable_cores()
     ahead = max(1, prefetch_factor)
     work = _Epoch(plan, program, shards.paths, order, ep, batch_size=batch_size, threads=threads, seed=seed,
