@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures.thread  # noqa: F401 - imported first, so its exit hook runs after ours
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Iterator, Sequence, cast
 
@@ -42,6 +44,26 @@ from feedfast.sources.mix import mixed_epoch, open_dataset
 from feedfast.sources.remote import Transfer
 from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 from feedfast.spec.load import load_spec
+
+_LIVE: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
+
+
+def _close_live_loaders() -> None:
+    """At interpreter exit, before Python joins its threads: stop every loader's background work.
+
+    A loader's producer thread, a next epoch started ahead and DALI's pipelines would otherwise
+    still run native code while the interpreter tears down (a process could abort with
+    "terminate called without an active exception").
+    """
+    for loader in list(_LIVE):
+        try:
+            loader.close()
+        except Exception:  # noqa: BLE001 - nothing to report to at exit; the process is ending
+            continue
+
+
+if hasattr(threading, "_register_atexit"):  # runs before Python joins non-daemon threads (pools)
+    threading._register_atexit(_close_live_loaders)
 
 
 def _dist_rank() -> tuple[int, int]:
@@ -168,6 +190,7 @@ class DataLoader:
         self._producer: Ahead[Batch] | None = None  # the background thread of the open epoch
         self._open = False  # an epoch was started and not closed
         self.source: EpochSource = self._source(num_workers)
+        _LIVE.add(self)
 
     def _source(self, num_workers: int | None) -> EpochSource:
         """The backend's epoch source (see :mod:`feedfast.loader.backends`)."""
