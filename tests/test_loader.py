@@ -225,7 +225,7 @@ def test_normalize_constants_are_made_once_per_device_without_a_host_copy(monkey
     torch.testing.assert_close(first, want.permute(0, 3, 1, 2), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("backend", ["threads", "pil"])
+@pytest.mark.parametrize("backend", ["threads"])
 def test_the_next_epoch_starts_while_this_one_drains_and_gives_the_same_batches(
         small_spec: dict, shards: list[str], backend: str) -> None:
     kw: dict[str, Any] = {"backend": backend, "shuffle": True}

@@ -188,8 +188,13 @@ class ProgramSource:
         yield from self._epoch(epoch, ep, start)
 
     def prepare(self, epoch: int) -> None:
-        """Start making ``epoch``'s first batches on a thread of their own while the current epoch drains."""
-        if self.ahead is not None and self.ahead[0] == epoch:
+        """Start making ``epoch``'s first batches on a thread of their own while the current epoch drains.
+
+        Only for ``threads``: the ``pil`` backend forks DataLoader worker processes, and forking
+        from a second thread while the first epoch's workers and threads still run crashed its
+        workers (SIGSEGV); it starts each epoch when asked, as torch's DataLoader does.
+        """
+        if self.name != "threads" or (self.ahead is not None and self.ahead[0] == epoch):
             return
         self.close()
         ep = self.plan_for(epoch)

@@ -49,13 +49,16 @@ _LIVE: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
 
 
 def _close_live_loaders() -> None:
-    """At interpreter exit, before Python joins its threads: stop every loader's background work.
+    """At interpreter exit, before Python joins its threads: stop the threaded backend's background work.
 
-    A loader's producer thread, a next epoch started ahead and DALI's pipelines would otherwise
-    still run native code while the interpreter tears down (a process could abort with
-    "terminate called without an active exception").
+    Its producer thread and a next epoch started ahead would otherwise still decode in native
+    code while the interpreter tears down (a process aborted once with "terminate called without
+    an active exception"). DALI-backed loaders are left to their finalizers, as before: destroying
+    DALI pipelines at this point aborted with a ``std::system_error``.
     """
     for loader in list(_LIVE):
+        if loader.backend != "threads":
+            continue
         try:
             loader.close()
         except Exception:  # noqa: BLE001 - nothing to report to at exit; the process is ending
