@@ -35,7 +35,6 @@ at DEBUG level, not to the terminal.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import traceback
 import warnings
@@ -55,6 +54,7 @@ from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.rows import global_rows, rank_rows
+from feedfast.sources.shardfiles import ShardFiles
 
 log = logging.getLogger("feedfast.pil")
 
@@ -127,7 +127,7 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
                  batch_size: int, seed: int, epoch: int, start: int) -> None:
         self.program, self.paths, self.samples, self.ep = program, paths, samples, ep
         self.batch_size, self.seed, self.epoch, self.start = batch_size, seed, epoch, start
-        self._fds: dict[int, int] = {}
+        self.files = ShardFiles(paths)  # pickled as paths: each worker process opens its own
 
     def __len__(self) -> int:
         return max(0, self.ep.steps - self.start)
@@ -147,7 +147,7 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
     def _sample(self, ref: SampleRef) -> dict[str, Any] | _Failure:
         shard = self.paths[ref.shard]
         try:
-            raw = [b"" if m is None else self._read(ref.shard, *m) for m in ref.members]
+            raw = [b"" if m is None else self.files.read(ref.shard, *m) for m in ref.members]
         except ShardError as exc:
             return _Failure("shard", str(exc))
         try:
@@ -165,26 +165,9 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
             log.debug("shard %r, sample %r: %s: %s", shard, ref.key, w.category.__name__, w.message)
         return out
 
-    def _read(self, shard: int, offset: int, size: int) -> bytes:
-        path = self.paths[shard]
-        try:
-            if shard not in self._fds:
-                self._fds[shard] = os.open(path, os.O_RDONLY)
-            data = os.pread(self._fds[shard], size, offset)
-        except OSError as exc:
-            raise ShardError(f"cannot read shard {path!r}: {exc}") from exc
-        if len(data) != size:
-            raise ShardError(f"shard is truncated: {path!r} ends before byte {offset + size}")
-        return data
-
     def close(self) -> None:
         """Close the shard files this process opened."""
-        fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            os.close(fd)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fds": {}}
+        self.files.close()
 
 
 def _collate(values: list[Any], sig: Signature) -> Any:

@@ -31,7 +31,6 @@ threads (:func:`fast_path_supported` says which way a plan goes).
 from __future__ import annotations
 
 import math
-import os
 import random
 import threading
 from collections import deque
@@ -45,7 +44,7 @@ import torch
 from feedfast import _env
 from feedfast.compile.pil import PilProgram, compile_pil
 from feedfast.compile.plan import Plan
-from feedfast.errors import BackendError, FeedfastError, SampleError, ShardError
+from feedfast.errors import BackendError, FeedfastError, SampleError
 from feedfast.loader import convert
 from feedfast.loader.epoch import Batch
 from feedfast.loader.pil_epoch import SampleRef, epoch_samples
@@ -53,6 +52,7 @@ from feedfast.loader.thread_sample import NeedsFallback, fast_program, fast_valu
 from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.dataset import ShardSet
+from feedfast.sources.shardfiles import ShardFiles
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
@@ -157,8 +157,7 @@ class _Epoch:
         self.chunk = max(1, math.ceil(batch_size / (2 * threads)))
         pixel_fields = sum(f.kind == "pixels" for f in self.fields)
         self.buffers = _Buffers(limit=pixel_fields * (prefetch + 3))  # in flight, the consumer's, one spare
-        self._fds: dict[int, int] = {}
-        self._fd_lock = threading.Lock()
+        self.files = ShardFiles(paths)
         self._local = threading.local()
 
     def submit(self, pool: ThreadPoolExecutor, step: int) -> _Job:
@@ -246,7 +245,7 @@ class _Epoch:
         shard = self.paths[ref.shard]
         seed = f"feedfast-pil/{self.seed}/{self.epoch}/{ref.position}"
         try:
-            raw = [b"" if m is None else self._read(ref.shard, *m) for m in ref.members]
+            raw = [b"" if m is None else self.files.read(ref.shard, *m) for m in ref.members]
             if self.fast:
                 try:
                     return fast_values(self.program, raw, random.Random(seed))
@@ -262,26 +261,9 @@ class _Epoch:
             raise BackendError(f"threaded CPU backend failed on shard {shard!r}, sample {ref.key!r}: "
                                f"{type(exc).__name__}: {exc}") from exc
 
-    def _read(self, shard: int, offset: int, size: int) -> bytes:
-        path = self.paths[shard]
-        try:
-            with self._fd_lock:
-                if shard not in self._fds:
-                    self._fds[shard] = os.open(path, os.O_RDONLY)
-                fd = self._fds[shard]
-            data = os.pread(fd, size, offset)
-        except OSError as exc:
-            raise ShardError(f"cannot read shard {path!r}: {exc}") from exc
-        if len(data) != size:
-            raise ShardError(f"shard is truncated: {path!r} ends before byte {offset + size}")
-        return data
-
     def close(self) -> None:
         """Close the shard files."""
-        with self._fd_lock:
-            fds, self._fds = self._fds, {}
-        for fd in fds.values():
-            os.close(fd)
+        self.files.close()
 
 
 def _constants(params: dict[str, Any], chw: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -15,7 +15,6 @@ pipeline restored from a checkpoint simply starts asking at the saved step.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +25,7 @@ import numpy as np
 from feedfast.errors import ShardError
 from feedfast.sources.cache import ShardCache
 from feedfast.sources.remote import Transfer, fetch_range
+from feedfast.sources.shardfiles import ShardFiles
 
 MAX_GAP = 256 * 1024
 LOCAL_GAP = 16 * 1024  # a local read is a syscall and a copy, not a request: merge only near neighbours
@@ -55,10 +55,9 @@ class BatchFeeder:
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="feedfast-stream")
         self._pending: dict[int, Future[list[list[np.ndarray]]]] = {}
         self._windows = WindowCache(rows.window, self._fetch, keep=3)
-        self._fds: dict[int, int] = {}  # local shards stay open: a shuffled epoch reads sample by sample
-        self._fds_lock = threading.Lock()
+        self.files = ShardFiles(names)  # local shards stay open: a shuffled epoch reads sample by sample
         weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
-        weakref.finalize(self, _close_all, self._fds)
+        weakref.finalize(self, self.files.close)
 
     def __call__(self, info: Any) -> list[list[np.ndarray]]:
         step = int(getattr(info, "iteration", info))
@@ -75,7 +74,7 @@ class BatchFeeder:
         """Stop the reader threads and close the shards; pending reads are dropped."""
         self._pending.clear()
         self._pool.shutdown(wait=True, cancel_futures=True)
-        _close_all(self._fds)
+        self.files.close()
 
     def batch(self, step: int) -> list[list[np.ndarray]]:
         """The samples of step ``step``, read now (in the calling thread)."""
@@ -107,43 +106,10 @@ class BatchFeeder:
         if kind == "http":
             return fetch_range(name, offset, size, self.transfer)
         if kind == "file":
-            try:
-                data = os.pread(self._fd(shard), size, offset)
-            except OSError as exc:
-                raise ShardError(f"cannot read shard {name!r}: {exc}") from exc
-        else:
-            with self._open(shard) as f:
-                try:
-                    data = os.pread(f.fileno(), size, offset)
-                except OSError as exc:
-                    raise ShardError(f"cannot read shard {name!r}: {exc}") from exc
-        if len(data) != size:
-            raise ShardError(f"shard is truncated: {name!r} ends before byte {offset + size}")
-        return data
-
-    def _fd(self, shard: int) -> int:
-        """A descriptor of a local shard, opened once (``pread`` on it is safe from several threads)."""
-        fd = self._fds.get(shard)
-        if fd is None:
-            with self._fds_lock:
-                fd = self._fds.get(shard)
-                if fd is None:
-                    try:
-                        fd = self._fds[shard] = os.open(self.names[shard], os.O_RDONLY)
-                    except OSError as exc:
-                        raise ShardError(f"cannot open shard {self.names[shard]!r}: {exc}") from exc
-        return fd
-
-    def _open(self, shard: int) -> Any:
-        name = self.names[shard]
-        if self.kinds[shard] == "cache":
-            if self.cache is None:
-                raise ShardError(f"shard {name!r} is read from the shard cache, but no cache was configured")
-            return self.cache.open(name)
-        try:
-            return open(name, "rb")
-        except OSError as exc:
-            raise ShardError(f"cannot open shard {name!r}: {exc}") from exc
+            return self.files.read(shard, offset, size)
+        if self.cache is None:
+            raise ShardError(f"shard {name!r} is read from the shard cache, but no cache was configured")
+        return self.cache.read_range(name, offset, size)
 
 
 class WindowCache:
@@ -190,16 +156,6 @@ class WindowCache:
                 with self._lock:
                     self._cache.pop(w, None)
         return fut.result()
-
-
-def _close_all(fds: dict[int, int]) -> None:
-    """Close the descriptors in ``fds`` and forget them."""
-    while fds:
-        _, fd = fds.popitem()
-        try:
-            os.close(fd)
-        except OSError:
-            continue
 
 
 def runs(items: list[Span], gap: int = MAX_GAP) -> list[list[Span]]:

@@ -1,0 +1,65 @@
+"""Local shards opened once each and read by offset: the one reader of the pil, threads and feed paths."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Sequence
+
+from feedfast.errors import ShardError
+
+
+class ShardFiles:
+    """Descriptors of local shards, opened on first use and read with ``os.pread``.
+
+    ``pread`` needs no seek, so one descriptor serves any number of threads. Pickling (a
+    DataLoader worker process) carries the paths only: each process opens its own.
+
+    Args:
+        paths: the shards, by number.
+    """
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.paths = tuple(paths)
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def read(self, shard: int, offset: int, size: int) -> bytes:
+        """``size`` bytes of shard ``shard`` at ``offset``.
+
+        Raises:
+            ShardError: the shard cannot be opened or read, or ends before ``offset + size``.
+        """
+        path = self.paths[shard]
+        try:
+            data = os.pread(self._fd(shard), size, offset)
+        except OSError as exc:
+            raise ShardError(f"cannot read shard {path!r}: {exc}") from exc
+        if len(data) != size:
+            raise ShardError(f"shard is truncated: {path!r} ends before byte {offset + size}")
+        return data
+
+    def _fd(self, shard: int) -> int:
+        fd = self._fds.get(shard)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(shard)
+                if fd is None:
+                    fd = self._fds[shard] = os.open(self.paths[shard], os.O_RDONLY)
+        return fd
+
+    def close(self) -> None:
+        """Close every descriptor opened so far (reading again reopens)."""
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                continue
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"paths": self.paths}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["paths"])  # type: ignore[misc]
