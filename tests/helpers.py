@@ -27,6 +27,21 @@ def make_shards(out: Path, *, samples: int, per_shard: int, seed: int = 1) -> li
     return [str(p) for p in paths]
 
 
+def shard_with_bad_sample(out: Path, good: bytes, bad: bytes) -> str:
+    """``out/broken-0000.tar``: samples a, b, bad, c (``.jpg`` and ``.cls``), where ``bad`` holds ``bad``."""
+    import io
+    import tarfile
+
+    path = out / "broken-0000.tar"
+    with tarfile.open(path, "w") as tar:
+        for key, data in (("a", good), ("b", good), ("bad", bad), ("c", good)):
+            for ext, payload in (("jpg", data), ("cls", b"1")):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    return str(path)
+
+
 def keys_of_epoch(loader: Any) -> list[str]:
     """The real (non-padded) sample keys one epoch of ``loader`` yields."""
     keys: list[str] = []

@@ -26,6 +26,7 @@ from feedfast.sources.assign import EpochPlan, plan_epoch, step_positions
 from feedfast.sources.dataset import ShardSet, open_shards
 from feedfast.sources.index import load_index
 from feedfast.spec import load_spec
+from tests.helpers import shard_with_bad_sample
 
 ROOT = Path(__file__).resolve().parents[1]
 VAL = ROOT / "pipelines/imagenet-val.yaml"
@@ -231,23 +232,12 @@ def test_an_op_without_a_pil_form_fails_at_compile_time(monkeypatch: pytest.Monk
                            seed=0, epoch=0, start=0))
 
 
-def _shard_with(tmp_path: Path, good: bytes, bad: bytes) -> str:
-    path = tmp_path / "broken-0000.tar"
-    with tarfile.open(path, "w") as tar:
-        for key, data in (("a", good), ("b", good), ("bad", bad), ("c", good)):
-            for ext, payload in (("jpg", data), ("cls", b"1")):
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(payload)
-                tar.addfile(info, io.BytesIO(payload))
-    return str(path)
-
-
 @pytest.mark.parametrize("kind,workers", [("garbage", 0), ("truncated", 0), ("truncated", 2)])
 def test_a_corrupt_jpeg_raises_sample_error_naming_shard_and_key(tmp_path: Path, shards: list[str], kind: str,
                                                                   workers: int) -> None:
     good = next(iter(_jpegs(shards).values()))
     bad = b"not a jpeg at all" * 20 if kind == "garbage" else good[: len(good) // 3]
-    path = _shard_with(tmp_path, good, bad)
+    path = shard_with_bad_sample(tmp_path, good, bad)
     index, samples = load_index(path, tmp_path)
     sset = ShardSet((path,), (str(index),), (len(samples),))  # unchecked, so the backend meets the bad image
     spec = load_spec(VAL).replace(batch_size=2)

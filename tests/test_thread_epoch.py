@@ -24,6 +24,7 @@ from feedfast.sources.assign import plan_epoch
 from feedfast.sources.dataset import ShardSet, open_shards
 from feedfast.sources.index import load_index
 from feedfast.spec import load_spec
+from tests.helpers import shard_with_bad_sample
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_UINT8 = ["decode", {"random_resized_crop": {"size": 32}}, {"flip": {"horizontal": 0.5, "vertical": 0.3}}]
@@ -240,24 +241,13 @@ def test_shipped_pipelines_that_take_the_fast_path() -> None:
                     "imagenet-val": True, "ssl-twoview": False}
 
 
-def _shard_with(tmp_path: Path, good: bytes, bad: bytes) -> str:
-    path = tmp_path / "broken-0000.tar"
-    with tarfile.open(path, "w") as tar:
-        for key, data in (("a", good), ("b", good), ("bad", bad), ("c", good)):
-            for ext, payload in (("jpg", data), ("cls", b"1")):
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(payload)
-                tar.addfile(info, io.BytesIO(payload))
-    return str(path)
-
-
 @pytest.mark.parametrize("kind", ["garbage", "truncated", "empty"])
 def test_a_corrupt_jpeg_raises_sample_error_naming_shard_and_key(tmp_path: Path, kind: str) -> None:
     good_buf = io.BytesIO()
     Image.new("RGB", (80, 60), (120, 30, 200)).save(good_buf, format="JPEG")
     good = good_buf.getvalue()
     bad = {"garbage": b"not a jpeg at all" * 20, "truncated": good[: len(good) // 3], "empty": b""}[kind]
-    path = _shard_with(tmp_path, good, bad)
+    path = shard_with_bad_sample(tmp_path, good, bad)
     index, samples = load_index(path, tmp_path)
     sset = ShardSet((path,), (str(index),), (len(samples),))  # unchecked, so the threads meet the bad image
     spec = _spec(["decode", {"random_resized_crop": {"size": 32}}, "normalize"], batch=2)
