@@ -193,6 +193,10 @@ class DataLoader:
         self._producer: Ahead[Batch] | None = None  # the background thread of the open epoch
         self._open = False  # an epoch was started and not closed
         self.source: EpochSource = self._source(num_workers)
+        # what a state must match, computed once (a state is taken per batch under sample_info);
+        # no shard digest under a Mix, whose draw changes per epoch
+        self._digests = (None if self._mix else shard_set_digest(self.shards.paths, self.shards.sizes),
+                         spec_digest(self.spec.to_dict()))
         _LIVE.add(self)
 
     def _source(self, num_workers: int | None) -> EpochSource:
@@ -369,15 +373,11 @@ class DataLoader:
         return {
             "version": STATE_VERSION, "epoch": self.epoch, "step": self._step if mid else 0,
             "seed": self.spec.seed, "rank": self.rank, "world_size": self.world, "backend": self.backend,
-            "batch_size": self.spec.batch_size, "shards": self._shards_digest(), "spec": spec_digest(self.spec.to_dict()),
+            "batch_size": self.spec.batch_size, "shards": self._digests[0], "spec": self._digests[1],
             "dali": encode_checkpoint(self._checkpoint) if mid and self._checkpoint else None,
             "partition": self._partition, "consumed": consumed,
             "stats": self.stats(),
         }
-
-    def _shards_digest(self) -> str | None:
-        """The shard set's digest (None under a Mix, whose draw changes per epoch)."""
-        return None if self._mix else shard_set_digest(self.shards.paths, self.shards.sizes)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields what the interrupted run would have yielded next.
@@ -392,7 +392,7 @@ class DataLoader:
         check_state(state, seed=self.spec.seed, rank=state.get("rank", self.rank) if elastic else self.rank,
                     world=state.get("world_size", self.world) if elastic else self.world,
                     batch_size=None if elastic else self.spec.batch_size,
-                    shards=self._shards_digest(), spec=spec_digest(self.spec.to_dict()))
+                    shards=self._digests[0], spec=self._digests[1])
         saved = state.get("backend", "dali" if state.get("dali") else self.backend)
         if saved != self.backend:
             raise UserError(f"this state was taken with backend={saved!r} and this loader uses {self.backend!r}: the "
