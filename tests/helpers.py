@@ -42,6 +42,14 @@ def shard_with_bad_sample(out: Path, good: bytes, bad: bytes) -> str:
     return str(path)
 
 
+def unindexed_shards(out: Path) -> list[str]:
+    """23 samples in 5 shards (5, 5, 5, 5, 3) in ``out``, with no index files beside them (as remote shards come)."""
+    paths = make_shards(out, samples=23, per_shard=5)
+    for idx in out.glob("*.idx"):
+        idx.unlink()
+    return paths
+
+
 def keys_of_epoch(loader: Any) -> list[str]:
     """The real (non-padded) sample keys one epoch of ``loader`` yields."""
     keys: list[str] = []

@@ -22,7 +22,7 @@ from feedfast.sources.remote import RemoteError, Transfer, fetch_range
 from feedfast.sources.remote_index import remote_index
 from feedfast.sources.shardlist import resolve_shards
 from feedfast.sources.transport import transport_for
-from tests.helpers import make_shards
+from tests.helpers import unindexed_shards
 from tests.rangeserver import RangeServer
 
 FAST = Transfer(timeout=5.0, retries=3, backoff=0.01)
@@ -31,11 +31,7 @@ FAST = Transfer(timeout=5.0, retries=3, backoff=0.01)
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """23 samples in 5 shards (5, 5, 5, 5, 3), in a folder with no index files."""
-    out = tmp_path_factory.mktemp("remote-shards")
-    paths = make_shards(out, samples=23, per_shard=5)
-    for idx in out.glob("*.idx"):
-        idx.unlink()
-    return paths
+    return unindexed_shards(tmp_path_factory.mktemp("remote-shards"))
 
 
 @pytest.fixture()

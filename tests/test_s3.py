@@ -30,7 +30,7 @@ from feedfast.sources.index import format_index, scan_tar
 from feedfast.sources.remote import RemoteError, Transfer
 from feedfast.sources.remote_index import remote_index
 from feedfast.sources.transport import transport_for
-from tests.helpers import make_shards
+from tests.helpers import unindexed_shards
 
 pytest.importorskip("moto", reason="the s3 tests need a local S3 server: pip install -e '.[dev]'")
 # s3fs is not skipped for: feedfast cannot index s3:// shards without it, and the dev extra installs it
@@ -52,11 +52,7 @@ server.stop()
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """23 samples in 5 shards (5, 5, 5, 5, 3), with no index files beside them."""
-    out = tmp_path_factory.mktemp("s3-shards")
-    paths = make_shards(out, samples=23, per_shard=5)
-    for idx in out.glob("*.idx"):
-        idx.unlink()
-    return paths
+    return unindexed_shards(tmp_path_factory.mktemp("s3-shards"))
 
 
 @pytest.fixture(scope="module")
