@@ -38,7 +38,7 @@ from feedfast.loader.state import (
     spec_digest,
 )
 from feedfast.ops.color import normalize_tensor
-from feedfast.sources.assign import EpochPlan, plan_epoch
+from feedfast.sources.assign import EpochPlan, partition_for, plan_epoch
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.mix import mixed_epoch, open_dataset
 from feedfast.sources.remote import Transfer
@@ -178,7 +178,7 @@ class DataLoader:
         # shuffle over local shards: one permutation of the whole dataset per epoch (sources/order.py);
         # remote shards keep the windowed shuffle of each rank's range (reads stay sequential)
         shuffled = self.spec.shuffle_buffer > 0 or self.spec.shuffle_shards
-        self._partition = "global" if shuffled and all(k == "file" for k in self.shards.read_kinds) else "shards"
+        self._partition = partition_for(self.shards.read_kinds, shuffled=shuffled)
         self._check_size()
         # slots: the producer's queue (prefetch), the batch being made, and one spare
         self.ring = PinnedRing(self.device, depth=self.prefetch + 2, pin=pin_memory, layer=self._layer())

@@ -52,6 +52,13 @@ class EpochPlan:
         return self.rank_samples - sum(self.valid)
 
 
+def partition_for(read_kinds: tuple[str, ...], *, shuffled: bool) -> str:
+    """How an epoch's samples are dealt to ranks: ``global`` (one permutation of the whole dataset,
+    sources/order.py) when shuffled over shards read as local files, else ``shards`` (each rank's
+    contiguous range, DALI's split, shuffled in a window where ``shuffled``)."""
+    return "global" if shuffled and all(k == "file" for k in read_kinds) else "shards"
+
+
 def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool) -> tuple[int, ...]:
     """The epoch's shard order: a permutation fixed by (seed, epoch), or the given order."""
     order = list(range(num_shards))
