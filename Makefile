@@ -56,7 +56,11 @@ $(STOCK)/.installed:
 	$(STOCK)/bin/pip install -q --no-deps -e .
 	touch $@
 
+# SPDL (Meta's thread pipeline, for its row in make bench: spdl_core is pure Python, spdl_io a wheel needing only numpy)
+SPDL_SPEC ?= spdl==0.8.0
+
 bench: setup $(STOCK)/.installed
+	$(PY) -c "import spdl.io, spdl.pipeline" 2>/dev/null || $(PIP) install -q "$(SPDL_SPEC)"
 	$(PY) benchmarks/run.py --out bench-results --stock-python $(STOCK)/bin/python
 
 soak: setup

@@ -3,11 +3,15 @@
 All read the same shards with the same number of CPU workers or threads and do the same
 work per sample (imagenet-train: random resized crop to 224, horizontal flip, normalize
 to CHW float32, int64 labels), except the decode-only ceiling.
+
+A factory raises :class:`RowUnavailable` when what its row needs is not installed (SPDL,
+torchvision): ``make bench`` then leaves that row out and says why.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import tarfile
 import time
 from pathlib import Path
@@ -22,67 +26,130 @@ MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
 STD = [0.229 * 255, 0.224 * 255, 0.225 * 255]
 
 
+class RowUnavailable(RuntimeError):
+    """A row cannot run here (a package it needs is missing); the message says how to get it."""
+
+
 def _forever(make: Callable[[], Any]) -> Iterator[Any]:
     loader = make()
     while True:
         yield from loader
 
 
-def feedfast_dali(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
-    """feedfast.DataLoader on imagenet-train, DALI CPU."""
+class LoaderRows:
+    """A feedfast loader's batches, epoch after epoch; ``close()`` stops its background work.
+
+    ``delivered()`` is the loader's count of delivered samples (its padding left out), which
+    :func:`time_row_cpu` counts instead of batch rows. Closing matters here: a threads-backend
+    loader starts its next epoch ahead, and left open it would work during the next row's timing.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self._batches = _forever(lambda: loader)
+
+    def __iter__(self) -> LoaderRows:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._batches)
+
+    def delivered(self) -> int:
+        return int(self.loader.stats()["delivered"])
+
+    def close(self) -> None:
+        self._batches.close()
+        self.loader.close()
+
+
+def _feedfast(shards: list[str], batch: int, workers: int, **options: Any) -> LoaderRows:
     import feedfast
 
-    loader = feedfast.DataLoader(SPEC, shards=shards, batch_size=batch, num_workers=workers, placement="cpu",
-                                 backend="dali")
-    return _forever(lambda: loader)
+    return LoaderRows(feedfast.DataLoader(SPEC, shards=shards, batch_size=batch, num_workers=workers, **options))
+
+
+def feedfast_dali(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
+    """feedfast.DataLoader on imagenet-train, DALI CPU."""
+    return _feedfast(shards, batch, workers, placement="cpu", backend="dali")
 
 
 def feedfast_pil(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
     """feedfast.DataLoader on imagenet-train, the portable PIL backend."""
-    import feedfast
-
-    loader = feedfast.DataLoader(SPEC, shards=shards, batch_size=batch, num_workers=workers, backend="pil")
-    return _forever(lambda: loader)
+    return _feedfast(shards, batch, workers, backend="pil")
 
 
 def feedfast_threads(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
-    """feedfast's threaded CPU path on imagenet-train: ``DataLoader(backend="threads")`` where the
-    loader offers it, else :func:`~feedfast.loader.thread_epoch.run_thread_epoch` epoch after epoch."""
-    import feedfast
-
-    try:
-        loader = feedfast.DataLoader(SPEC, shards=shards, batch_size=batch, num_workers=workers, backend="threads")
-    except feedfast.UserError:
-        return _thread_epochs(shards, batch, workers)
-    return _forever(lambda: loader)
-
-
-def _thread_epochs(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
-    from feedfast import _env
-    from feedfast.compile.plan import build_plan
-    from feedfast.loader.thread_epoch import run_thread_epoch
-    from feedfast.sources.assign import plan_epoch
-    from feedfast.sources.dataset import open_shards
-    from feedfast.spec import load_spec
-
-    spec = load_spec(SPEC).replace(batch_size=batch)
-    shard_set = open_shards(shards, spec, _env.cache_dir())
-    plan = build_plan(spec, device="cpu")
-    epoch = 0
-    while True:
-        ep = plan_epoch(list(shard_set.sizes), batch_size=batch, rank=0, world=1, last_batch=spec.last_batch,
-                        seed=spec.seed, epoch=epoch, shuffle_shards=spec.shuffle_shards)
-        for b in run_thread_epoch(plan, shard_set, ep, rank=0, world=1, batch_size=batch, workers=workers,
-                                  seed=spec.seed, epoch=epoch):
-            yield b.fields["image"], b.fields["label"]
-        epoch += 1
+    """feedfast's threaded CPU path on imagenet-train: ``DataLoader(backend="threads")``."""
+    return _feedfast(shards, batch, workers, backend="threads")
 
 
 def torch_recipe(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
-    """The torchvision DataLoader recipe: webdataset, PIL decode, RandomResizedCrop, flip, ToTensor, Normalize."""
+    """The torchvision DataLoader recipe (:func:`feedfast.baseline.make_torch_loader`): PIL decode from a
+    map-style dataset over the shards, torchvision's RandomResizedCrop, flip, PILToTensor, ConvertImageDtype,
+    Normalize, a torch DataLoader with ``workers`` persistent worker processes."""
     from feedfast.baseline.torch_recipe import make_torch_loader
+    from feedfast.errors import UserError
 
-    return _forever(lambda: make_torch_loader(shards, batch_size=batch, num_workers=workers))
+    try:
+        loader = make_torch_loader(shards, batch_size=batch, num_workers=workers)
+    except UserError as exc:  # no torchvision
+        raise RowUnavailable(str(exc)) from exc
+    return _forever(lambda: loader)
+
+
+def spdl_pipeline(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
+    """Meta's SPDL thread pipeline running the torchvision recipe's own transforms.
+
+    Built as SPDL's examples build it: its WebDataset example's stages (each shard read whole
+    and split with ``spdl.io.iter_tarfile``, members grouped by key, ``disaggregate``), then,
+    as in its ``multi_thread_preprocessing`` example, the PIL decode and the torchvision
+    ``Compose`` (the same one as the torchvision recipe row: RandomResizedCrop 224 bilinear
+    antialiased, flip, PILToTensor, ConvertImageDtype, Normalize) in a ``pipe`` stage with
+    ``concurrency=workers``, ``aggregate(batch)``, a collate stage, ``build(num_threads=workers)``.
+    Shards are read in order, round after round (the torchvision row does not shuffle either).
+    """
+    try:
+        import spdl.io
+        from spdl.pipeline import PipelineBuilder
+    except ImportError as exc:
+        raise RowUnavailable("SPDL is not installed: pip install spdl==0.8.0 (make bench installs it)") from exc
+    from PIL import Image
+
+    from feedfast.baseline.torch_recipe import TorchRecipe
+    from feedfast.errors import UserError
+
+    try:
+        transform = TorchRecipe().compose()
+    except UserError as exc:  # no torchvision
+        raise RowUnavailable(str(exc)) from exc
+
+    def shard_samples(path: str) -> list[tuple[bytes, bytes]]:
+        with open(path, "rb") as f:
+            data = f.read()
+        members: dict[str, dict[str, bytes]] = {}
+        for name, content in spdl.io.iter_tarfile(data):
+            key, _, ext = name.rpartition(".")
+            members.setdefault(key, {})[ext] = bytes(content)
+        return [(m["jpg"], m["cls"]) for m in members.values() if "jpg" in m and "cls" in m]
+
+    def decode_transform(sample: tuple[bytes, bytes]) -> tuple[torch.Tensor, int]:
+        jpeg, label = sample
+        with Image.open(io.BytesIO(jpeg)) as img:
+            rgb = img.convert("RGB")
+        return transform(rgb), int(label)
+
+    def collate(items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.stack([image for image, _ in items]), torch.tensor([label for _, label in items])
+
+    pipeline = (PipelineBuilder().add_source(itertools.cycle(shards)).pipe(shard_samples).disaggregate()
+                .pipe(decode_transform, concurrency=workers).aggregate(batch).pipe(collate)
+                .add_sink(2).build(num_threads=workers))
+
+    def batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        with pipeline.auto_stop():  # closing the generator stops the pipeline's threads
+            yield from pipeline.get_iterator(timeout=300)
+
+    return batches()
 
 
 def hand_dali(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
@@ -134,7 +201,8 @@ ROWS: dict[str, tuple[Callable[..., Iterator[Any]], str]] = {
     "feedfast threaded CPU": (feedfast_threads, "feedfast's threaded CPU path (pillow-simd in threads)"),
     "feedfast DALI CPU": (feedfast_dali, "feedfast.DataLoader(imagenet-train.yaml), DALI on the CPU"),
     "hand-written DALI": (hand_dali, "the same graph written directly in DALI"),
-    "torchvision recipe": (torch_recipe, "webdataset + PIL + RandomResizedCrop/flip/ToTensor/Normalize, torch DataLoader"),
+    "torchvision recipe": (torch_recipe, "PIL + RandomResizedCrop/flip/ToTensor/Normalize, torch DataLoader"),
+    "SPDL thread pipeline": (spdl_pipeline, "spdl.pipeline.PipelineBuilder running the same torchvision transforms"),
     "feedfast PIL backend": (feedfast_pil, "feedfast.DataLoader(..., backend='pil')"),
     "PIL decode only (1 core)": (pil_decode_only, "full PIL decode per image, one process: the per-core ceiling"),
 }
@@ -165,11 +233,16 @@ def time_row_cpu(it: Iterator[Any], *, warmup: int, batches: int) -> tuple[float
     On a machine shared with other work, wall-clock rates swing with the others' load; the
     CPU cost per sample does much less, and ``cores / cost`` is the rate a quiet machine
     would reach if the row keeps its cores busy.
+
+    Samples are delivered samples: ``it.delivered()`` where the row has it (feedfast's loaders,
+    whose padding it leaves out), else each batch's rows.
     """
+    delivered = getattr(it, "delivered", None)
     for _ in range(warmup):
         next(it)
-    c0, t0, n = cpu_seconds(), time.perf_counter(), 0
+    c0, t0, rows, done0 = cpu_seconds(), time.perf_counter(), 0, delivered() if delivered else 0
     for _ in range(batches):
-        n += int(next(it)[0].shape[0])
+        rows += int(next(it)[0].shape[0])
     wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
+    n = delivered() - done0 if delivered else rows
     return n / wall, cpu / n * 1e3

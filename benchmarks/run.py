@@ -30,10 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rows import ROWS, time_row_cpu  # noqa: E402
+from rows import ROWS, RowUnavailable, time_row_cpu  # noqa: E402
 
 STOCK = "torchvision recipe, stock Pillow"
 THREADS, HAND, TORCH, CEILING = "feedfast threaded CPU", "hand-written DALI", "torchvision recipe", "PIL decode only (1 core)"
+SPDL = "SPDL thread pipeline"
+PEERS = (TORCH, STOCK, SPDL)
+"""The Python peers: the issue's target is against the best of them (the torchvision recipe and SPDL)."""
+BEST_PEER = "best of torchvision recipe and SPDL"
 
 
 @dataclass(frozen=True)
@@ -52,9 +56,9 @@ def bench_sets(args: argparse.Namespace) -> dict[str, BenchSet]:
     every = tuple(ROWS)
     return {
         "imagenet": BenchSet("imagenet", every, args.batch_size, args.batches, args.warmup,
-                             {f"{THREADS} / {HAND}": 1.2, f"{THREADS} / {TORCH}": 2.0,
+                             {f"{THREADS} / {HAND}": 1.2, f"{THREADS} / {BEST_PEER}": 2.0,
                               f"{THREADS} / decode-only ceiling": 0.6}),
-        "highres": BenchSet("highres", (THREADS, "feedfast DALI CPU", HAND, TORCH), args.highres_batch_size,
+        "highres": BenchSet("highres", (THREADS, "feedfast DALI CPU", HAND, TORCH, SPDL), args.highres_batch_size,
                             args.highres_batches, 1, {f"{THREADS} / {TORCH}": 5.0}),
         "synthetic": BenchSet("synthetic", every, args.batch_size, args.batches, args.warmup, {}),
     }
@@ -87,70 +91,110 @@ def stock_rate(shards: list[str], bench: BenchSet, args: argparse.Namespace) -> 
     return float(line["samples_per_s"]), float(line["cpu_ms_per_sample"])
 
 
-def measure(shards: list[str], bench: BenchSet, args: argparse.Namespace) -> dict[str, list[tuple[float, float]]]:
-    """rows -> (samples/s, CPU ms per sample) per round, rounds alternating the row order."""
-    names = list(bench.rows) + ([STOCK] if args.stock_python else [])
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+def run_row(name: str, shards: list[str], bench: BenchSet, args: argparse.Namespace) -> tuple[float, float]:
+    """One round of one row, in a fresh iterator: (samples/s, CPU ms per sample).
+
+    Raises:
+        RowUnavailable: the row cannot run here (a package it needs is missing).
+    """
+    if name == STOCK:
+        try:
+            return stock_rate(shards, bench, args)
+        except RuntimeError as exc:
+            raise RowUnavailable(str(exc)) from exc
+    it = ROWS[name][0](shards, bench.batch_size, args.workers)
+    try:
+        return time_row_cpu(it, warmup=bench.warmup, batches=bench.batches)
+    finally:
+        close = getattr(it, "close", None)
+        if close:
+            close()
+        del it
+        gc.collect()
+
+
+@dataclass
+class Measured:
+    """Per row, (samples/s, CPU ms per sample) of each round; the rows left out and why; the load seen."""
+
+    results: dict[str, list[tuple[float, float]]]
+    left_out: dict[str, str]
+    loads: list[float]
+
+
+def measure(shards: list[str], bench: BenchSet, args: argparse.Namespace) -> Measured:
+    """Every row of ``bench`` over ``args.rounds`` rounds, the row order alternating between rounds.
+
+    A row that cannot run here is left out, loudly (printed, and named in the JSON), and the
+    others run on.
+    """
+    names = [n for n in bench.rows if not args.rows or n in args.rows]
+    names += [STOCK] if args.stock_python and (not args.rows or STOCK in args.rows) else []
+    out = Measured({name: [] for name in names}, {}, [])
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            if name == STOCK and name not in results:
+            if name in out.left_out:
                 continue
-            if name == STOCK:
-                try:
-                    got = stock_rate(shards, bench, args)
-                except RuntimeError as exc:  # e.g. no torchvision there: the row is left out, loudly
-                    print(f"{bench.name}: leaving out {STOCK!r}: {exc}", flush=True)
-                    del results[STOCK]
-                    continue
-            else:
-                it = ROWS[name][0](shards, bench.batch_size, args.workers)
-                got = time_row_cpu(it, warmup=bench.warmup, batches=bench.batches)
-                close = getattr(it, "close", None)
-                if close:
-                    close()
-                del it
-                gc.collect()
-            results[name].append(got)
+            try:
+                got = run_row(name, shards, bench, args)
+            except RowUnavailable as exc:
+                print(f"{bench.name}: leaving out {name!r}: {exc}", flush=True)
+                out.left_out[name] = str(exc)
+                del out.results[name]
+                continue
+            out.results[name].append(got)
+            out.loads.append(os.getloadavg()[0])
             print(f"{bench.name} round {r + 1}/{args.rounds}  {name:<32} {got[0]:8.1f} samples/s  "
-                  f"{got[1]:6.2f} CPU ms/sample  (load {os.getloadavg()[0]:.1f})", flush=True)
-    return results
+                  f"{got[1]:6.2f} CPU ms/sample  (load {out.loads[-1]:.1f})", flush=True)
+    return out
 
 
 def ratios(med: dict[str, float], workers: int) -> dict[str, float]:
     """Each contender against the others, from medians of the rounds (higher is better for the first)."""
     out: dict[str, float] = {}
     for num in (THREADS, "feedfast DALI CPU"):
-        for den in (HAND, TORCH, STOCK, "feedfast PIL backend"):
+        for den in (HAND, TORCH, STOCK, SPDL, "feedfast PIL backend"):
             if num in med and den in med:
                 out[f"{num} / {den}"] = med[num] / med[den]
+        peers = [med[p] for p in PEERS if p in med]
+        if num in med and peers:
+            out[f"{num} / {BEST_PEER}"] = med[num] / max(peers)
         if CEILING in med and num in med:
             out[f"{num} / decode-only ceiling"] = med[num] / (med[CEILING] * workers)
     if HAND in med and TORCH in med:
         out[f"{HAND} / {TORCH}"] = med[HAND] / med[TORCH]
+    if SPDL in med and TORCH in med:
+        out[f"{SPDL} / {TORCH}"] = med[SPDL] / med[TORCH]
     return out
 
 
-def summarize(results: dict[str, list[tuple[float, float]]], bench: BenchSet, args: argparse.Namespace) -> dict:
+def summarize(measured: Measured, bench: BenchSet, args: argparse.Namespace) -> dict:
     """Medians and ratios two ways: wall-clock samples/s, and samples per CPU second ("per core").
 
     On a shared machine the wall-clock figures swing with other work; the CPU cost per sample
     much less. The per-core figure is ``1000 / median CPU ms per sample``; its ratios are what
     the wall-clock ratios become on a quiet machine for rows that keep their cores busy.
     """
+    results = {k: v for k, v in measured.results.items() if v}
     med = {k: statistics.median(r for r, _ in v) for k, v in results.items()}
     per_core = {k: 1e3 / statistics.median(c for _, c in v) for k, v in results.items()}
     wall, cpu = ratios(med, args.workers), ratios(per_core, 1)
+    peers = {"wall": max((p for p in PEERS if p in med), key=med.__getitem__, default=None),
+             "per_core": max((p for p in PEERS if p in per_core), key=per_core.__getitem__, default=None)}
     targets = {name: {"target": t, "wall": wall.get(name), "per_core": cpu.get(name),
                       "met_wall": wall.get(name, 0.0) >= t, "met_per_core": cpu.get(name, 0.0) >= t}
                for name, t in bench.targets.items()}
     return {
         "set": bench.name, "batch_size": bench.batch_size, "batches": bench.batches, "warmup": bench.warmup,
         "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    "load_average_at_end": os.getloadavg()},
+                    "load_average_at_end": os.getloadavg(),
+                    "load_average_1min_per_round": {"min": min(measured.loads, default=None),
+                                                    "median": statistics.median(measured.loads) if measured.loads else None,
+                                                    "max": max(measured.loads, default=None)}},
         "settings": vars(args), "rounds": {k: [r for r, _ in v] for k, v in results.items()},
         "cpu_ms_per_sample_rounds": {k: [c for _, c in v] for k, v in results.items()},
         "median_samples_per_s": med, "samples_per_cpu_s": per_core, "ratios": wall, "ratios_per_core": cpu,
-        "targets": targets,
+        "targets": targets, "best_peer": peers, "left_out": measured.left_out,
     }
 
 
@@ -178,6 +222,15 @@ def report(summary: dict) -> None:
     print(f"  {'':<32} {'samples/s':>10} {'per CPU s':>10}")
     for name, rate in summary["median_samples_per_s"].items():
         print(f"  {name:<32} {rate:10.1f} {summary['samples_per_cpu_s'][name]:10.1f}")
+    for name, why in summary["left_out"].items():
+        print(f"  {name:<32} left out: {why}")
+    peers = summary["best_peer"]
+    if peers["wall"]:
+        print(f"  best Python peer: {peers['wall']} (wall), {peers['per_core']} (per core)")
+    load = summary["machine"]["load_average_1min_per_round"]
+    if load["median"] is not None:
+        print(f"  load average (1 min) after each round: {load['min']:.1f} to {load['max']:.1f}, "
+              f"median {load['median']:.1f}")
     print(f"  {'ratio':<60} {'wall':>6} {'per core':>9}")
     for name, ratio in summary["ratios"].items():
         target = summary["targets"].get(name)
@@ -200,6 +253,8 @@ def main() -> None:
     ap.add_argument("--highres-batch-size", type=int, default=16)
     ap.add_argument("--highres-batches", type=int, default=4)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--rows", type=lambda text: text.split(","), default=None,
+                    help=f"comma-separated row names to run (default all): {', '.join([*ROWS, STOCK])}")
     ap.add_argument("--out", default="bench-results")
     ap.add_argument("--stock-python", default=None,
                     help="an interpreter with torch and stock Pillow: adds the recipe as most users run it")
