@@ -25,12 +25,12 @@ import pytest
 import torch
 
 import feedfast
-from feedfast.errors import ShardError, UserError
+from feedfast.errors import ShardError
 from feedfast.sources.index import format_index, scan_tar
 from feedfast.sources.remote import RemoteError, Transfer
 from feedfast.sources.remote_index import remote_index
 from feedfast.sources.transport import transport_for
-from tests.helpers import unindexed_shards
+from tests.helpers import keys_of_epoch, shard_with_bad_sample, unindexed_shards
 
 pytest.importorskip("moto", reason="the s3 tests need a local S3 server: pip install -e '.[dev]'")
 # s3fs is not skipped for: feedfast cannot index s3:// shards without it, and the dev extra installs it
@@ -141,13 +141,15 @@ def test_two_ranks_over_s3_read_the_local_ranges_and_a_shuffled_epoch_is_exact(s
     for rank in (0, 1):
         assert _same(_run(small_spec, url, rank=rank, world_size=2, shuffle=False),
                      _run(small_spec, local, rank=rank, world_size=2, shuffle=False)), rank
-    # DALI fills its whole shuffle buffer before the first batch, wrapping around a small dataset: one GET per
-    # member per buffered sample (about 9 s for the default 1,024 here), so this epoch shuffles in a buffer of 8
-    shuffled = {**small_spec, "shuffle": {"buffer": 8, "shards": True}}
+    # shuffled, s3 shards are read by feedfast in the block shuffle's order: windows of 2 spread over 8 samples
+    shuffled = {**small_spec, "shuffle": {"buffer": 8, "shards": True, "block": 8, "window": 2}}
     got: Counter[str] = Counter()
     for rank in (0, 1):
         got.update(k for ks, _, _ in _run(shuffled, url, rank=rank, world_size=2, shuffle=True) for k in ks)
     assert len(got) == 23 and set(got.values()) == {1}  # every sample exactly once over both ranks
+    loader = feedfast.DataLoader(shuffled, shards=url, backend="dali", shuffle=True, num_workers=1)
+    assert loader.shards.transport == "stream" and loader._partition == "block"  # the block shuffle, read by feedfast
+    loader.close()
 
 
 def test_feedfasts_own_s3_reads_index_scan_sidecar_and_validators(local: list[str], s3: Any, tmp_path: Path) -> None:
@@ -188,14 +190,33 @@ def test_a_missing_s3_shard_or_bucket_names_the_url(small_spec: dict, s3: Any, t
             feedfast.DataLoader(small_spec, shards=url, cache_dir=tmp_path)
 
 
-def test_on_error_skip_over_s3_is_refused_with_the_fix(small_spec: dict, s3: Any, tmp_path: Path) -> None:
-    # images are checked on local bytes, and s3 shards are not cached locally today (see dataset.locate)
-    with pytest.raises(UserError, match=r"on_error='skip'.*s3://bucket/train-0000\.tar"):
-        feedfast.DataLoader(small_spec, shards=f"s3://bucket/{SHARDS}", on_error="skip", cache_dir=tmp_path)
+def test_on_error_skip_over_s3_caches_checks_and_skips_the_bad_sample(small_spec: dict, local: list[str], s3: Any,
+                                                                    tmp_path: Path) -> None:
+    good = next(m for m in scan_tar(local[0])[0].members if m.name.endswith(".jpg"))
+    with open(local[0], "rb") as f:
+        f.seek(good.offset)
+        jpeg = f.read(good.size)
+    broken = shard_with_bad_sample(tmp_path, jpeg, b"<html>not an image</html>")
+    s3.upload_file(broken, "bucket", "broken-0000.tar")
+    url = "s3://bucket/broken-0000.tar"
+    loader = feedfast.DataLoader(small_spec, shards=url, on_error="skip", backend="dali", shuffle=False,
+                                 num_workers=1, cache_dir=tmp_path / "c")
+    # downloaded whole through the s3 transport into the shard cache, checked there, read from there
+    assert loader.shards.kinds == ("cache",) and loader.shards.transport == "stream"
+    assert Path(loader.shards.cache.path_for(url)).read_bytes() == Path(broken).read_bytes()  # type: ignore[union-attr]
+    assert [(s["shard"], s["key"]) for s in loader.skipped_samples()] == [(url, "bad")]
+    assert keys_of_epoch(loader) == ["a", "b", "c"]
+    loader.close()
+    # the whole set under skip, shuffled: every good sample once
+    loader = feedfast.DataLoader(small_spec, shards=f"s3://bucket/{SHARDS}", on_error="skip", backend="dali",
+                                 shuffle=True, num_workers=1, cache_dir=tmp_path / "c")
+    assert loader.shards.kinds == ("cache",) * 5 and not loader.skipped_samples()
+    assert Counter(keys_of_epoch(loader)) == Counter(s.key for p in local for s in scan_tar(p))
+    loader.close()
 
 
 def test_resume_mid_epoch_over_s3_reproduces_the_remaining_batches(small_spec: dict, s3: Any) -> None:
-    url, shuffled = f"s3://bucket/{SHARDS}", {**small_spec, "shuffle": {"buffer": 8, "shards": True}}
+    url, shuffled = f"s3://bucket/{SHARDS}", {**small_spec, "shuffle": {"buffer": 8, "shards": True, "block": 8, "window": 2}}
     full = _run(shuffled, url, shuffle=True)
     part = feedfast.DataLoader(shuffled, shards=url, backend="dali", shuffle=True, num_workers=1)
     it = iter(part)

@@ -37,7 +37,7 @@ class EpochPlan:
     steps: int
     batch_sizes: tuple[int, ...]
     valid: tuple[int, ...]
-    partition: str = "shards"  # "shards": contiguous ranges (DALI's); "global": global batches of the order
+    partition: str = "shards"  # "shards" (DALI's ranges), "global" (global batches), "block": see partition_for
     consumed: int = 0  # samples of the epoch's global order consumed before this plan (an elastic resume)
     batch_size: int = 0  # the batch size the plan deals out
 
@@ -53,10 +53,26 @@ class EpochPlan:
 
 
 def partition_for(read_kinds: tuple[str, ...], *, shuffled: bool) -> str:
-    """How an epoch's samples are dealt to ranks: ``global`` (one permutation of the whole dataset,
-    sources/order.py) when shuffled over shards read as local files, else ``shards`` (each rank's
-    contiguous range, DALI's split, shuffled in a window where ``shuffled``)."""
-    return "global" if shuffled and all(k == "file" for k in read_kinds) else "shards"
+    """How an epoch's samples are ordered and dealt to ranks; the one rule, for every reader:
+
+    ==========  ==================================  ===========================================
+    partition   when                                order (:mod:`feedfast.sources.order`)
+    ==========  ==================================  ===========================================
+    ``shards``  not shuffled                        the shards in order; each rank a contiguous
+                                                    range (DALI's split)
+    ``global``  shuffled, every shard a local file  one uniform permutation of the whole
+                                                    dataset, dealt out in global batches
+    ``block``   shuffled, any shard remote (http,   windows of many shards interleaved (the
+                ``pipe:``, s3, gs)                  block shuffle), each rank a contiguous
+                                                    range of the shuffled windows
+    ==========  ==================================  ===========================================
+
+    A sample read costs a request on a remote shard, so remote shards are read a window
+    of consecutive samples at a time; local ones sample by sample.
+    """
+    if not shuffled:
+        return "shards"
+    return "global" if all(k == "file" for k in read_kinds) else "block"
 
 
 def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool) -> tuple[int, ...]:
@@ -93,6 +109,8 @@ def plan_epoch(
     ``partition="shards"`` cuts the shards, concatenated in the epoch's shard order, into
     contiguous ranges (DALI's reader). ``"global"`` deals the epoch's global order out in
     global batches after its first ``consumed`` samples (:mod:`feedfast.sources.order`).
+    ``"block"`` cuts the shuffled windows into contiguous ranges: the counts of ``"shards"``,
+    with the shards in their canonical order (:func:`~feedfast.sources.order.block_order`).
     """
     if partition == "global":
         from feedfast.sources.order import rank_counts
@@ -102,6 +120,7 @@ def plan_epoch(
     else:
         total = sum(sizes)
         counts = [b - a for a, b in (rank_range(total, r, world) for r in range(world))]
+        shuffle_shards = shuffle_shards and partition == "shards"  # a block shuffle permutes windows instead
     mine, biggest = counts[rank], max(counts)
     b = batch_size
     if last_batch == "drop":

@@ -11,12 +11,13 @@ How each shard's bytes are read (``ShardSet.kinds``) decides the transport:
 - ``s3://``, ``gs://``: ``s3``, ``gs``; indexed as http, through fsspec; not checked.
 
 A dataset with any ``http`` or ``cache`` shard uses the stream transport
-(:mod:`feedfast.sources.stream`, local shards included); otherwise DALI's reader reads the
-shards natively, s3/gs included (DALI has its own clients for those). s3/gs shards cannot
-be mixed with http or ``pipe:`` ones. Images in http shards are not checked under
-``on_error: raise`` (a header check would cost a request per image: a bad image fails its
-batch instead); under ``on_error: skip`` http shards are cached whole and checked there;
-s3/gs shards cannot be checked, so ``on_error: skip`` with them is an error.
+(:mod:`feedfast.sources.stream`, local shards included), and so does a shuffled epoch over
+s3/gs shards (the block shuffle, :func:`~feedfast.sources.assign.partition_for`); otherwise
+DALI's reader reads the shards natively, s3/gs included (DALI has its own clients for
+those). s3/gs shards cannot be mixed with http or ``pipe:`` ones. Images in remote shards
+are not checked under ``on_error: raise`` (a header check would cost a request per image: a
+bad image fails its batch instead); under ``on_error: skip`` http, s3 and gs shards are
+cached whole through their transport (:mod:`.cache`) and checked there.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from feedfast.errors import SampleError, ShardError, UserError
+from feedfast.errors import SampleError, ShardError
+from feedfast.sources.assign import partition_for
 from feedfast.sources.cache import ShardCache
 from feedfast.sources.checked import check_shard
 from feedfast.sources.index import Sample, first_member, load_index, subset_index
+from feedfast.sources.order import BlockShuffle
 from feedfast.sources.remote import DEFAULT_TRANSFER, Transfer, url_kind
 from feedfast.sources.remote_index import remote_index
 from feedfast.sources.shardlist import resolve_shards
@@ -55,6 +58,8 @@ class ShardSet:
             or http shard), ``s3``, ``gs``; empty means all ``file``.
         cache: the shard cache that ``cache`` shards are read from.
         transfer: timeout and retries for remote reads.
+        shuffle: the block shuffle's sizes when epochs are shuffled (the spec's ``shuffle``
+            section), None when they are not; remote shards are read in that order.
     """
 
     paths: tuple[str, ...]
@@ -66,6 +71,7 @@ class ShardSet:
     kinds: tuple[str, ...] = ()
     cache: ShardCache | None = None
     transfer: Transfer = DEFAULT_TRANSFER
+    shuffle: BlockShuffle | None = None
 
     @property
     def read_kinds(self) -> tuple[str, ...]:
@@ -74,8 +80,10 @@ class ShardSet:
 
     @property
     def transport(self) -> str:
-        """``stream`` when any shard needs feedfast's reader, else ``native`` (DALI's)."""
-        return "stream" if any(k in STREAM_KINDS for k in self.kinds) else "native"
+        """``stream`` when any shard needs feedfast's reader (an http or cached shard, or the
+        block shuffle's order over s3/gs), else ``native`` (DALI's)."""
+        block = partition_for(self.read_kinds, shuffled=self.shuffle is not None) == "block"
+        return "stream" if block or any(k in STREAM_KINDS for k in self.kinds) else "native"
 
     @property
     def total(self) -> int:
@@ -122,24 +130,23 @@ class Located:
 def locate(name: str, cache_dir: Path, cache: ShardCache, *, check_locally: bool) -> Located:
     """Index one shard; cache it whole when it is a ``pipe:`` shard or must be checked locally.
 
+    A remote shard checked locally (``on_error: skip``) is downloaded through its scheme's
+    transport into the shard cache, and read from there: http, s3 and gs alike.
+
     Raises:
         ShardError: the shard cannot be read or indexed; names it.
-        UserError: an s3/gs shard must be checked locally (``on_error: skip``).
     """
     kind = url_kind(name)
     if kind == "file":
         idx, samples = load_index(name, cache_dir)
         return Located("file", idx, samples, name, os.path.getsize(name))
-    if kind == "pipe" or (kind == "http" and check_locally):
+    if kind == "pipe" or check_locally:
         path = cache.ensure(name)
         try:
             idx, samples = load_index(path, cache_dir)
         except ShardError as exc:
             raise ShardError(f"shard {name!r} (cached as {str(path)!r}): {exc}") from exc
         return Located("cache", idx, samples, str(path), path.stat().st_size)
-    if check_locally:
-        raise UserError(f"on_error='skip' checks images locally, which {kind}:// shards are not: {name!r}; "
-                        "use on_error='raise', or copy the shards locally")
     idx, samples, size = remote_index(name, cache_dir, cache.transfer)
     return Located(kind, idx, samples, None, size)
 
@@ -202,5 +209,7 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
             kinds.append(kind)
     _check_kinds(paths, kinds)
     remote = any(k != "file" for k in kinds)
+    shuffle = BlockShuffle(spec.shuffle_block, spec.shuffle_window) if spec.shuffled else None
     return ShardSet(tuple(paths), tuple(idxs), tuple(sizes), tuple(skipped), tuple(converted), raw,
-                    kinds=tuple(kinds) if remote else (), cache=cache if "cache" in kinds else None, transfer=transfer)
+                    kinds=tuple(kinds) if remote else (), cache=cache if "cache" in kinds else None, transfer=transfer,
+                    shuffle=shuffle)

@@ -24,8 +24,9 @@ import numpy as np
 
 from feedfast.errors import ShardError
 from feedfast.sources.cache import ShardCache
-from feedfast.sources.remote import Transfer, fetch_range
+from feedfast.sources.remote import Transfer
 from feedfast.sources.shardfiles import ShardFiles
+from feedfast.sources.transport import Transport, transport_for
 
 MAX_GAP = 256 * 1024
 LOCAL_GAP = 16 * 1024  # a local read is a syscall and a copy, not a request: merge only near neighbours
@@ -54,7 +55,8 @@ class BatchFeeder:
         self.ahead = ahead
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="feedfast-stream")
         self._pending: dict[int, Future[list[list[np.ndarray]]]] = {}
-        self._windows = WindowCache(rows.window, self._fetch, keep=3)
+        self._windows = WindowCache(rows.window, self._fetch, last_step=_last_steps(rows.window, step_rows, steps))
+        self._transports: dict[int, Transport] = {}
         self.files = ShardFiles(names)  # local shards stay open: a shuffled epoch reads sample by sample
         weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         weakref.finalize(self, self.files.close)
@@ -68,7 +70,9 @@ class BatchFeeder:
                 self._pending[s] = self._pool.submit(self.batch, s)
         for stale in [s for s in self._pending if s < step]:
             self._pending.pop(stale).cancel()
-        return self._pending.pop(step).result()
+        got = self._pending.pop(step).result()
+        self._windows.release(step)  # DALI asks in order: windows no later step reads are dropped
+        return got
 
     def close(self) -> None:
         """Stop the reader threads and close the shards; pending reads are dropped."""
@@ -102,28 +106,37 @@ class BatchFeeder:
         return got
 
     def _read(self, shard: int, offset: int, size: int) -> bytes:
-        kind, name = self.kinds[shard], self.names[shard]
-        if kind == "http":
-            return fetch_range(name, offset, size, self.transfer)
-        if kind == "file":
-            return self.files.read(shard, offset, size)
+        if self.kinds[shard] == "file":
+            return self.files.read(shard, offset, size)  # kept open: a shuffled epoch reads sample by sample
+        transport = self._transports.get(shard)
+        if transport is None:
+            transport = self._transports[shard] = self._transport(shard)
+        return transport.read_range(self.names[shard], offset, size)
+
+    def _transport(self, shard: int) -> Transport:
+        """How a non-local shard is read: the shard cache for ``cache`` shards, else its URL's transport."""
+        if self.kinds[shard] != "cache":
+            return transport_for(self.names[shard], self.transfer)
         if self.cache is None:
-            raise ShardError(f"shard {name!r} is read from the shard cache, but no cache was configured")
-        return self.cache.read_range(name, offset, size)
+            raise ShardError(f"shard {self.names[shard]!r} is read from the shard cache, but no cache was configured")
+        return self.cache
 
 
 class WindowCache:
-    """Whole shuffle windows, read once in large ranges and kept while their samples are served.
+    """Whole windows of consecutive samples, each read once in a large range and kept while its samples are served.
 
-    A windowed shuffle (see :func:`feedfast.sources.rows.window_shuffle`) takes each step's
-    samples from one or two windows of consecutive samples; reading a window at once turns
-    ``window`` small requests into a few large ones. At most ``keep`` windows stay in memory,
-    least recently used first out. Thread-safe: one reader per window, others wait for it.
+    A windowed shuffle (:func:`feedfast.sources.rows.window_shuffle`) or a block shuffle
+    (:func:`feedfast.sources.order.block_order`) takes each step's samples from windows of
+    consecutive samples of one shard; reading a window at once turns ``window`` small
+    requests into one. A window stays in memory until :meth:`release` passes its last step
+    (``last_step``), so a block shuffle holds about ``block`` samples. Thread-safe: one
+    reader per window, others wait for it. A window asked for after its release (a step read
+    again) is read again.
     """
 
-    def __init__(self, window: np.ndarray | None, fetch: Any, *, keep: int) -> None:
+    def __init__(self, window: np.ndarray | None, fetch: Any, *, last_step: dict[int, int]) -> None:
         self.active = window is not None
-        self._fetch, self._keep = fetch, keep
+        self._fetch, self._last_step = fetch, last_step
         self._members: dict[int, list[int]] = {}
         if window is not None:
             for row, w in enumerate(window.tolist()):
@@ -139,15 +152,22 @@ class WindowCache:
             got.update(self._get(w))
         return got
 
+    def release(self, step: int) -> None:
+        """Drop the windows that no step after ``step`` reads."""
+        with self._lock:
+            for w in [w for w in self._cache if self._last_step.get(w, -1) <= step]:
+                del self._cache[w]
+
+    def held(self) -> int:
+        """How many windows are in memory (read or being read)."""
+        return len(self._cache)
+
     def _get(self, w: int) -> dict[tuple[int, int], np.ndarray]:
         with self._lock:
-            fut = self._cache.pop(w, None)
+            fut = self._cache.get(w)
             owner = fut is None
             if fut is None:
-                fut = Future()
-            self._cache[w] = fut  # most recently used last
-            while len(self._cache) > self._keep:
-                self._cache.pop(next(iter(self._cache)))
+                fut = self._cache[w] = Future()
         if owner:
             try:
                 fut.set_result(self._fetch(self._members[w]))
@@ -156,6 +176,15 @@ class WindowCache:
                 with self._lock:
                     self._cache.pop(w, None)
         return fut.result()
+
+
+def _last_steps(window: np.ndarray | None, step_rows: Any, steps: int) -> dict[int, int]:
+    """Each window's last step (padding included), from the steps' rows."""
+    if window is None or steps == 0:
+        return {}
+    rows = [np.asarray(step_rows(s), dtype=np.int64) for s in range(steps)]
+    step_of = np.repeat(np.arange(steps), [len(r) for r in rows])
+    return dict(zip(window[np.concatenate(rows)].tolist(), step_of.tolist()))  # later steps overwrite
 
 
 def runs(items: list[Span], gap: int = MAX_GAP) -> list[list[Span]]:

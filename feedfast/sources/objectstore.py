@@ -1,8 +1,9 @@
 """s3:// and gs:// shards read from Python through fsspec (s3fs, gcsfs): metadata, streams, byte ranges.
 
-DALI's webdataset reader reads these shards itself (its own AWS and GCS clients); feedfast
-reads their metadata and indexes (fetched beside the shard or built by one scan) and,
-through :mod:`.transport`, byte ranges. fsspec and its backends are optional: without
+Unshuffled, DALI's webdataset reader reads these shards itself (its own AWS and GCS
+clients); feedfast reads their metadata and indexes (fetched beside the shard or built by
+one scan) and, through :mod:`.transport`, the byte ranges of a block-shuffled epoch and
+whole shards to cache under ``on_error: skip``. fsspec and its backends are optional: without
 them, reading fails with a ShardError saying what to install. Endpoints and credentials
 are the clients' own settings (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
 """
@@ -26,8 +27,8 @@ def _fsspec(url: str) -> Any:
     try:
         import fsspec
     except ImportError as exc:
-        raise ShardError(f"cannot index {url!r}: feedfast reads s3:// and gs:// indexes through fsspec "
-                         "(pip install s3fs, or gcsfs); DALI's reader then reads the shard itself") from exc
+        raise ShardError(f"cannot read {url!r}: feedfast reads s3:// and gs:// shards and indexes through fsspec "
+                         "(pip install s3fs, or gcsfs)") from exc
     return fsspec
 
 
@@ -36,7 +37,7 @@ def _filesystem(url: str) -> tuple[Any, str]:
     try:
         return _fsspec(url).core.url_to_fs(url)  # type: ignore[no-any-return]
     except ImportError as exc:  # fsspec is there but not s3fs/gcsfs
-        raise ShardError(f"cannot index {url!r}: {exc}") from exc
+        raise ShardError(f"cannot read {url!r}: {exc}") from exc
 
 
 def read(url: str, consume: Callable[[IO[bytes]], T]) -> T:

@@ -23,6 +23,8 @@ into ``[6]`` and ``[5]``.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -62,3 +64,73 @@ def rank_positions(total: int, *, rank: int, world: int, batch_size: int) -> np.
     a, b = rank_range(rest, rank, world)
     tail = full * step + np.arange(a, b, dtype=np.int64)
     return np.concatenate([body, tail])
+
+
+@dataclass(frozen=True)
+class BlockShuffle:
+    """The block shuffle's sizes (the spec's ``shuffle.block`` and ``shuffle.window``).
+
+    Attributes:
+        window: consecutive samples of a shard read together (one ranged request).
+        block: samples over which each window's samples are spread; about ``block`` samples
+            (``block / window`` windows of many shards) are held in memory at once.
+    """
+
+    block: int = 16384
+    window: int = 32
+
+
+def _rng(*parts: object) -> np.random.Generator:
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return np.random.Generator(np.random.PCG64(int.from_bytes(digest[:16], "little")))
+
+
+def shard_windows(sizes: Sequence[int], window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each shard cut into windows of ``window`` consecutive samples (a shard's last one may be
+    shorter): the windows' first sample numbers (canonical concatenation) and lengths.
+
+    >>> [a.tolist() for a in shard_windows([5, 3], 2)]
+    [[0, 2, 4, 5, 7], [2, 2, 1, 2, 1]]
+    """
+    counts = np.asarray(sizes, dtype=np.int64)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    per = -(-counts // window)
+    shard = np.repeat(np.arange(len(counts)), per)
+    k = np.arange(int(per.sum()), dtype=np.int64) - np.repeat(np.cumsum(per) - per, per)
+    return first[shard] + k * window, np.minimum(window, counts[shard] - k * window)
+
+
+def block_order(sizes: Sequence[int], *, rank: int, world: int, shuffle: BlockShuffle, seed: int,
+                epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``rank``'s samples of a block-shuffled epoch in reading order, and each one's window.
+
+    1. Every shard is cut into windows of ``shuffle.window`` consecutive samples
+       (:func:`shard_windows`), and the windows of all shards are permuted by (seed, epoch).
+    2. Their samples, concatenated in that order, are cut into ``world`` contiguous ranges as
+       DALI cuts shards (:func:`~feedfast.sources.assign.rank_range`): every sample once, and
+       the ranks' counts are those of an unshuffled epoch (padding counted the same way).
+    3. Inside the rank's range each window's samples are spread at random over about
+       ``shuffle.block`` positions around the window's place (MosaicML Streaming's ``py1e``,
+       over windows instead of whole shards): each sample's key is its place plus a uniform
+       shift in ``±(block - len) / 2``, clipped to the range, and the samples are read in key
+       order. At any point about ``block / window`` windows, from as many shards, are being read.
+
+    Deterministic for (seed, epoch, rank, world). Returns canonical sample numbers (shard 0's
+    samples first) and window numbers (into :func:`shard_windows`' list).
+    """
+    starts, lengths = shard_windows(sizes, shuffle.window)
+    perm = _rng("feedfast-blocks", seed, epoch).permutation(len(starts))
+    lens = lengths[perm]
+    total = int(lens.sum())
+    seq = np.repeat(starts[perm] - (np.cumsum(lens) - lens), lens) + np.arange(total, dtype=np.int64)
+    wid = np.repeat(perm, lens)
+    lo, hi = rank_range(total, rank, world)
+    mine, windows, n = seq[lo:hi], wid[lo:hi], hi - lo
+    run_start = np.flatnonzero(np.diff(windows, prepend=-1))  # a window cut by the range edges is a shorter run
+    run_len = np.diff(np.append(run_start, n))
+    cut = np.maximum(0.0, (shuffle.block - run_len) / 2)
+    low, high = np.maximum(-cut, -run_start), np.minimum(cut, n - run_start - run_len)
+    u = _rng("feedfast-blocks", seed, epoch, rank, world).random(n)
+    keys = np.arange(n) + np.repeat(low, run_len) + u * np.repeat(high - low, run_len)
+    read = np.argsort(keys, kind="stable")
+    return mine[read], windows[read]

@@ -2,7 +2,9 @@
 
 The samples are the shards' (filtered) indexes concatenated in the epoch's ``shard_order``,
 and a rank reads its contiguous range of them (:func:`~feedfast.sources.assign.rank_range`),
-as DALI's reader does. The stream transport and the PIL backend read samples this way.
+as DALI's reader does; or, shuffled, its share of the global order (:func:`global_rows`) or
+of the block shuffle (:func:`block_rows`). The stream transport and the PIL backend read
+samples this way.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from feedfast.sources.assign import rank_range
 from feedfast.sources.index import first_member, read_index
+from feedfast.sources.order import BlockShuffle, block_order
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,19 @@ def global_rows(names: tuple[str, ...], index_paths: tuple[str, ...], counts: tu
     mine = order[rank_positions(total - consumed, rank=rank, world=world, batch_size=batch_size)]
     shard, keys, offs, sizes = _all_rows(names, index_paths, counts, tuple(tuple(sorted(e)) for e in exts))
     return Rows(shard[mine], [keys[i] for i in mine.tolist()], offs[mine], sizes[mine], mine)
+
+
+def block_rows(names: tuple[str, ...], index_paths: tuple[str, ...], counts: tuple[int, ...],
+               exts: Sequence[set[str] | frozenset[str]], *, rank: int, world: int, shuffle: BlockShuffle, seed: int,
+               epoch: int) -> Rows:
+    """This rank's samples of a block-shuffled epoch (:func:`~feedfast.sources.order.block_order`).
+
+    ``window`` holds each row's window of consecutive samples (one shard's), the unit the
+    stream transport reads in one request; ``position`` is the row's canonical number.
+    """
+    mine, windows = block_order(counts, rank=rank, world=world, shuffle=shuffle, seed=seed, epoch=epoch)
+    shard, keys, offs, sizes = _all_rows(names, index_paths, counts, tuple(tuple(sorted(e)) for e in exts))
+    return Rows(shard[mine], [keys[i] for i in mine.tolist()], offs[mine], sizes[mine], mine, windows)
 
 
 @lru_cache(maxsize=4)

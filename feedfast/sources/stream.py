@@ -1,37 +1,39 @@
 """The stream transport: one rank's epoch as a batch callable for DALI's ``external_source``.
 
 Used when a dataset holds http(s) or cached (``pipe:``) shards, which DALI's webdataset
-reader cannot open, and for local shards under ``shuffle=True``, whose epoch follows the
-global sample order (:mod:`feedfast.sources.order`, ``EpochPlan.partition == "global"``:
-each rank reads its share of one permutation of the whole dataset, sample by sample).
-Otherwise the samples and their order are those the native reader yields:
+reader cannot open, and for every shuffled epoch (the partition is picked by
+:func:`~feedfast.sources.assign.partition_for`):
 
-- the shards' (filtered) indexes concatenated in the epoch's ``shard_order``;
-- this rank's contiguous range from :func:`~feedfast.sources.assign.rank_range`;
-- step ``j`` holds rows ``j*B .. j*B+B-1`` of that range, and rows past its end repeat
-  its last sample (DALI's ``pad_last_batch``), so every step yields a full batch ``B``
-  and the loader cuts it to ``EpochPlan.batch_sizes[j]``. With 9 samples on 2 ranks in
-  batches of 2, rank 0 (samples 0-3) yields ``[0 1] [2 3] [3 3]`` with 2, 2, 0 valid.
+- local shards under shuffle (``global``): each rank reads its share of one permutation of
+  the whole dataset (:mod:`feedfast.sources.order`), sample by sample;
+- remote shards under shuffle (``block``: http, ``pipe:``, s3, gs): the block shuffle
+  (:func:`~feedfast.sources.order.block_order`): windows of ``shuffle.window`` consecutive
+  samples of every shard are permuted, cut into ranks' contiguous ranges, and each window's
+  samples are spread over about ``shuffle.block`` positions, so a batch mixes about
+  ``block / window`` windows of as many shards. A window is read in one ranged request and
+  kept in memory until its last step is served (about ``block`` samples held);
+- unshuffled: the samples and their order are those the native reader yields: the shards'
+  (filtered) indexes concatenated, this rank's contiguous range from
+  :func:`~feedfast.sources.assign.rank_range`.
 
-What differs, by design: with ``shuffle.buffer > 0`` DALI's reader shuffles inside a
-buffer, which cannot be reproduced outside it; the stream transport makes a windowed
-shuffle with ``random.Random(f"{seed}/{epoch}/{rank}")`` instead: the rank's range is cut
-into windows of ``shuffle.buffer`` consecutive samples, the windows are visited in a
-random order and the samples inside each in a random order. A window is read in a few
-large range requests and held in memory while its samples are served (``buffer`` samples,
-as DALI's buffer holds). The guarantees are the same: every sample of the rank's range
-exactly once per epoch, deterministic for (seed, epoch, rank), resumable at any step.
+Step ``j`` holds rows ``j*B .. j*B+B-1`` of the rank's rows, and rows past their end repeat
+its last sample (DALI's ``pad_last_batch``), so every step yields a full batch ``B`` and the
+loader cuts it to ``EpochPlan.batch_sizes[j]``. With 9 samples on 2 ranks in batches of 2,
+unshuffled, rank 0 (samples 0-3) yields ``[0 1] [2 3] [3 3]`` with 2, 2, 0 valid. Every
+sample of the rank's share is read exactly once per epoch, deterministic for (seed, epoch,
+rank, world), resumable at any step: the feed answers for a step, whatever came before.
+(A windowed shuffle of the rank's contiguous range, ``rank_rows(window=...)``, remains for
+comparison: its batches hold a few classes on class-sorted shards.)
 
 The random operators after the source get the seeds they get after DALI's reader (see
 ``compile.dali.ReaderConfig``), so without shuffling a stream epoch yields the same pixels
 as a native one, byte for byte.
 
-Bytes are read per batch (per window when shuffling), per shard, in offset order, and
-members less than ``feeder.MAX_GAP`` bytes apart are fetched in one read: a batch or a
-window of one shard is one HTTP ``Range`` request (see :mod:`feedfast.sources.feeder`).
-Only the indexes of
-shards that the rank's range touches are read. ``external_source`` data has no
-``source_info``, so :meth:`StreamEpoch.origins` names each step's samples instead.
+Bytes are read per batch (per window when shuffling in windows), per shard, in offset
+order, and members less than ``feeder.MAX_GAP`` bytes apart are fetched in one read: a batch
+or a window of one shard is one ranged request (see :mod:`feedfast.sources.feeder`).
+``external_source`` data has no ``source_info``, so :meth:`StreamEpoch.origins` names each
+step's samples instead.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from typing import Any
 from feedfast.errors import ShardError
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.feeder import BatchFeeder
-from feedfast.sources.rows import global_rows, rank_rows
+from feedfast.sources.order import BlockShuffle
+from feedfast.sources.rows import block_rows, global_rows, rank_rows
 from feedfast.sources.validate import probe_image
 
 
@@ -57,6 +60,9 @@ class StreamEpoch:
         if ep.partition == "global":  # local shards under shuffle: the global order, read sample by sample
             rows = global_rows(shards.paths, shards.index_paths, shards.sizes, exts, rank=rank, world=world,
                                batch_size=batch_size, seed=seed, epoch=epoch, shuffle=True, consumed=ep.consumed)
+        elif ep.partition == "block":  # remote shards under shuffle: windows of many shards interleaved
+            rows = block_rows(shards.paths, shards.index_paths, shards.sizes, exts, rank=rank, world=world,
+                              shuffle=shards.shuffle or BlockShuffle(), seed=seed, epoch=epoch)
         else:
             rows = rank_rows(shards.paths, shards.index_paths, shards.sizes, ep.shard_order, exts, rank=rank,
                              world=world, window=shuffle_window, seed=seed, epoch=epoch)

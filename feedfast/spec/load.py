@@ -157,14 +157,14 @@ def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
     fields = parse_fields(raw.get("pipeline"), components, file)
     outputs, form = parse_outputs(raw.get("outputs"), fields, file)
     size, last = parse_batch(raw.get("batch"), file)
-    buffer, shards = parse_shuffle(raw.get("shuffle"), file)
+    buffer, shards, block, window = parse_shuffle(raw.get("shuffle"), file)
     return m.Spec(
         name=parse_scalar(raw, "name", str, Path(file).stem if file != "<dict>" else "spec", file),
         components=components, fields=fields, outputs=outputs, output_form="dict" if form == "dict" else "tuple",
         missing=missing, on_error=on_error, batch_size=size, last_batch=last,
         device=parse_scalar(raw, "device", str, "auto", file, choices=m.DEVICES),
         seed=parse_scalar(raw, "seed", int, 0, file), shuffle_buffer=buffer,
-        shuffle_shards=shards, decoder=parse_decoder(raw.get("decoder"), file), version=version, file=file,
+        shuffle_shards=shards, shuffle_block=block, shuffle_window=window, decoder=parse_decoder(raw.get("decoder"), file), version=version, file=file,
     )
 
 

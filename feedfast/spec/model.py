@@ -113,6 +113,9 @@ class Spec:
         seed: the seed of every random choice (shuffling and augmentation).
         shuffle_buffer: samples held for shuffling (0 turns sample shuffling off).
         shuffle_shards: whether the shard order changes every epoch.
+        shuffle_block, shuffle_window: the block shuffle of remote shards (``shuffle.block``,
+            ``shuffle.window``): windows of ``shuffle_window`` consecutive samples, each spread
+            over about ``shuffle_block`` samples (see :func:`feedfast.sources.order.block_order`).
         decoder: the nvJPEG settings of GPU decoding (the ``decoder`` section).
         file: where the spec came from, for error messages.
     """
@@ -130,6 +133,8 @@ class Spec:
     seed: int = 0
     shuffle_buffer: int = 0
     shuffle_shards: bool = False
+    shuffle_block: int = 16384
+    shuffle_window: int = 32
     decoder: DecoderSettings = field(default_factory=DecoderSettings)
     version: int = 1
     file: str = "<spec>"
@@ -151,11 +156,17 @@ class Spec:
             "pipeline": pipeline,
             "outputs": list(self.outputs) if self.output_form == "tuple" else {o: o for o in self.outputs},
             "batch": {"size": self.batch_size, "last_batch": self.last_batch},
-            "shuffle": {"buffer": self.shuffle_buffer, "shards": self.shuffle_shards},
+            "shuffle": {"buffer": self.shuffle_buffer, "shards": self.shuffle_shards, "block": self.shuffle_block,
+                        "window": self.shuffle_window},
             "device": self.device,
             "decoder": self.decoder.to_dict(),
             "seed": self.seed,
         }
+
+    @property
+    def shuffled(self) -> bool:
+        """Whether epochs are shuffled (``shuffle.buffer > 0`` or ``shuffle.shards``)."""
+        return self.shuffle_buffer > 0 or self.shuffle_shards
 
     def replace(self, **changes: Any) -> "Spec":
         """A copy with some top-level settings changed (already validated by the caller)."""

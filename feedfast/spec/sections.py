@@ -162,18 +162,33 @@ def parse_batch(v: Any, file: str) -> tuple[int, m.LastBatch]:
     return size, last  # type: ignore[return-value]
 
 
-def parse_shuffle(v: Any, file: str) -> tuple[int, bool]:
-    """The ``shuffle`` section: sample buffer size and per-epoch shard order."""
+def parse_shuffle(v: Any, file: str) -> tuple[int, bool, int, int]:
+    """The ``shuffle`` section: sample buffer size, per-epoch shard order, and the block shuffle's
+    ``block`` and ``window`` (samples; see :func:`feedfast.sources.order.block_order`)."""
+    block_default, window_default = m.Spec.shuffle_block, m.Spec.shuffle_window  # the dataclass's defaults
     if isinstance(v, bool):
-        return (1024 if v else 0), v
-    s = _mapping(v, "shuffle", file, "{buffer: 1024, shards: true}")
-    _no_unknown(s, ("buffer", "shards"), "shuffle", file)
+        return (1024 if v else 0), v, block_default, window_default
+    s = _mapping(v, "shuffle", file, "{buffer: 1024, shards: true, block: 16384, window: 32}")
+    _no_unknown(s, ("buffer", "shards", "block", "window"), "shuffle", file)
     buf, shards = s.get("buffer", 0), s.get("shards", False)
     if not isinstance(buf, int) or isinstance(buf, bool) or buf < 0:
         raise SpecError("bad shuffle buffer", file=file, key="shuffle.buffer", value=buf, allowed="an integer >= 0")
     if not isinstance(shards, bool):
         raise SpecError("bad value", file=file, key="shuffle.shards", value=shards, allowed="true or false")
-    return buf, shards
+    sizes = {}
+    for key, default, what in (("window", window_default, "consecutive samples of a shard read at once"),
+                               ("block", block_default, "samples each window is spread over (held in memory)")):
+        n = s.get(key, default)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise SpecError(f"bad block-shuffle size: {what}", file=file, key=f"shuffle.{key}", value=n,
+                            allowed="an integer >= 1", fix=f"remove the key for the default, {default}")
+        sizes[key] = n
+    if sizes["window"] > sizes["block"]:
+        raise SpecError("the window is larger than the block: windows would not be interleaved", file=file,
+                        key="shuffle.window", value=sizes["window"], allowed=f"an integer <= shuffle.block ({sizes['block']})",
+                        fix=f"a window of a few dozen samples (the default is {window_default}) and a block "
+                            "hundreds of times larger mix hundreds of shards")
+    return buf, shards, sizes["block"], sizes["window"]
 
 
 def parse_decoder(v: Any, file: str) -> m.DecoderSettings:
