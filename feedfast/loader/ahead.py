@@ -99,6 +99,12 @@ class Ahead(Generic[T]):
             raise item.exc
         return item  # type: ignore[no-any-return]
 
+    def resize(self, depth: int) -> None:
+        """Hold up to ``depth`` finished items from now on (a smaller depth takes effect as items are taken)."""
+        with self._queue.mutex:
+            self._queue.maxsize = max(1, depth)
+            self._queue.not_full.notify_all()
+
     @property
     def alive(self) -> bool:
         """Whether the producer thread is still running."""

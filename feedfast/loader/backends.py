@@ -30,6 +30,7 @@ from typing import Callable, Iterator, Protocol
 from feedfast.compile.plan import Plan
 from feedfast.errors import UserError
 from feedfast.loader.epoch import Batch, EpochPipe, make_pipeline, release_memory, run_epoch
+from feedfast.loader.knobs import Knobs
 from feedfast.loader.prefetch import PinnedRing
 from feedfast.sources.assign import EpochPlan
 from feedfast.sources.dataset import ShardSet
@@ -162,20 +163,26 @@ class ProgramSource:
         name: the backend's name.
         run: :func:`~feedfast.loader.thread_epoch.run_thread_epoch` or
             :func:`~feedfast.loader.pil_epoch.run_pil_epoch` (one signature).
+        knobs: read live by ``run`` (the threaded path's threads and batches in flight); None:
+            ``workers`` and ``prefetch`` are fixed per epoch.
+        start_ahead: whether :meth:`prepare` starts the next epoch on a thread while this one drains.
     """
 
     def __init__(self, name: str, run: Callable[..., Iterator[Batch]], plan: Plan,
                  shards_for: Callable[[int], ShardSet], *, rank: int, world: int, batch_size: int, workers: int,
-                 seed: int, prefetch: int, plan_for: Callable[[int], EpochPlan]) -> None:
+                 seed: int, prefetch: int, plan_for: Callable[[int], EpochPlan], knobs: Knobs | None = None,
+                 start_ahead: bool = False) -> None:
         self.name, self.run, self.plan, self.shards_for, self.plan_for = name, run, plan, shards_for, plan_for
         self.rank, self.world, self.batch_size = rank, world, batch_size
-        self.workers, self.seed, self.prefetch = workers, seed, prefetch
+        self.workers, self.seed, self.prefetch, self.knobs = workers, seed, prefetch, knobs
+        self.start_ahead = start_ahead
         self.ahead: tuple[int, _Started] | None = None  # the next epoch, started while this one drains
 
     def _epoch(self, epoch: int, ep: EpochPlan, start: int) -> Iterator[Batch]:
+        live = {"knobs": self.knobs} if self.knobs is not None else {}
         return self.run(self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world,
                         batch_size=self.batch_size, workers=self.workers, seed=self.seed, epoch=epoch, start=start,
-                        prefetch_factor=self.prefetch)
+                        prefetch_factor=self.prefetch, **live)
 
     def batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Batch]:
         """The epoch's batches of host tensors; the state after each is its step (kept by the loader)."""
@@ -190,15 +197,17 @@ class ProgramSource:
     def prepare(self, epoch: int) -> None:
         """Start making ``epoch``'s first batches on a thread of their own while the current epoch drains.
 
-        Only for ``threads``: the ``pil`` backend forks DataLoader worker processes, and forking
-        from a second thread while the first epoch's workers and threads still run crashed its
-        workers (SIGSEGV); it starts each epoch when asked, as torch's DataLoader does.
+        Only with ``start_ahead`` (the ``threads`` backend): the ``pil`` backend forks DataLoader
+        worker processes, and forking from a second thread while the first epoch's workers and
+        threads still run crashed its workers (SIGSEGV); it starts each epoch when asked, as
+        torch's DataLoader does.
         """
-        if self.name != "threads" or (self.ahead is not None and self.ahead[0] == epoch):
+        if not self.start_ahead or (self.ahead is not None and self.ahead[0] == epoch):
             return
         self.close()
         ep = self.plan_for(epoch)
-        self.ahead = (epoch, _Started(lambda: self._epoch(epoch, ep, 0), self.prefetch))
+        count = self.knobs.prefetch if self.knobs is not None else self.prefetch
+        self.ahead = (epoch, _Started(lambda: self._epoch(epoch, ep, 0), count))
 
     def close(self) -> None:
         """Stop and drop a started next epoch (its threads or worker processes end with it)."""

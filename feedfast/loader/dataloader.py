@@ -19,6 +19,7 @@ from feedfast.loader.backends import DaliSource, EpochSource, ProgramSource, cho
 from feedfast.loader.batchinfo import BatchInfo
 from feedfast.loader.devices import DeviceLayer, delivery_here, layer_for
 from feedfast.loader.epoch import Batch
+from feedfast.loader.knobs import Knobs
 from feedfast.loader.options import (
     at_least_zero,
     check_pin_memory_device,
@@ -37,6 +38,7 @@ from feedfast.loader.state import (
     shard_set_digest,
     spec_digest,
 )
+from feedfast.loader.tune import Tuner, budget_batches
 from feedfast.ops.color import normalize_tensor
 from feedfast.sources.assign import EpochPlan, partition_for, plan_epoch
 from feedfast.sources.dataset import ShardSet
@@ -91,12 +93,13 @@ class DataLoader:
             size), and in a windowed shuffle of each rank's range over remote shards.
         drop_last: True drops incomplete batches (``last_batch: drop``).
         num_workers: CPU threads of the ``dali`` and ``threads`` backends (0 means 1), worker
-            processes of the ``pil`` backend; default: all usable cores.
+            processes of the ``pil`` backend; default: the spec's ``loader.threads``, else all
+            usable cores.
         pin_memory: stage CUDA copies in pinned memory (default True).
         pin_memory_device: torch's meaning: the device pinned memory serves; "" or the
             delivery device's type (it never moves batches: use ``device``).
         prefetch_factor: batches made ahead of the training step on the loader's background
-            thread, and DALI's queue depth (default 2).
+            thread, and DALI's queue depth (default: the spec's ``loader.prefetch``, else 2).
         seed: overrides the spec's seed (order and augmentation).
         device: where batches are delivered: ``cpu``, ``cuda`` (this rank's GPU: ``LOCAL_RANK``
             under torchrun, else the current device) or ``cuda:N``. Default: the rank's GPU
@@ -110,7 +113,8 @@ class DataLoader:
         on_error: ``raise`` (default: the spec's) or ``skip``: check images once and leave
             undecodable ones out, counted (see :mod:`feedfast.sources.validate`).
         max_pixels: images with more pixels are bad (default 89,478,485, PIL's limit).
-        backend: ``auto`` (default): ``threads`` for a CPU-placed plan over local shards whose
+        backend: ``auto`` (default, unless the spec's ``loader.backend`` says otherwise):
+            ``threads`` for a CPU-placed plan over local shards whose
             ops the threaded path runs, else ``dali``; ``dali``; ``threads`` (pillow-simd in
             threads, reduced-size JPEG decode); or ``pil`` (PIL in torch DataLoader worker
             processes, the portable backend). See :mod:`feedfast.loader.backends`.
@@ -121,6 +125,9 @@ class DataLoader:
         sample_info: give each batch a :class:`~feedfast.loader.batchinfo.BatchInfo` (its
             samples' shards and keys, the padding mask, the state to resume after it): the
             last element of a tuple batch, or ``batch["sample_info"]`` of a dict batch.
+        tune: search the loader's threads and batches ahead during the first batches, by the
+            measured period of the loop it feeds (default: the spec's ``tune.enabled``); the
+            data do not change. See :mod:`feedfast.loader.tune` and :meth:`tuning`.
         **torch_kwargs: other torch DataLoader arguments; see :mod:`feedfast.loader.options`.
 
     Batches are a tuple (spec ``outputs`` as a list) or a dict (as a mapping) of tensors.
@@ -134,16 +141,24 @@ class DataLoader:
         device: str | torch.device | None = None, placement: str | None = None, last_batch: str | None = None,
         rank: int | None = None, world_size: int | None = None, overrides: Sequence[str] = (),
         cache_dir: str | os.PathLike[str] | None = None, pin_memory_device: str | None = None,
-        on_error: str | None = None, max_pixels: int | None = None, backend: str = "auto",
+        on_error: str | None = None, max_pixels: int | None = None, backend: str | None = None,
         cache_limit: int | None = None, remote_retries: int | None = None, sample_info: bool = False,
-        **torch_kwargs: Any,
+        tune: bool | None = None, **torch_kwargs: Any,
     ) -> None:
         check_torch_kwargs(torch_kwargs)
         self.timeout = timeout_seconds(torch_kwargs.get("timeout", 0))
         self.sample_info = bool(sample_info)
         self.spec = settle_spec(load_spec(spec, overrides), batch_size, shuffle, drop_last, last_batch, seed)
+        run = self.spec.loader
+        num_workers = run.threads if num_workers is None else num_workers
         self.threads = threads_for(num_workers)
-        self.prefetch = positive("prefetch_factor", 2 if prefetch_factor is None else prefetch_factor)
+        self.prefetch = positive("prefetch_factor", prefetch_factor if prefetch_factor is not None else
+                                 run.prefetch or 2)
+        backend = backend or run.backend or "auto"
+        self._tune = self.spec.tune.enabled if tune is None else bool(tune)
+        # a tuned loader may go up to one thread per usable core plus one, and twice the batches ahead
+        self.knobs = Knobs(self.threads, self.prefetch, max_threads=_env.usable_cores() + 1 if self._tune else 0,
+                           max_prefetch=2 * self.prefetch if self._tune else 0)
         dr, dw = _dist_rank()
         self.rank, self.world = (dr if rank is None else rank), (dw if world_size is None else world_size)
         if not 0 <= self.rank < self.world:
@@ -193,6 +208,11 @@ class DataLoader:
         self._producer: Ahead[Batch] | None = None  # the background thread of the open epoch
         self._open = False  # an epoch was started and not closed
         self.source: EpochSource = self._source(num_workers)
+        self._tuner: Tuner | None = None
+        if self._tune:  # only the threaded path changes its threads live; the others tune their batches ahead
+            live = ("threads", "prefetch") if self.backend == "threads" else ("prefetch",)
+            self._tuner = Tuner(self.knobs, cores=_env.usable_cores(), tunable=live,
+                                budget=budget_batches(self.spec.tune.budget, len(self)))
         # what a state must match, computed once (a state is taken per batch under sample_info);
         # no shard digest under a Mix, whose draw changes per epoch
         self._digests = (None if self._mix else shard_set_digest(self.shards.paths, self.shards.sizes),
@@ -211,7 +231,7 @@ class DataLoader:
             from feedfast.loader.thread_epoch import run_thread_epoch
 
             return ProgramSource("threads", run_thread_epoch, self.plan, self.shards_for, workers=self.threads,
-                                 plan_for=self.epoch_plan, **common)
+                                 plan_for=self.epoch_plan, knobs=self.knobs, start_ahead=True, **common)
         from feedfast.loader.pil_epoch import run_pil_epoch
 
         workers = self.threads if num_workers is None else num_workers  # 0: in this process, as in torch
@@ -305,11 +325,22 @@ class DataLoader:
         self._close_current()
         self._ep = ep
         self._step, self._checkpoint = start, checkpoint
-        producer: Ahead[Batch] = Ahead(lambda: self._batches(epoch, ep, start, checkpoint), depth=self.prefetch,
-                                       name=f"feedfast-rank{self.rank}-epoch{epoch}", timeout=self.timeout)
+        producer: Ahead[Batch] = Ahead(lambda: self._batches(epoch, ep, start, checkpoint),
+                                       depth=self.knobs.prefetch, name=f"feedfast-rank{self.rank}-epoch{epoch}",
+                                       timeout=self.timeout)
         self._producer, self._open = producer, True
+        tuner, fresh = self._tuner, True
         try:
-            for batch in producer:
+            while True:
+                asked = tuner.asked() if tuner is not None and not tuner.done else None
+                try:
+                    batch = next(producer)
+                except StopIteration:
+                    break
+                if asked is not None and tuner is not None:
+                    tuner.got(asked, fresh)
+                    producer.resize(self.knobs.prefetch)
+                fresh = False
                 fields = self.ring.hand_over(batch.ready) if batch.ready is not None else batch.fields
                 self._step += 1
                 self._checkpoint = batch.checkpoint
@@ -360,6 +391,14 @@ class DataLoader:
         """Every sample left out, with its shard, key and reason."""
         return [{"shard": s, "key": k, "reason": r} for s, k, r in self.shards.skipped]
 
+    def tuning(self) -> dict[str, Any]:
+        """The tuner's report: its trials (measured and predicted periods), model, decision and reason.
+
+        ``{"state": "off"}`` when the loader does not tune; ``state`` is ``searching`` until the
+        decision, then ``done``. See :mod:`feedfast.loader.tune`.
+        """
+        return self._tuner.report() if self._tuner is not None else {"state": "off"}
+
     def state_dict(self) -> dict[str, Any]:
         """JSON-safe state to resume from: epoch, step, seed, backend, and DALI's checkpoint.
 
@@ -376,6 +415,7 @@ class DataLoader:
             "batch_size": self.spec.batch_size, "shards": self._digests[0], "spec": self._digests[1],
             "dali": encode_checkpoint(self._checkpoint) if mid and self._checkpoint else None,
             "partition": self._partition, "consumed": consumed,
+            "tuned": self.knobs.as_dict() if self._tuner is not None and self._tuner.done else None,
             "stats": self.stats(),
         }
 
@@ -408,6 +448,9 @@ class DataLoader:
             self._resume = (step, decode_checkpoint(state["dali"]), 0)
         else:  # the threads and pil backends resume from the step alone: their randomness is per sample
             self._resume = (step, None, 0) if step else None
+        tuned = state.get("tuned")
+        if self._tuner is not None and isinstance(tuned, dict):  # a resumed tuned run keeps its settings
+            self._tuner.pin(int(tuned["threads"]), int(tuned["prefetch"]), "resumed with the tuned settings")
 
     def close(self) -> None:
         """Stop the background thread, release the backend's pipelines and pooled memory (iteration can start again)."""

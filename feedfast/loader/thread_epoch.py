@@ -34,7 +34,6 @@ import math
 import random
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -47,6 +46,7 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, FeedfastError, SampleError
 from feedfast.loader import convert
 from feedfast.loader.epoch import Batch
+from feedfast.loader.knobs import Knobs, LivePool
 from feedfast.loader.pil_epoch import SampleRef, epoch_samples
 from feedfast.loader.thread_sample import NeedsFallback, fast_program, fast_values, program_values
 from feedfast.ops.generic import DecodeFailure
@@ -147,20 +147,20 @@ class _Epoch:
     """The epoch's samples, files, pool work and batch assembly."""
 
     def __init__(self, plan: Plan, program: PilProgram, paths: tuple[str, ...], samples: list[SampleRef],
-                 ep: EpochPlan, *, batch_size: int, threads: int, seed: int, epoch: int, prefetch: int) -> None:
+                 ep: EpochPlan, *, batch_size: int, knobs: Knobs, seed: int, epoch: int) -> None:
         self.program, self.paths, self.samples, self.ep = program, paths, samples, ep
         self.batch_size, self.seed, self.epoch = batch_size, seed, epoch
         self.fields = _fields(plan, program)
         self.fast = fast_program(program)
         self.constants = {f.name: _constants(f.normalize, f.normalize["layout"] == "CHW")
                           for f in self.fields if f.normalize}
-        self.chunk = max(1, math.ceil(batch_size / (2 * threads)))
+        self.knobs = knobs
         pixel_fields = sum(f.kind == "pixels" for f in self.fields)
-        self.buffers = _Buffers(limit=pixel_fields * (prefetch + 3))  # in flight, the consumer's, one spare
+        self.buffers = _Buffers(limit=pixel_fields * (knobs.max_prefetch + 3))  # in flight, the consumer's, a spare
         self.files = ShardFiles(paths)
         self._local = threading.local()
 
-    def submit(self, pool: ThreadPoolExecutor, step: int) -> _Job:
+    def submit(self, pool: LivePool, step: int) -> _Job:
         refs = [self.samples[j] for j in step_positions(step, self.batch_size, self.ep.rank_samples,
                                                          self.ep.batch_sizes[step])]
         n = len(refs)
@@ -175,10 +175,11 @@ class _Epoch:
                 h, w, c = dims
                 shape = (n, c, h, w) if f.normalize["layout"] == "CHW" else (n, h, w, c)
                 outputs[f.name] = self.buffers.take(shape, _DTYPES[f.normalize["dtype"]])
-        starts = range(0, n, self.chunk)
+        chunk = max(1, math.ceil(self.batch_size / (2 * self.knobs.threads)))
+        starts = range(0, n, chunk)
         job = _Job(step, refs, self.ep.valid[step], outputs, len(starts))
         for a in starts:
-            pool.submit(self._run_chunk, job, a, min(n, a + self.chunk))
+            pool.submit(self._run_chunk, job, a, min(n, a + chunk))
         return job
 
     def result(self, job: _Job) -> Batch:
@@ -286,7 +287,7 @@ def _normalized(pixels: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
 
 def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
                      workers: int | None, seed: int, epoch: int, start: int = 0,
-                     prefetch_factor: int = 2) -> Iterator[Batch]:
+                     prefetch_factor: int = 2, knobs: Knobs | None = None) -> Iterator[Batch]:
     """Yield this rank's batches of the epoch from step ``start`` on, computed in threads.
 
     Args:
@@ -300,6 +301,8 @@ def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, 
         seed, epoch: fix the shuffle and every sample's augmentation.
         start: the first step to yield (resume).
         prefetch_factor: batches in flight ahead of the one being consumed (at least 1).
+        knobs: threads and batches in flight read live (:mod:`feedfast.loader.knobs`), in place
+            of ``workers`` and ``prefetch_factor``; a change applies from the next chunk queued.
 
     Raises:
         BackendError: an op has no PIL form (raised by the first ``next``), or a thread failed.
@@ -307,21 +310,19 @@ def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, 
         ShardError: a shard or its index cannot be read.
     """
     program, order = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
-    threads = workers or _env.usable_cores()
-    ahead = max(1, prefetch_factor)
-    work = _Epoch(plan, program, shards.paths, order, ep, batch_size=batch_size, threads=threads, seed=seed,
-                  epoch=epoch, prefetch=ahead)
-    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="feedfast-cpu")
+    knobs = knobs or Knobs(threads=workers or _env.usable_cores(), prefetch=max(1, prefetch_factor))
+    work = _Epoch(plan, program, shards.paths, order, ep, batch_size=batch_size, knobs=knobs, seed=seed, epoch=epoch)
+    pool = LivePool(knobs, name="feedfast-cpu")
     jobs: deque[_Job] = deque()
     submitted = start
     try:
         for step in range(start, ep.steps):
-            while submitted < ep.steps and submitted <= step + ahead:
+            while submitted < ep.steps and submitted <= step + knobs.prefetch:
                 jobs.append(work.submit(pool, submitted))
                 submitted += 1
             yield work.result(jobs.popleft())
     finally:
         for job in jobs:
             job.cancelled = True
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown()
         work.close()

@@ -15,7 +15,8 @@ from feedfast.spec import model as m
 from feedfast.spec.params import check_params
 from feedfast.spec.shipped import resolve_spec_path
 
-TOP_KEYS = ("version", "name", "source", "pipeline", "outputs", "batch", "shuffle", "device", "seed", "decoder")
+TOP_KEYS = ("version", "name", "source", "pipeline", "outputs", "batch", "shuffle", "device", "seed", "decoder",
+            "loader", "tune")
 SpecLike = "str | os.PathLike[str] | Mapping[str, Any] | m.Spec"
 
 
@@ -138,6 +139,7 @@ def _assign(node: Any, step: str | int, value: Any, path: str, file: str) -> Non
 
 def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
     """Validate raw spec data and build the typed Spec."""
+    from feedfast.spec.runtime import parse_loader, parse_tune
     from feedfast.spec.sections import (
         parse_batch,
         parse_components,
@@ -165,6 +167,7 @@ def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
         device=parse_scalar(raw, "device", str, "auto", file, choices=m.DEVICES),
         seed=parse_scalar(raw, "seed", int, 0, file), shuffle_buffer=buffer,
         shuffle_shards=shards, shuffle_block=block, shuffle_window=window, decoder=parse_decoder(raw.get("decoder"), file), version=version, file=file,
+        loader=parse_loader(raw.get("loader"), file), tune=parse_tune(raw.get("tune"), file),
     )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from feedfast.ops.base import Param
+from feedfast.spec.runtime import LoaderSettings, TuneSettings
 
 ComponentKind = Literal["image", "label", "json", "npy", "bytes"]
 LastBatch = Literal["partial", "pad", "drop"]
@@ -117,6 +118,7 @@ class Spec:
             ``shuffle.window``): windows of ``shuffle_window`` consecutive samples, each spread
             over about ``shuffle_block`` samples (see :func:`feedfast.sources.order.block_order`).
         decoder: the nvJPEG settings of GPU decoding (the ``decoder`` section).
+        loader, tune: how the loader runs and whether it tunes itself (:mod:`feedfast.spec.runtime`).
         file: where the spec came from, for error messages.
     """
 
@@ -136,6 +138,8 @@ class Spec:
     shuffle_block: int = 16384
     shuffle_window: int = 32
     decoder: DecoderSettings = field(default_factory=DecoderSettings)
+    loader: LoaderSettings = field(default_factory=LoaderSettings)
+    tune: TuneSettings = field(default_factory=TuneSettings)
     version: int = 1
     file: str = "<spec>"
 
@@ -161,6 +165,8 @@ class Spec:
             "device": self.device,
             "decoder": self.decoder.to_dict(),
             "seed": self.seed,
+            **({"loader": self.loader.to_dict()} if self.loader.to_dict() else {}),
+            **({"tune": self.tune.to_dict()} if self.tune != TuneSettings() else {}),
         }
 
     @property
