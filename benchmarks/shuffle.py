@@ -13,7 +13,15 @@ the shards from the page cache (``POSIX_FADV_DONTNEED``). Target: the global ord
 of the native reader with the old buffer shuffle (DALI's, ``partition='shards'``). The old
 mode is reached by setting the loader's internal ``_partition`` (no user switch exists).
 
-Usage: ``python benchmarks/shuffle.py [--classes 1000] [--per-class 100] [--rounds 3] [--json out]``
+Over http (``--rows http``): the same shards served by ``tests/rangeserver.py`` on 127.0.0.1
+in a process of its own. The block shuffle (``partition='block'``, the spec's
+``shuffle.block``/``shuffle.window``; ``--block``/``--window`` add a row with other sizes)
+against the stream transport's old windowed shuffle of the rank's range (``partition='shards'``,
+windows of ``shuffle.buffer`` = 1,024 samples). Targets: quality at least 0.8 of a uniform
+permutation's, samples/s within 10 % of the old windowed reading.
+
+Usage: ``python benchmarks/shuffle.py [--rows local|http|all] [--classes 1000] [--per-class 100]
+[--rounds 3] [--json out]``
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import io
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tarfile
 import time
@@ -34,6 +43,9 @@ sys.path.insert(0, str(HERE.parent))
 
 import feedfast  # noqa: E402
 from feedfast import _env  # noqa: E402
+from feedfast.spec.model import Spec  # noqa: E402
+
+SPEC_BLOCK, SPEC_WINDOW = Spec.shuffle_block, Spec.shuffle_window  # the spec's defaults
 
 SPEC = {"version": 1, "name": "shuffle-bench",
         "pipeline": {"image": ["decode", {"resize": {"size": [16, 16]}}, "normalize"], "label": ["label"]},
@@ -75,11 +87,15 @@ def expected_distinct(classes: int, per_class: int, batch: int) -> float:
     return classes * (1 - absent)
 
 
-def epoch(shards: list[str], backend: str, partition: str, workers: int) -> tuple[float, float]:
-    """(samples/s, mean distinct labels per full batch) of one shuffled epoch."""
-    loader = feedfast.DataLoader(SPEC, shards=shards, shuffle=True, backend=backend, num_workers=workers,
+def epoch(shards: list[str], backend: str, partition: str, workers: int,
+          block: tuple[int, int] | None = None) -> tuple[float, float]:
+    """(samples/s, mean distinct labels per full batch) of one shuffled epoch; ``block``: (block, window)."""
+    spec = SPEC if block is None else {**SPEC, "shuffle": {"buffer": 1024, "shards": True, "block": block[0],
+                                                           "window": block[1]}}
+    loader = feedfast.DataLoader(spec, shards=shards, shuffle=True, backend=backend, num_workers=workers,
                                  device="cpu")
-    loader._partition = partition  # the old buffer shuffle for the comparison; users have no switch
+    if loader._partition != partition:
+        loader._partition = partition  # the old shuffles for the comparison; users have no switch
     distinct, n = [], 0
     start = time.perf_counter()
     for _, labels in loader:
@@ -101,13 +117,120 @@ def drop_cache(shards: list[str]) -> None:
             os.close(fd)
 
 
+class Server:
+    """``tests/rangeserver.py`` serving ``folder`` on 127.0.0.1, in a process of its own (not this one's GIL)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.rangeserver", str(folder)], cwd=HERE.parent,
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        if not self.url.startswith("http://127.0.0.1:"):
+            self.close()
+            raise SystemExit(f"the range server did not start: {self.url!r}")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def measure(rows: dict[str, tuple], rounds: int, workers: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Samples/s per round and mean distinct labels of each row, rounds alternating the rows' order."""
+    rates: dict[str, list[float]] = {k: [] for k in rows}
+    quality: dict[str, float] = {}
+    for r in range(rounds):
+        for name in (list(rows) if r % 2 == 0 else list(reversed(rows))):
+            shards, backend, partition, block = rows[name]
+            rate, distinct = epoch(shards, backend, partition, workers, block)
+            rates[name].append(rate)
+            quality[name] = distinct
+            print(f"round {r + 1} {name}: {rate:.0f} samples/s, {distinct:.1f} distinct labels per batch",
+                  file=sys.stderr, flush=True)
+    return rates, quality
+
+
+def table(report: dict, base_row: str, rounds: int, want: float, where: str) -> list[str]:
+    base = report["rows"][base_row]
+    lines = [f"{report['date']}, {report['cores']} cores, {report['samples']} samples in class order, batch 256, "
+             f"{where}, medians of {rounds} alternating rounds; uniform permutation: {want:.1f} distinct labels "
+             "per batch", "", f"| shuffle | distinct labels / batch | of uniform | samples/s | vs {base_row} | "
+             "samples/s cold |", "|---|---|---|---|---|---|"]
+    for name, row in report["rows"].items():
+        cold_txt = f"{row['cold_samples_per_s']}" if row.get("cold_samples_per_s") is not None else "-"
+        lines.append(f"| {name} | {row['distinct']} | {row['quality']:.2f} | {row['samples_per_s']} | "
+                     f"{row['samples_per_s'] / base['samples_per_s']:.2f}x | {cold_txt} |")
+    return lines
+
+
+def report_of(rates: dict[str, list[float]], quality: dict[str, float], want: float, samples: int,
+              cold: dict[str, float] | None = None) -> dict:
+    return {"date": date.today().isoformat(), "cores": os.cpu_count(), "samples": samples,
+            "uniform_distinct": round(want, 1), "rows": {
+                n: {"samples_per_s": round(statistics.median(rates[n])), "rounds": [round(x) for x in rates[n]],
+                    "distinct": round(quality[n], 1), "quality": round(quality[n] / want, 3),
+                    "cold_samples_per_s": round(cold[n]) if cold and n in cold else None}
+                for n in rates}}
+
+
+def local_rows(shards: list[str], args: argparse.Namespace, want: float) -> tuple[dict, list[str]]:
+    rows = {"threads, global order": (shards, "threads", "global", None),
+            "dali, global order (feed)": (shards, "dali", "global", None),
+            "dali, old: native reader + buffer shuffle": (shards, "dali", "shards", None),
+            "threads, old: rank range shuffle": (shards, "threads", "shards", None)}
+    rates, quality = measure(rows, args.rounds, args.workers)
+    cold = {}
+    for name in ("dali, global order (feed)", "dali, old: native reader + buffer shuffle", "threads, global order"):
+        drop_cache(shards)
+        cold[name] = epoch(*rows[name][:3], args.workers)[0]
+    report = report_of(rates, quality, want, args.classes * args.per_class, cold)
+    base_row = "dali, old: native reader + buffer shuffle"
+    base, g = report["rows"][base_row], report["rows"]["dali, global order (feed)"]
+    lines = table(report, base_row, args.rounds, want, "local shards, page cache warm")
+    lines += ["", f"quality target (global order >= 0.95 of uniform): "
+                  f"{'met' if min(report['rows'][n]['quality'] for n in rows if 'global' in n) >= 0.95 else 'not met'}",
+              f"speed target (dali global order within 5% of the old native reader, warm): "
+              f"{'met' if g['samples_per_s'] >= 0.95 * base['samples_per_s'] else 'not met'} "
+              f"({g['samples_per_s'] / base['samples_per_s']:.2f}x)"]
+    return report, lines
+
+
+def http_rows(folder: Path, shards: list[str], args: argparse.Namespace, want: float) -> tuple[dict, list[str]]:
+    server = Server(folder)
+    try:
+        urls = [f"{server.url}/{Path(s).name}" for s in shards]
+        default = (SPEC_BLOCK, SPEC_WINDOW)
+        rows = {f"http, block shuffle (block {default[0]}, window {default[1]})": (urls, "dali", "block", None),
+                "http, old: windowed shuffle of the rank's range (1,024)": (urls, "dali", "shards", None)}
+        if args.block:
+            rows[f"http, block shuffle (block {args.block}, window {args.window})"] = (
+                urls, "dali", "block", (args.block, args.window))
+        rates, quality = measure(rows, args.rounds, args.workers)
+    finally:
+        server.close()
+    report = report_of(rates, quality, want, args.classes * args.per_class)
+    base_row = "http, old: windowed shuffle of the rank's range (1,024)"
+    base = report["rows"][base_row]
+    lines = table(report, base_row, args.rounds, want, "over http from 127.0.0.1")
+    for name, row in report["rows"].items():
+        if name == base_row:
+            continue
+        ratio = row["samples_per_s"] / base["samples_per_s"]
+        lines += [f"{name}: quality target (>= 0.8 of uniform) {'met' if row['quality'] >= 0.8 else 'not met'} "
+                  f"({row['quality']:.2f}); speed target (within 10% of the old windowed reading) "
+                  f"{'met' if ratio >= 0.9 else 'not met'} ({ratio:.2f}x)"]
+    return report, lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", choices=("local", "http", "all"), default="all")
     ap.add_argument("--classes", type=int, default=1000)
     ap.add_argument("--per-class", type=int, default=100)
     ap.add_argument("--per-shard", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--block", type=int, default=0, help="over http, a row with this shuffle.block as well")
+    ap.add_argument("--window", type=int, default=SPEC_WINDOW, help="that row's shuffle.window")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
     out = _env.cache_dir() / f"class-sorted-{args.classes}-{args.per_class}-{args.per_shard}"
@@ -115,46 +238,17 @@ def main(argv: list[str] | None = None) -> int:
     shards = class_sorted(out, args.classes, args.per_class, args.per_shard)
     print(f"{len(shards)} class-sorted shards in {out} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     want = expected_distinct(args.classes, args.per_class, SPEC["batch"]["size"])
-    rows = {"threads, global order": ("threads", "global"), "dali, global order (feed)": ("dali", "global"),
-            "dali, old: native reader + buffer shuffle": ("dali", "shards"),
-            "threads, old: rank range shuffle": ("threads", "shards")}
-    rates: dict[str, list[float]] = {k: [] for k in rows}
-    quality: dict[str, float] = {}
-    for r in range(args.rounds):
-        for name in (list(rows) if r % 2 == 0 else list(reversed(rows))):
-            rate, distinct = epoch(shards, *rows[name], args.workers)
-            rates[name].append(rate)
-            quality[name] = distinct
-            print(f"round {r + 1} {name}: {rate:.0f} samples/s, {distinct:.1f} distinct labels per batch",
-                  file=sys.stderr, flush=True)
-    cold = {}
-    for name in ("dali, global order (feed)", "dali, old: native reader + buffer shuffle", "threads, global order"):
-        drop_cache(shards)
-        cold[name] = epoch(shards, *rows[name], args.workers)[0]
-    report = {"date": date.today().isoformat(), "cores": os.cpu_count(), "samples": args.classes * args.per_class,
-              "uniform_distinct": round(want, 1), "rows": {
-                  n: {"samples_per_s": round(statistics.median(rates[n])), "distinct": round(quality[n], 1),
-                      "quality": round(quality[n] / want, 3), "cold_samples_per_s": round(cold[n]) if n in cold else None}
-                  for n in rows}}
-    base = report["rows"]["dali, old: native reader + buffer shuffle"]
-    lines = [f"{report['date']}, {report['cores']} cores, {report['samples']} samples in class order, batch 256, "
-             f"medians of {args.rounds} alternating rounds; uniform permutation: {want:.1f} distinct labels per batch",
-             "", "| shuffle | distinct labels / batch | of uniform | samples/s warm | vs old DALI | samples/s cold |",
-             "|---|---|---|---|---|---|"]
-    for name, row in report["rows"].items():
-        cold_txt = f"{row['cold_samples_per_s']}" if row["cold_samples_per_s"] is not None else "-"
-        lines.append(f"| {name} | {row['distinct']} | {row['quality']:.2f} | {row['samples_per_s']} | "
-                     f"{row['samples_per_s'] / base['samples_per_s']:.2f}x | {cold_txt} |")
-    g = report["rows"]["dali, global order (feed)"]
-    lines += ["", f"quality target (global order >= 0.95 of uniform): "
-                  f"{'met' if min(report['rows'][n]['quality'] for n in rows if 'global' in n) >= 0.95 else 'not met'}",
-              f"speed target (dali global order within 5% of the old native reader, warm): "
-              f"{'met' if g['samples_per_s'] >= 0.95 * base['samples_per_s'] else 'not met'} "
-              f"({g['samples_per_s'] / base['samples_per_s']:.2f}x)"]
+    reports, lines = {}, []
+    if args.rows in ("local", "all"):
+        reports["local"], part = local_rows(shards, args, want)
+        lines += part
+    if args.rows in ("http", "all"):
+        reports["http"], part = http_rows(out, shards, args, want)
+        lines += ([""] if lines else []) + part
     print("\n".join(lines))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        Path(args.json).write_text(json.dumps(reports, indent=2))
     return 0
 
 
