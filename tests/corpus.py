@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import io
+import random
 import tarfile
+from functools import lru_cache
 from pathlib import Path
+from types import MappingProxyType
+from typing import Iterable, Mapping
 
 import numpy as np
 from PIL import Image
@@ -47,16 +51,40 @@ def corpus_members() -> list[tuple[str, bytes]]:
     return members
 
 
-def write_corpus(out: Path) -> Path:
-    """Write the corpus shard and return its path."""
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "corpus-0000.tar"
+def write_tar(path: Path, members: Iterable[tuple[str, bytes]]) -> Path:
+    """A plain tar of (member name, bytes), in order (a name may repeat); its folder is made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, "w") as tar:
-        for name, data in corpus_members():
+        for name, data in members:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return path
+
+
+def write_corpus(out: Path) -> Path:
+    """Write the corpus shard and return its path."""
+    return write_tar(out / "corpus-0000.tar", corpus_members())
+
+
+def noisy_png(side: int, seed: int) -> bytes:
+    """An uncompressed PNG of ``side`` x ``side`` random RGB pixels: slow to check, for time-limit tests."""
+    rng = np.random.default_rng(seed)
+    return _enc(Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8)), "PNG", compress_level=0)
+
+
+def mutate(data: bytes, kind: str, rng: random.Random) -> bytes:
+    """A fuzzed copy of ``data``: ``truncate`` at a random byte, ``flip`` 8 random bytes, or ``zero`` 64 of them."""
+    b = bytearray(data)
+    at = rng.randrange(len(b))
+    if kind == "truncate":
+        return bytes(b[:at])
+    if kind == "flip":
+        for _ in range(8):
+            b[rng.randrange(len(b))] ^= rng.randrange(1, 256)
+        return bytes(b)
+    b[at:at + 64] = bytes(len(b[at:at + 64]))
+    return bytes(b)
 
 
 # --- hostile corpus: many formats, odd and broken, packed as a crawl packs them ---------------
@@ -139,14 +167,23 @@ def _mpo(img: Image.Image) -> bytes:
     return b.getvalue()
 
 
+def _junk_between_segments(jpeg: bytes) -> bytes:
+    """A JPEG with 3 stray bytes before its quantization table: libjpeg (PIL) warns and reads it,
+    DALI's parser stops ("Invalid marker") and fails the batch."""
+    at = jpeg.index(b"\xff\xdb")
+    return jpeg[:at] + b"\x12\x34\x56" + jpeg[at:]
+
+
 def _gradient16() -> Image.Image:
     """A 16-bit grey gradient whose mean is 0.5 of full scale."""
     ramp = np.linspace(0, 65535, 64).round().astype("uint16")
     return Image.fromarray(np.tile(ramp, (48, 1)))
 
 
-def hostile_images() -> dict[str, tuple[bytes, str]]:
-    """{key: (bytes, expected)}: expected is ``delivered`` or ``skipped`` (under on_error: skip).
+@lru_cache(maxsize=1)
+def hostile_images() -> Mapping[str, tuple[bytes, str]]:
+    """{key: (bytes, expected)}: expected is ``delivered`` or ``skipped`` (under either on_error policy,
+    on every backend). Made once per process (read-only).
 
     Every file is stored as ``<key>.jpg`` whatever its format, as a crawl stores it.
     """
@@ -159,9 +196,10 @@ def hostile_images() -> dict[str, tuple[bytes, str]]:
         "jpeg_bad_icc": _enc(rgb, "JPEG", icc_profile=b"not an ICC profile" * 10), "mpo": _mpo(rgb),
         "png16": _enc(_gradient16(), "PNG"), "png_palette": _enc(rgb.convert("P"), "PNG"),
         "png_la": _enc(rgb.convert("LA"), "PNG"), "png_rgba": _enc(rgb.convert("RGBA"), "PNG"),
-        "png_bad_crc": _png_with_bad_idat_crc(rgb),
+        "png_bad_crc": _png_with_bad_idat_crc(rgb), "jpeg_junk_segment": _junk_between_segments(jpeg),
         "gif": _enc(rgb.convert("P"), "GIF"), "gif_animated": _animated_gif(3),
-        "tiff": _enc(rgb, "TIFF"), "tiff_cmyk": _enc(rgb.convert("CMYK"), "TIFF"), "tiff_deflate": deflate_tiff(rgb), "tiff_pages": _multipage_tiff(5), "bmp": _enc(rgb, "BMP"),
+        "tiff": _enc(rgb, "TIFF"), "tiff_cmyk": _enc(rgb.convert("CMYK"), "TIFF"), "tiff_deflate": deflate_tiff(rgb),
+        "tiff_pages": _multipage_tiff(5), "bmp": _enc(rgb, "BMP"),
         "ppm": _enc(rgb, "PPM"), "pgm": _enc(rgb.convert("L"), "PPM"), "tga": _enc(rgb, "TGA"),
         "sgi": _enc(rgb, "SGI"), "pcx": _enc(rgb, "PCX"), "ico": _enc(rgb, "ICO", sizes=[(32, 32)]),
         "dds": _enc(rgb.convert("RGBA"), "DDS"), "qoi": _enc(rgb, "QOI"), "im": _enc(rgb, "IM"),
@@ -175,18 +213,12 @@ def hostile_images() -> dict[str, tuple[bytes, str]]:
         "junk_before_soi": b"\x00\x00" + jpeg, "bomb": _enc(Image.new("L", (3000, 3000)), "PNG"),
         "bomb_tiff_deflate": deflate_tiff(Image.new("RGB", (3000, 3000))),  # PIL without libtiff: DALI's header says
     }
-    return {**{k: (v, "delivered") for k, v in delivered.items()}, **{k: (v, "skipped") for k, v in skipped.items()}}
+    return MappingProxyType({**{k: (v, "delivered") for k, v in delivered.items()},
+                             **{k: (v, "skipped") for k, v in skipped.items()}})
 
 
 def write_hostile(out: Path, keys: list[str] | None = None, name: str = "hostile-0000.tar") -> Path:
     """A shard of ``<key>.jpg`` + ``<key>.cls`` samples from :func:`hostile_images` (all, or ``keys``)."""
     images = hostile_images()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / name
-    with tarfile.open(path, "w") as tar:
-        for i, key in enumerate(keys or list(images)):
-            for member, data in ((f"{key}.jpg", images[key][0]), (f"{key}.cls", str(i).encode())):
-                info = tarfile.TarInfo(member)
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-    return path
+    return write_tar(out / name, [m for i, key in enumerate(keys or list(images))
+                                  for m in ((f"{key}.jpg", images[key][0]), (f"{key}.cls", str(i).encode()))])

@@ -29,12 +29,15 @@ from typing import Callable, Iterator, Protocol
 
 from feedfast.compile.plan import Plan
 from feedfast.errors import UserError
+from feedfast.loader import nativelog, rescue
+from feedfast.loader.diagnose import unexplained
 from feedfast.loader.epoch import Batch, EpochPipe, make_pipeline, release_memory, run_epoch
 from feedfast.loader.knobs import Knobs
 from feedfast.loader.prefetch import PinnedRing
 from feedfast.sources.assign import EpochPlan
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.rows import rank_rows
+from feedfast.sources.stream import StreamEpoch
 from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 
 BACKENDS = ("auto", "dali", "threads", "pil")
@@ -78,30 +81,67 @@ class DaliSource:
         self.rank, self.world, self.batch_size, self.threads = rank, world, batch_size, threads
         self.device_id, self.seed, self.prefetch, self.keep_pools = device_id, seed, prefetch, keep_pools
         self.max_pixels = max_pixels
+        self.patches = rescue.Patches()  # images DALI rejected and PIL decoded, re-encoded (kept across epochs)
+        self.capture: nativelog.Capture | None = None  # DALI's native log lines to logging while pipelines live
         self.pipe: EpochPipe | None = None  # the open epoch's pipeline
         self.ahead: EpochPipe | None = None  # the next epoch's, started early
 
     def batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Batch]:
-        """The epoch's batches, each with DALI's checkpoint after it."""
+        """The epoch's batches, each with DALI's checkpoint after it; a failed batch is rescued
+        (:mod:`~feedfast.loader.rescue`) when the shards allow it."""
         ahead, self.ahead = self.ahead, None
         if ahead is not None and (ahead.epoch, start, checkpoint) == (epoch, 0, None):
-            pipe = ahead
+            self.pipe = ahead
         else:
             self._drop(ahead)
-            pipe = self._build(epoch, ep, start, checkpoint)
-        self.pipe = pipe
+            self.pipe = self._build(epoch, ep, start, checkpoint)
         try:
             rng = random.Random(f"{self.seed}/{epoch}/{self.rank}/{start}")
-            suspects = partial(self._suspects, epoch, ep, pipe.depth)
-            for batch in run_epoch(pipe, self.plan, ep, self.ring, rng, self.shards_for(epoch),
-                                   max_pixels=self.max_pixels, suspects=suspects):
-                if pipe.all_scheduled and self.ahead is None:
+            shards = self.shards_for(epoch)
+            recover = partial(self._recover, epoch, ep) if rescue.rescuable(shards) else None
+            suspects = partial(self._suspects, epoch, ep, self.pipe.depth)
+            for batch in run_epoch(self.pipe, self.plan, ep, self.ring, rng, shards,
+                                   max_pixels=self.max_pixels, suspects=suspects, recover=recover):
+                if self.pipe.all_scheduled and self.ahead is None:
                     self._prepare(epoch + 1)
                 yield batch
         finally:
             self.ring.drain()  # the side stream may still read DALI's buffers
-            self.pipe = None
+            pipe, self.pipe = self.pipe, None
             self._drop(pipe)
+
+    def _recover(self, epoch: int, ep: EpochPlan, step: int, exc: RuntimeError) -> EpochPipe:
+        """After DALI failed ``step``: rescue the images that broke it and go on from ``step`` in a new pipeline.
+
+        Raises:
+            SampleError: an image of the steps in flight that neither DALI nor PIL decodes.
+            FeedfastError: no image of those steps is to blame.
+        """
+        failed = self.pipe
+        assert failed is not None
+        stream = failed.omap.stream or self._stream(epoch, ep)
+        seconds = self.plan.spec.check_seconds
+        steps = range(step, min(ep.steps, step + failed.depth + 1))
+        try:
+            found = rescue.examine(stream, steps, rescue.image_components(self.plan), self.patches,
+                                   max_pixels=self.max_pixels, seconds=seconds)
+        finally:
+            if stream is not failed.omap.stream:
+                stream.feeder.close()
+        if not found:
+            raise unexplained(exc, step) from exc
+        for where in found:
+            rescue.log.info("shard %r, sample %r: %s", where[0], where[1], self.patches.reasons[where])
+        self.ring.drain()
+        self._drop(failed)
+        ahead, self.ahead = self.ahead, None  # built without these images: rebuilt with them when needed
+        self._drop(ahead)
+        self.pipe = self._build(epoch, ep, step, None, first_step=step)
+        return self.pipe
+
+    def _stream(self, epoch: int, ep: EpochPlan) -> StreamEpoch:
+        return rescue.epoch_stream(self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world,
+                                   batch_size=self.batch_size, seed=self.seed, epoch=epoch)
 
     def _suspects(self, epoch: int, ep: EpochPlan, depth: int, step: int) -> list[tuple[str, str]]:
         """(shard, key) of the samples DALI's native reader holds for steps ``step`` .. ``step + depth``.
@@ -117,11 +157,25 @@ class DaliSource:
         hi = (step + depth + 1) * self.batch_size + self.plan.spec.shuffle_buffer
         return [(shards.paths[int(rows.shard[i])], rows.keys[i]) for i in range(lo, min(hi, len(rows.keys)))]
 
-    def _build(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> EpochPipe:
+    def _build(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None,
+               first_step: int = 0) -> EpochPipe:
+        """The epoch's pipeline from ``start``; a checkpoint taken after a rescue rebuilds that rescue."""
+        if self.capture is None or not self.capture.held:
+            self.capture = nativelog.Capture()
+        checkpoint, saved_first, keys = rescue.unwrap_checkpoint(checkpoint)
+        if keys:
+            first_step = saved_first
+            stream = self._stream(epoch, ep)
+            try:
+                rescue.rescue_keys(stream, keys, rescue.image_components(self.plan), self.patches,
+                                   max_pixels=self.max_pixels, seconds=self.plan.spec.check_seconds)
+            finally:
+                stream.feeder.close()
         return make_pipeline(
             self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world, batch_size=self.batch_size,
             threads=self.threads, device_id=self.device_id, seed=self.seed, epoch=epoch,
             prefetch=self.prefetch, checkpoint=checkpoint, start=start,
+            patches=self.patches if self.patches else None, first_step=first_step,
         )
 
     def _prepare(self, epoch: int) -> None:
@@ -149,11 +203,13 @@ class DaliSource:
             release_memory(pipe, pools=not self.keep_pools)
 
     def close(self) -> None:
-        """Drop the prepared pipeline and give back DALI's pooled memory."""
+        """Drop the prepared pipeline, give back DALI's pooled memory, stop capturing DALI's log lines."""
         ahead, self.ahead = self.ahead, None
         self._drop(ahead)
         if self.keep_pools:
             release_memory(None)
+        if self.capture is not None:
+            self.capture.release()
 
 
 class ProgramSource:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
@@ -16,10 +16,10 @@ from feedfast.errors import BackendError
 from feedfast.loader import convert
 from feedfast.loader.diagnose import diagnose, first_line
 from feedfast.loader.prefetch import PinnedRing, Ready
+from feedfast.loader.rescue import PatchedFeed, Patches, epoch_stream, wrap_checkpoint
 from feedfast.ops.color import normalize_tensor
 from feedfast.sources.assign import EpochPlan
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.stream import StreamEpoch
 from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 
 
@@ -36,8 +36,14 @@ class Batch:
 
 def make_pipeline(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
                   threads: int, device_id: int | None, seed: int, epoch: int, prefetch: int,
-                  checkpoint: str | None, start: int = 0) -> EpochPipe:
-    """Build the epoch's DALI pipeline: shards in the epoch's order, this rank's range."""
+                  checkpoint: str | None, start: int = 0, patches: Patches | None = None,
+                  first_step: int = 0) -> EpochPipe:
+    """Build the epoch's DALI pipeline: shards in the epoch's order, this rank's range.
+
+    With ``patches`` (images rescued after a failed batch, see :mod:`feedfast.loader.rescue`)
+    the stream transport feeds it, with the rescued images in place, its first iteration being
+    step ``first_step``; its checkpoints then carry what rebuilding it needs.
+    """
     spec = plan.spec
     reader = ReaderConfig(
         paths=[shards.paths[i] for i in ep.shard_order],
@@ -45,9 +51,12 @@ def make_pipeline(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
         shard_id=rank, num_shards=world, shuffle_buffer=spec.shuffle_buffer,
         missing=spec.missing, stick_to_shard=True, seed=_epoch_seed(seed, epoch, rank),
     )
-    if shards.transport == "stream" or ep.partition == "global":
-        _stream_source(reader, plan, shards, ep, rank=rank, world=world, batch_size=batch_size, seed=seed,
-                       epoch=epoch, workers=threads, prefetch=prefetch)
+    if patches or shards.transport == "stream" or ep.partition == "global":
+        stream = epoch_stream(plan, shards, ep, rank=rank, world=world, batch_size=batch_size, seed=seed,
+                              epoch=epoch, workers=max(2, threads), ahead=max(2, threads) + prefetch)
+        reader.feed, reader.stream = stream.feeder, stream
+        if patches:
+            reader.feed = PatchedFeed(stream, patches, first_step)
     remaining = ep.steps - start
     depth = max(1, min(prefetch, remaining))
     pipe, omap = build_pipeline(
@@ -58,17 +67,8 @@ def make_pipeline(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
         pipe.build()
     except RuntimeError as exc:
         raise BackendError(f"DALI could not build the pipeline for {spec.file}: {first_line(exc)}") from exc
-    return EpochPipe(pipe, omap, epoch, start, remaining, depth)
-
-
-def _stream_source(reader: ReaderConfig, plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int,
-                   batch_size: int, seed: int, epoch: int, workers: int, prefetch: int) -> None:
-    """Feed the pipeline from feedfast's stream transport (:mod:`feedfast.sources.stream`)."""
-    exts = [{e.lower() for e in plan.nodes[i].params["ext"].split(";")} for i in range(len(plan.components))]
-    stream = StreamEpoch(shards, ep, exts, rank=rank, world=world, batch_size=batch_size,
-                         shuffle_window=plan.spec.shuffle_buffer, seed=seed, epoch=epoch,
-                         workers=max(2, workers), ahead=max(2, workers) + prefetch)
-    reader.feed, reader.stream = stream.feeder, stream
+    rescued = sorted(patches.images) if patches else []
+    return EpochPipe(pipe, omap, epoch, start, remaining, depth, first_step=first_step, rescued=rescued)
 
 
 def release_memory(pipe: Any = None, *, pools: bool = True) -> None:
@@ -137,6 +137,8 @@ class EpochPipe:
     remaining: int
     depth: int
     scheduled: int = 0
+    first_step: int = 0  # the epoch step of the pipeline's first iteration (a pipeline started after a rescue)
+    rescued: list[tuple[str, str]] = field(default_factory=list)  # the samples whose images it is fed as PNG
 
     def prefetch(self) -> None:
         """Start computing the first batches, without waiting for them."""
@@ -153,6 +155,13 @@ class EpochPipe:
             self.scheduled += 1
         return self.pipe.outputs()
 
+    def checkpoint(self) -> str:
+        """DALI's checkpoint after the last batch (as text, the form a resumed state gives back), with the
+        rescue this pipeline was built with."""
+        state = self.pipe.checkpoint()
+        text = state.decode("latin-1") if isinstance(state, bytes) else str(state)
+        return wrap_checkpoint(text, self.first_step, self.rescued) if self.rescued else text
+
     @property
     def all_scheduled(self) -> bool:
         """Whether every step of the epoch has been handed to DALI."""
@@ -161,27 +170,35 @@ class EpochPipe:
 
 def run_epoch(ep_pipe: EpochPipe, plan: Plan, ep: EpochPlan, ring: PinnedRing, rng: random.Random,
               shards: ShardSet, *, max_pixels: int = DEFAULT_MAX_PIXELS,
-              suspects: Callable[[int], list[tuple[str, str]]] | None = None) -> Iterator[Batch]:
+              suspects: Callable[[int], list[tuple[str, str]]] | None = None,
+              recover: Callable[[int, RuntimeError], EpochPipe] | None = None) -> Iterator[Batch]:
     """Yield this rank's batches of the epoch from the pipe's start step on (run on the producer thread).
 
     Each batch's device tensors are copied on the ring's side stream; ``Batch.ready`` is the
     event the consumer's stream waits for (:meth:`PinnedRing.hand_over`). When DALI fails a
-    step without naming the sample, ``suspects(step)`` (the samples of the steps in flight)
-    narrows :func:`~feedfast.loader.diagnose.diagnose`'s search.
+    step, ``recover(step, error)`` gives the pipeline that goes on from that step (it raises
+    when it cannot: see :mod:`feedfast.loader.rescue`); without it, the failure is raised,
+    ``suspects(step)`` (the samples of the steps in flight) narrowing
+    :func:`~feedfast.loader.diagnose.diagnose`'s search for the sample to name.
     """
-    omap = ep_pipe.omap
-    raw_at = len(omap.fields)
-    for step in range(ep_pipe.start, ep.steps):
+    step = ep_pipe.start
+    while step < ep.steps:
+        omap = ep_pipe.omap
         try:
             outs = ep_pipe.next()
         except RuntimeError as exc:
-            candidates = suspects(step) if suspects is not None and omap.stream is None else None
-            raise diagnose(exc, plan, step, shards, omap.stream, max_pixels=max_pixels,
-                           candidates=candidates) from exc
-        checkpoint = ep_pipe.pipe.checkpoint()
+            if recover is None:
+                candidates = suspects(step) if suspects is not None and omap.stream is None else None
+                raise diagnose(exc, plan, step, shards, omap.stream, max_pixels=max_pixels,
+                               candidates=candidates) from exc
+            ep_pipe = recover(step, exc)
+            continue
+        checkpoint = ep_pipe.checkpoint()
         size, valid = ep.batch_sizes[step], ep.valid[step]
+        raw_at = len(omap.fields)
         where = omap.stream.origins(step, size) if omap.stream else convert.origins(outs[raw_at], size)
         ready = _fields(outs, omap, plan, size, ring, rng, where)
+        step += 1
         yield Batch(ready.tensors, where, valid, checkpoint, ready)
 
 

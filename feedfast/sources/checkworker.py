@@ -9,7 +9,9 @@ Python logging at DEBUG level instead of the terminal.
 
 Jobs are tuples: ``("check", data, max_pixels, decode[, complete])`` answers a
 :class:`~feedfast.sources.decoders.Verdict`; ``("png", data)`` answers PNG bytes or a
-failure reason (a string). The pool is shared by a process and started on first use.
+failure reason (a string); ``("rescue", data, max_pixels)`` (after DALI failed a batch)
+answers a Verdict or a :class:`~feedfast.sources.decoders.Rescued` PNG. The pool is shared
+by a process and started on first use.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any, Iterable, Iterator
 
 from feedfast.errors import BackendError
 from feedfast.sources import decoders
-from feedfast.sources.decoders import Verdict, read_message, with_decoder_output, write_message
+from feedfast.sources.decoders import Rescued, Verdict, read_message, with_decoder_output, write_message
 
 log = logging.getLogger("feedfast.check")
 
@@ -208,9 +210,11 @@ class CheckPool:
 
 
 def _unpack(answer: Any) -> Any:
-    """A worker's plain answer as a Verdict, PNG bytes or a failure reason."""
+    """A worker's plain answer as a Verdict, a Rescued PNG, PNG bytes or a failure reason."""
     if answer[0] == "verdict":
         return Verdict(answer[1], answer[2])
+    if answer[0] == "rescued":
+        return Rescued(answer[1], answer[2])
     return answer[1]
 
 

@@ -215,6 +215,37 @@ def _pil_only(pil: Probe) -> Verdict:
     return Verdict("ok")
 
 
+@dataclass(frozen=True)
+class Rescued:
+    """An image DALI's CPU decoder rejects and PIL reads, re-encoded as PNG so that DALI decodes it."""
+
+    png: bytes
+    reason: str
+
+
+def rescue_image(data: bytes, *, max_pixels: int, dali: DaliDecoder | None) -> Verdict | Rescued:
+    """After DALI failed a batch: is ``data`` what broke it, and can it be delivered anyway?
+
+    ``ok``: DALI's CPU decoder reads it (not the culprit; also when DALI is unavailable here,
+    as nothing can then be blamed). :class:`Rescued`: DALI rejects it and PIL decodes it (the
+    PNG of :func:`pil_png`). ``bad``: neither decodes it, with both reasons.
+    """
+    if dali is None or not dali.available:
+        return Verdict("ok")
+    _, dali_reason = dali.decode(data, max_pixels=max_pixels)
+    if not dali_reason:
+        return Verdict("ok")
+    pil = pil_probe(data, max_pixels=max_pixels, decode=True)
+    if not pil.ok:
+        return Verdict("bad", f"cannot decode: {pil.reason}; {dali_reason}")
+    try:
+        png = pil_png(data)
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is a verdict
+        return Verdict("bad", f"cannot decode: PIL: {short(exc)}; {dali_reason}")
+    return Rescued(png, f"DALI's CPU decoder rejects this {pil.fmt} ({dali_reason}); PIL reads it: "
+                        "delivered re-encoded as PNG")
+
+
 def convert_image(data: bytes, dali: DaliDecoder | None) -> bytes | str:
     """PNG bytes of ``data`` decoded by PIL, else by DALI; a reason string when neither can."""
     try:
@@ -235,7 +266,10 @@ def convert_image(data: bytes, dali: DaliDecoder | None) -> bytes | str:
 
 def answer(job: tuple[Any, ...], dali: DaliDecoder | None) -> tuple[Any, ...]:
     """A check worker's answer to one job, as plain data (see :mod:`feedfast.sources.checkworker`):
-    ``("verdict", status, reason)``, ``("png", bytes)`` or ``("error", reason)``."""
+    ``("verdict", status, reason)``, ``("png", bytes)``, ``("rescued", png, reason)`` or ``("error", reason)``."""
+    if job[0] == "rescue":
+        r = rescue_image(job[1], max_pixels=job[2], dali=dali)
+        return ("rescued", r.png, r.reason) if isinstance(r, Rescued) else ("verdict", r.status, r.reason)
     if job[0] == "check":
         complete = job[4] if len(job) > 4 else True
         v = check_image(job[1], max_pixels=job[2], decode=job[3], dali=dali, complete=complete)
@@ -268,6 +302,8 @@ def with_decoder_output(answer: Any, output: str) -> Any:
         return Verdict("bad", f"{answer.reason} ({said})")
     if isinstance(answer, Verdict) and answer.status == "convert":
         return Verdict("convert", f"{answer.reason} ({said})")
+    if isinstance(answer, Rescued):
+        return Rescued(answer.png, f"{answer.reason} ({said})")
     if isinstance(answer, Verdict) and answer.status == "ok" and errors:
         return Verdict("convert", f"DALI decodes it only after one of its decoders failed ({said}); "
                                   "re-encoded as PNG so that loading is quiet")

@@ -142,6 +142,7 @@ def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
     from feedfast.spec.runtime import parse_loader, parse_tune
     from feedfast.spec.sections import (
         parse_batch,
+        parse_check_seconds,
         parse_components,
         parse_decoder,
         parse_fields,
@@ -163,7 +164,8 @@ def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
     return m.Spec(
         name=parse_scalar(raw, "name", str, Path(file).stem if file != "<dict>" else "spec", file),
         components=components, fields=fields, outputs=outputs, output_form="dict" if form == "dict" else "tuple",
-        missing=missing, on_error=on_error, batch_size=size, last_batch=last,
+        missing=missing, on_error=on_error, check_seconds=parse_check_seconds(raw.get("source"), file),
+        batch_size=size, last_batch=last,
         device=parse_scalar(raw, "device", str, "auto", file, choices=m.DEVICES),
         seed=parse_scalar(raw, "seed", int, 0, file), shuffle_buffer=buffer,
         shuffle_shards=shards, shuffle_block=block, shuffle_window=window, decoder=parse_decoder(raw.get("decoder"), file), version=version, file=file,

@@ -16,6 +16,7 @@ DevicePref = Literal["auto", "cpu", "gpu"]
 COMPONENT_KINDS = ("image", "label", "json", "npy", "bytes")
 MISSING_POLICIES = ("error", "skip", "empty")
 ON_ERROR_POLICIES = ("raise", "skip")
+CHECK_SECONDS = 2.0  # default ``source.check_seconds``: see feedfast.sources.checkworker
 LAST_BATCH_POLICIES = ("partial", "pad", "drop")
 DEVICES = ("auto", "cpu", "gpu")
 
@@ -106,6 +107,8 @@ class Spec:
         components: the sample's components by name.
         missing: what to do when a sample lacks a component: ``error``, ``skip``, ``empty``.
         on_error: what to do with a sample that cannot be decoded: ``raise`` or ``skip``.
+        check_seconds: wall-clock seconds an image check may take, plus the time its pixel
+            count needs (:mod:`feedfast.sources.checkworker`); a check that runs longer is ``bad``.
         fields: the field pipelines by output field name.
         outputs: the fields the loader yields, in order.
         output_form: ``tuple`` (outputs was a list) or ``dict``.
@@ -129,6 +132,7 @@ class Spec:
     output_form: Literal["tuple", "dict"] = "tuple"
     missing: str = "error"
     on_error: str = "raise"
+    check_seconds: float = CHECK_SECONDS
     batch_size: int = 64
     last_batch: LastBatch = "partial"
     device: DevicePref = "auto"
@@ -156,6 +160,7 @@ class Spec:
                 "components": {c.name: {"ext": c.ext, "kind": c.kind} for c in self.components.values()},
                 "missing": self.missing,
                 "on_error": self.on_error,
+                **({"check_seconds": self.check_seconds} if self.check_seconds != CHECK_SECONDS else {}),
             },
             "pipeline": pipeline,
             "outputs": list(self.outputs) if self.output_form == "tuple" else {o: o for o in self.outputs},

@@ -53,7 +53,7 @@ def _choice(d: dict[str, Any], k: str, choices: tuple[str, ...], default: str, k
 def parse_components(v: Any, file: str) -> tuple[dict[str, m.Component], str, str]:
     """The ``source`` section: components, the missing-component policy, the error policy."""
     src = _mapping(v, "source", file, "{components: {image: {ext: jpg, kind: image}}}")
-    _no_unknown(src, ("components", "missing", "on_error"), "source", file)
+    _no_unknown(src, ("components", "missing", "on_error", "check_seconds"), "source", file)
     comps_raw = _mapping(src.get("components", DEFAULT_COMPONENTS), "source.components", file,
                          "{image: {ext: jpg, kind: image}}")
     if not comps_raw:
@@ -72,6 +72,21 @@ def parse_components(v: Any, file: str) -> tuple[dict[str, m.Component], str, st
     missing = _choice(src, "missing", m.MISSING_POLICIES, "error", "source", file)
     on_error = _choice(src, "on_error", m.ON_ERROR_POLICIES, "raise", "source", file)
     return comps, missing, on_error
+
+
+CHECK_SECONDS_RANGE = (0.05, 600.0)
+
+
+def parse_check_seconds(v: Any, file: str) -> float:
+    """``source.check_seconds``: the time limit of one image check (a number of seconds)."""
+    src = _mapping(v, "source", file, "{check_seconds: 2}")
+    value = src.get("check_seconds", m.CHECK_SECONDS)
+    lo, hi = CHECK_SECONDS_RANGE
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise SpecError("bad value for `check_seconds`", file=file, key="source.check_seconds", value=value,
+                        allowed=f"a number of seconds from {lo:g} to {hi:g}",
+                        fix=f"the default is {m.CHECK_SECONDS:g}; raise it for images of hundreds of megapixels")
+    return float(value)
 
 
 def parse_fields(v: Any, comps: dict[str, m.Component], file: str) -> dict[str, m.FieldPipeline]:
