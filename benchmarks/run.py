@@ -32,8 +32,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rows import ROWS, RowUnavailable, time_row_cpu  # noqa: E402
 
+from feedfast.baseline.rounds import ratio_spread  # noqa: E402
+
 STOCK = "torchvision recipe, stock Pillow"
-THREADS, HAND, TORCH, CEILING = "feedfast threaded CPU", "hand-written DALI", "torchvision recipe", "PIL decode only (1 core)"
+THREADS, HAND, TORCH = "feedfast threaded CPU", "hand-written DALI", "torchvision recipe"
+CEILING = "PIL decode only (1 core)"
 SPDL = "SPDL thread pipeline"
 PEERS = (TORCH, STOCK, SPDL)
 """The Python peers: the issue's target is against the best of them (the torchvision recipe and SPDL)."""
@@ -168,6 +171,19 @@ def ratios(med: dict[str, float], workers: int) -> dict[str, float]:
     return out
 
 
+def round_spreads(results: dict[str, list[tuple[float, float]]], workers: int) -> dict[str, dict]:
+    """Each ratio of :func:`ratios` per round (round k's figures only: rows alternate within a round), and
+    its spread over the rounds, wall-clock and per core."""
+    rounds = min(len(v) for v in results.values())
+    out: dict[str, dict] = {}
+    for kind, figure, scale in (("wall", lambda r: r[0], workers), ("per_core", lambda r: 1e3 / r[1], 1)):
+        per_round = [ratios({k: figure(v[n]) for k, v in results.items()}, scale) for n in range(rounds)]
+        for name in per_round[0] if per_round else ():
+            values = [r[name] for r in per_round]
+            out.setdefault(name, {})[kind] = ratio_spread(values, [1.0] * len(values)).to_dict()
+    return out
+
+
 def summarize(measured: Measured, bench: BenchSet, args: argparse.Namespace) -> dict:
     """Medians and ratios two ways: wall-clock samples/s, and samples per CPU second ("per core").
 
@@ -188,13 +204,14 @@ def summarize(measured: Measured, bench: BenchSet, args: argparse.Namespace) -> 
         "set": bench.name, "batch_size": bench.batch_size, "batches": bench.batches, "warmup": bench.warmup,
         "machine": {"cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "load_average_at_end": os.getloadavg(),
-                    "load_average_1min_per_round": {"min": min(measured.loads, default=None),
-                                                    "median": statistics.median(measured.loads) if measured.loads else None,
-                                                    "max": max(measured.loads, default=None)}},
+                    "load_average_1min": {"per_round": measured.loads, "min": min(measured.loads, default=None),
+                                          "median": statistics.median(measured.loads) if measured.loads else None,
+                                          "max": max(measured.loads, default=None)}},
         "settings": vars(args), "rounds": {k: [r for r, _ in v] for k, v in results.items()},
         "cpu_ms_per_sample_rounds": {k: [c for _, c in v] for k, v in results.items()},
         "median_samples_per_s": med, "samples_per_cpu_s": per_core, "ratios": wall, "ratios_per_core": cpu,
         "targets": targets, "best_peer": peers, "left_out": measured.left_out,
+        "ratio_spreads": round_spreads(results, args.workers),
     }
 
 
@@ -227,7 +244,7 @@ def report(summary: dict) -> None:
     peers = summary["best_peer"]
     if peers["wall"]:
         print(f"  best Python peer: {peers['wall']} (wall), {peers['per_core']} (per core)")
-    load = summary["machine"]["load_average_1min_per_round"]
+    load = summary["machine"]["load_average_1min"]
     if load["median"] is not None:
         print(f"  load average (1 min) after each round: {load['min']:.1f} to {load['max']:.1f}, "
               f"median {load['median']:.1f}")
@@ -239,6 +256,11 @@ def report(summary: dict) -> None:
             mark = (f"  target >= {target['target']:g}x: wall {'met' if target['met_wall'] else 'NOT met'}, "
                     f"per core {'met' if target['met_per_core'] else 'NOT met'}")
         print(f"  {name:<60} {ratio:5.2f}x {summary['ratios_per_core'][name]:7.2f}x{mark}")
+        spread = summary["ratio_spreads"].get(name)
+        if spread:
+            wall, cpu = spread["wall"], spread["per_core"]
+            print(f"  {'':<60} rounds: wall {wall['low']:.2f}-{wall['high']:.2f} "
+                  f"(IQR {wall['q1']:.2f}-{wall['q3']:.2f}), per core {cpu['low']:.2f}-{cpu['high']:.2f}")
 
 
 def main() -> None:

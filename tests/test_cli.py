@@ -52,13 +52,35 @@ def test_bench_compare_alternates_which_loader_runs_first(shards: list[str], mon
         events.append(f"first {self.name}")
         return real_first(self)
 
+    def settle(cpu_seconds, **kw):  # type: ignore[no-untyped-def]
+        events.append("settle")
+        return 0.0
+
     monkeypatch.setattr(bench, "timed_run", timed_run)
+    monkeypatch.setattr(bench, "settle", settle)
     monkeypatch.setattr(Contender, "first_batch", first_batch)
     assert main(["bench", "imagenet-train", "--shards", ",".join(shards), "--batch-size", "4", "--batches", "1",
                  "--warmup", "0", "--threads", "1", "--set", "pipeline.image[1].size=32", "--quiet",
                  "--compare", "torch", "--rounds", "3", "--json", "-"]) == 0
-    assert events == ["first torch", "first feedfast", "feedfast 1/3", "torch 1/3", "torch 2/3", "feedfast 2/3",
-                      "feedfast 3/3", "torch 3/3"]
+    # every timed round starts once the other loader's queue refill is over
+    rounds = ["feedfast 1/3", "torch 1/3", "torch 2/3", "feedfast 2/3", "feedfast 3/3", "torch 3/3"]
+    assert events == ["first torch", "first feedfast", *(e for r in rounds for e in ("settle", r))]
+
+
+def test_settle_waits_until_the_processes_go_quiet() -> None:
+    from feedfast.cli.bench import settle
+
+    now = [0.0]
+    busy = iter([0.0, 0.5, 1.0, 1.4, 1.42, 9.0])  # CPU seconds at each reading: busy for three polls, then quiet
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    waited = settle(lambda: next(busy), cores=2, poll_s=0.25, clock=lambda: now[0], sleep=sleep)
+    assert waited == 1.0  # four polls: the fourth used 0.02 s, under a tenth of 2 cores over 0.25 s
+    now[0] = 0.0
+    always = iter(range(100))
+    assert settle(lambda: float(next(always)), cores=2, limit_s=2.0, clock=lambda: now[0], sleep=sleep) == 2.0
 
 
 def test_bench_compare_dali(shards: list[str], tmp_path: Path) -> None:
@@ -228,7 +250,8 @@ def test_compare_rows_print_the_median_ratio_and_its_spread(capsys: pytest.Captu
     def figs(rates: list[float]) -> dict:
         return {"samples_per_s": sorted(rates)[len(rates) // 2], "round_samples_per_s": rates, "rounds": len(rates),
                 "batches": 4, "samples": 16, "wall_s": 1.0, "time_to_first_batch_s": 0.5, "cpu_util": 90.0,
-                "peak_rss_mb": 700.0, "stall_fraction": None, "verdict": "no steps measured", "warmup_per_round": 3}
+                "peak_rss_mb": 700.0, "stall_fraction": None, "verdict": "no steps measured", "warmup_per_round": 3,
+                "settle_s_per_round": [0.5] * len(rates)}
 
     base = Contender("torch", iter(()), 0.0, lambda: None, recipe="torchvision")
     runs = {"feedfast": figs([300.0, 200.0, 100.0, 400.0]), "torch": figs([100.0, 100.0, 100.0, 100.0])}

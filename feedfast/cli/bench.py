@@ -11,6 +11,13 @@ worker processes fork before feedfast's threads start); then ``--rounds`` rounds
 loader in alternating order (:mod:`feedfast.baseline.rounds`), each round after ``--warmup``
 untimed batches, and the median per-round ratio is printed with its spread. Each loader's
 CPU and memory figures count this process and its own worker processes.
+
+Both loaders stay alive between their rounds, and each refills its queue of ready batches as
+soon as the other's round starts (about 0.8 CPU seconds for either on the imagenet photo set,
+batch 64, 2 workers). Left alone, that refill ran inside the other loader's timed window and
+cost whichever ran second up to a third of its rate. So each round starts only once this
+process and its workers have gone quiet (:func:`settle`), and its warm-up then takes what the
+loader queued (``ahead + 1`` batches at least): each loader is timed alone, in steady state.
 """
 
 from __future__ import annotations
@@ -22,12 +29,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psutil
+
 from feedfast._env import usable_cores
 from feedfast.baseline.contenders import Contender, make_baseline
 from feedfast.baseline.rounds import ratio_spread, round_order
 from feedfast.cli.advice import step_recommendation
 from feedfast.cli.common import check_positive, demo_shards, find_spec, gpu_cell, table, write_json
-from feedfast.cli.measure import Ownership, RunPlan, combine_runs, forever, timed_run
+from feedfast.cli.measure import Ownership, RunPlan, all_processes, combine_runs, forever, timed_run
 from feedfast.errors import UserError
 from feedfast.loader.backends import BACKENDS
 
@@ -138,18 +147,62 @@ def _rounds(contenders: list[Contender], plan: RunPlan, rounds: int,
     by_name = {c.name: c for c in contenders}
     warmups = {c.name: max(plan.warmup, c.ahead + 1) if len(contenders) > 1 else plan.warmup for c in contenders}
     figures: dict[str, list[dict[str, Any]]] = {c.name: [] for c in contenders}
+    settled: dict[str, list[float]] = {c.name: [] for c in contenders}
     meter = None
     for number, order in enumerate(round_order([c.name for c in contenders], rounds)):
         for name in order:
             c = by_name[name]
+            if len(contenders) > 1:  # the other loader's queue refill must not run in this one's window
+                settled[name].append(round(settle(_cpu_seconds, cores=psutil.cpu_count() or 1), 2))
             label = name if rounds == 1 else f"{name} {number + 1}/{rounds}"
             round_plan = dataclasses.replace(plan, label=label, warmup=warmups[name])
             figs, run_meter = timed_run(c.batches, round_plan, started=time.perf_counter(), delivered=c.delivered,
                                         processes=_scope(owners, name))
             figures[name].append(figs)
             meter = run_meter if name == "feedfast" else meter
-    return {name: {**combine_runs(runs), "time_to_first_batch_s": first[name], "warmup_per_round": warmups[name]}
+    return {name: {**combine_runs(runs), "time_to_first_batch_s": first[name], "warmup_per_round": warmups[name],
+                   "settle_s_per_round": settled[name]}
             for name, runs in figures.items()}, meter
+
+
+def settle(cpu_seconds: Callable[[], float], *, cores: int, share: float = 0.1, poll_s: float = 0.25,
+           limit_s: float = 10.0, clock: Callable[[], float] = time.perf_counter,
+           sleep: Callable[[float], None] = time.sleep) -> float:
+    """Wait until the measured processes go quiet; return the seconds waited.
+
+    Quiet: over one poll of ``poll_s`` they used under ``share`` of ``cores`` (by default a
+    tenth of the machine). Gives up after ``limit_s`` (a loader that never goes quiet is
+    then timed as it is).
+
+    Args:
+        cpu_seconds: the processes' CPU seconds so far (user + system).
+        cores: the machine's cores.
+        share: the fraction of ``cores`` under which they count as quiet.
+        poll_s: seconds between two readings.
+        limit_s: the longest wait.
+        clock: seconds, monotonic.
+        sleep: waits the given seconds.
+    """
+    start, before = clock(), cpu_seconds()
+    while clock() - start < limit_s:
+        sleep(poll_s)
+        now = cpu_seconds()
+        if now - before < share * cores * poll_s:
+            break
+        before = now
+    return clock() - start
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds used so far by this process and its live children (gone ones are skipped)."""
+    total = 0.0
+    for process in all_processes():
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def _scope(owners: Ownership, name: str) -> Callable[[], list[Any]]:
@@ -159,8 +212,8 @@ def _scope(owners: Ownership, name: str) -> Callable[[], list[Any]]:
 def _result(figs: dict[str, Any], loader: Any, spec_path: Any) -> dict[str, Any]:
     per_sample = loader.shards.bytes / max(loader.shards.total, 1)
     stats = loader.stats()
-    res = {k: figs[k] for k in (*RUN_KEYS, "rounds", "round_samples_per_s", "warmup_per_round", "batch_ms",
-                                "wait_ms_per_batch", "stall_fraction", "verdict")}
+    res = {k: figs[k] for k in (*RUN_KEYS, "rounds", "round_samples_per_s", "warmup_per_round", "settle_s_per_round",
+                                "batch_ms", "wait_ms_per_batch", "stall_fraction", "verdict")}
     res.update(mb_per_s=figs["samples_per_s"] * per_sample / 1e6, skipped=stats["skipped"], padded=stats["padded"],
                gpu_util=figs["gpu_util"], gpu_status=figs["gpu_status"], spec=str(spec_path),
                placement=loader.plan.placement, backend=loader.backend, threads=loader.threads, batch_size=loader.spec.batch_size,
@@ -192,7 +245,8 @@ def compare_figures(baseline: Contender, runs: dict[str, dict[str, Any]], *, ste
     """The ``compare`` object: the baseline's figures and the median feedfast/baseline ratio with its spread."""
     base = runs[baseline.name]
     spread = ratio_spread(runs["feedfast"]["round_samples_per_s"], base["round_samples_per_s"])
-    out = {k: base[k] for k in (*RUN_KEYS, "rounds", "round_samples_per_s", "warmup_per_round")}
+    out = {k: base[k] for k in (*RUN_KEYS, "rounds", "round_samples_per_s", "warmup_per_round",
+                                 "settle_s_per_round")}
     out.update(baseline=baseline.name, recipe=baseline.recipe, ratio=spread.median, ratio_spread=spread.to_dict(),
                ratio_spread_text=spread.text(),
                order=[list(order) for order in round_order(["feedfast", baseline.name], base["rounds"])])
