@@ -25,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    from feedfast.cli import analyze, bench, doctor, plan, shards
+    from feedfast.cli import analyze, bench, doctor, plan, shards, tune
 
     p = _Parser(prog="feedfast", description="Keep the GPU fed: DALI pipelines over WebDataset shards.",
                 epilog="run `feedfast COMMAND --help` for examples")
@@ -35,6 +35,7 @@ def parser() -> argparse.ArgumentParser:
     plan.add_parser(sub)
     shards.add_parser(sub)
     doctor.add_parser(sub)
+    tune.add_parser(sub)
     return p
 
 
