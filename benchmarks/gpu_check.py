@@ -28,6 +28,8 @@ the next section runs.
                         (to the CPU in a dry run).
 ``train_torch``         (c) the same fed by the torchvision recipe (``make_torch_loader``, 16
                         workers where there are 16 cores).
+``train_tuned``         (d) the same fed by feedfast CPU-placed with ``tune=True``: the search's
+                        decision, reasons and trials are recorded with the rate (issue 16).
 ``sync_debug``          one whole epoch of CPU-placed -> cuda and one of GPU-placed under
                         ``torch.cuda.set_sync_debug_mode("error")``: any host sync fails it.
 ``loader_gpu``          imagenet-train images/s alone, GPU-placed to ``cuda``.
@@ -98,6 +100,7 @@ from gpucheck_train import (  # noqa: E402
     train_feedfast_cpu_section,
     train_feedfast_gpu_section,
     train_torch_section,
+    train_tuned_section,
 )
 from gpucheck_wheels import setup_section  # noqa: E402
 
@@ -120,6 +123,7 @@ STEPS = (
     Step("train_feedfast_gpu", "(a) ResNet-50 <- feedfast GPU-placed", train_feedfast_gpu_section, needs_cuda=True),
     Step("train_feedfast_cpu", "(b) ResNet-50 <- feedfast CPU-placed, pinned ring", train_feedfast_cpu_section),
     Step("train_torch", "(c) ResNet-50 <- torchvision recipe", train_torch_section),
+    Step("train_tuned", "(d) ResNet-50 <- feedfast CPU-placed, tune=True", train_tuned_section),
     Step("sync_debug", "sync-debug epoch", sync_debug_section),
     Step("loader_gpu", "loader GPU-placed -> cuda", loader_gpu_section, needs_cuda=True),
     Step("loader_cpu_cuda", "loader CPU-placed -> cuda", loader_cpu_cuda_section, needs_cuda=True),

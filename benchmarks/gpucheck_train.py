@@ -176,6 +176,29 @@ def train_feedfast_cpu_section(ctx: Context, sec: Section) -> None:
     train_on_feedfast(ctx, sec, "cpu", "cuda" if ctx.cuda else "cpu")
 
 
+def train_tuned_section(ctx: Context, sec: Section) -> None:
+    """(d) feedfast CPU-placed with ``tune=True``: the search runs in the first batches of this loop (issue 16);
+    the decision, its reasons and the trials are recorded beside the rate."""
+    import feedfast
+
+    device = "cuda" if ctx.cuda else "cpu"
+    trainee = prepare(ctx)
+    started = time.perf_counter()
+    loader = feedfast.DataLoader(SPEC, shards=need_shards(ctx), batch_size=ctx.sizes.batch, placement="cpu",
+                                 device=device, overrides=ctx.overrides, tune=True)
+    batches = forever(loader)
+    try:
+        run = train(ctx, trainee, checked(batches, device), started)
+    finally:
+        batches.close()
+        loader.close()
+    tuning = loader.tuning()
+    sec.data["tuning"] = tuning
+    decision = tuning["decision"]
+    report_training(ctx, sec, run, f"feedfast CPU-placed -> {device}, tune=True ({tuning['state']}: threads "
+                                   f"{decision['threads']}, prefetch {decision['prefetch']}; {tuning['reason'] or 'no decision yet'})")
+
+
 def train_torch_section(ctx: Context, sec: Section) -> None:
     """(c) the torchvision recipe (webdataset, PIL, 16 DataLoader workers where there are 16 cores)."""
     from feedfast._env import usable_cores

@@ -22,7 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 SECTIONS = ["setup", "dataset", "readme_default", "train_feedfast_gpu", "train_feedfast_cpu", "train_torch",
-            "sync_debug", "loader_gpu", "loader_cpu_cuda", "loader_cpu_cpu", "stall", "nvml"]
+            "train_tuned", "sync_debug", "loader_gpu", "loader_cpu_cuda", "loader_cpu_cpu", "stall", "nvml"]
 NEEDS_CUDA = ("train_feedfast_gpu", "loader_gpu", "loader_cpu_cuda")
 
 
@@ -72,7 +72,7 @@ def test_dry_run_prints_one_table_and_records_every_section(tmp_path: Path) -> N
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["what", "samples/s", "stall", "GPU", "util", "%", "1st", "batch", "s", "figure", "note"]
     assert set(lines[1]) == {"-"} and sum(set(line) == {"-"} for line in lines) == 1  # one table
-    assert "12 sections" in proc.stdout and "all ran" in proc.stdout
+    assert "13 sections" in proc.stdout and "all ran" in proc.stdout
 
     report = json.loads(out.read_text())
     assert report["exit_code"] == 0 and report["environment"]["dry_run"] is True
@@ -96,7 +96,8 @@ def test_dry_run_prints_one_table_and_records_every_section(tmp_path: Path) -> N
     stall = sections["stall"]["data"]
     assert abs(stall["sleep_20ms"]["measured"] - 0.5) < 0.1 and stall["sleep_5ms"]["measured"] < 0.05
     assert sections["nvml"]["status"] == "skipped" and "NVML" in sections["nvml"]["note"]
-    for name in ("train_feedfast_cpu", "train_torch"):
+    assert sections["train_tuned"]["data"]["tuning"]["tunable"] == ["threads", "prefetch"]
+    for name in ("train_feedfast_cpu", "train_torch", "train_tuned"):
         data = sections[name]["data"]
         assert data["samples_per_s"] > 0 and data["stall_fraction"] is not None and data["verdict"]
         assert data["first_batch_s"] > 0 and data["model"] == "TinyNet (dry run)"
