@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from feedfast.cli.main import main
+from feedfast.cli.tune import HW_LOADS, candidates
 from feedfast.loader import tune
 from feedfast.spec import load_spec
 from tests.helpers import make_shards
@@ -42,3 +43,16 @@ def test_tune_prints_trials_and_a_loader_section_that_loads(shards: list[str], t
 def test_tune_rejects_a_bad_budget(shards: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["tune", "--shards", ",".join(shards), "--budget", "1.5"]) == 2
     assert "--budget" in capsys.readouterr().err
+
+
+def test_candidates_cover_gpu_placement_and_hardware_decoder_shares_only_with_cuda() -> None:
+    assert [(c["backend"], c["placement"]) for c in candidates("auto", "threads", None, cuda=False)] == [
+        ("threads", "cpu"), ("dali", "cpu")]
+    assert [(c["backend"], c["placement"]) for c in candidates("auto", "dali", None, cuda=False)] == [("dali", "cpu")]
+    on_gpu = candidates("auto", "dali", None, cuda=True)
+    assert [c["overrides"] for c in on_gpu if c["placement"] == "gpu"] == [
+        [f"decoder.hw_decoder_load={h}"] for h in HW_LOADS]
+    assert [(c["backend"], c["placement"]) for c in on_gpu if c["placement"] == "cpu"] == [
+        ("threads", "cpu"), ("dali", "cpu")]
+    assert all(c["placement"] == "gpu" for c in candidates("auto", "dali", "gpu", cuda=True))
+    assert [c["backend"] for c in candidates("dali,pil", "threads", "cpu", cuda=False)] == ["dali", "pil"]

@@ -1,11 +1,13 @@
 """``feedfast tune``: run the loader's own search offline and print the settings to paste into a spec.
 
-For each backend that applies (the threaded CPU path and DALI on the CPU; DALI alone on a
-GPU or over remote shards), a ``DataLoader(tune=True)`` feeds a loop whose step is simulated:
+For each candidate that applies (on the CPU: the threaded path and DALI; with CUDA also DALI
+placed on the GPU, with the hardware JPEG decoder's share at 0, NVIDIA's 0.65 and 1; over
+remote shards DALI only), a ``DataLoader(tune=True)`` feeds a loop whose step is simulated:
 ``--step-ms N`` sleeps N ms per batch (a GPU step: the host idles), ``--model small-cnn``
 trains a small CNN on the CPU (a step that needs the cores too). Once the search has decided,
-``--confirm`` more batches measure the decision's period. The backend with the shortest period
-wins; its settings print as a ``loader:`` section (:mod:`feedfast.spec.runtime`).
+``--confirm`` more batches measure the decision's period. The candidate with the shortest
+period wins; its settings print as spec keys: a ``loader:`` section (:mod:`feedfast.spec.runtime`),
+and ``device`` and ``decoder.hw_decoder_load`` where it is a GPU placement.
 
 The online search (``tune=True`` in training) never changes the backend: the backends draw
 their own augmentation, so a switch would change the data. Here the choice is the user's: a
@@ -44,7 +46,8 @@ def add_parser(sub: Any) -> None:
                    help="share of the first epoch the search may take (default: the spec's tune.budget, 0.1)")
     p.add_argument("--confirm", type=int, default=10, help="batches measured after the decision (default 10)")
     p.add_argument("--backends", default="auto",
-                   help="comma-separated backends to compare (default auto: those that apply)")
+                   help="comma-separated backends to compare (default auto: those that apply, and GPU placement "
+                        "with CUDA)")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default=None, help="pipeline placement")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="spec override key=value")
     p.add_argument("--json", default=None, metavar="PATH", help="write the trials and decision as JSON")
@@ -76,19 +79,36 @@ def _step(args: argparse.Namespace) -> Callable[[Any], None]:
     return train
 
 
-def _backends(requested: str, loader_backend: str) -> list[str]:
+HW_LOADS = (0.0, 0.65, 1.0)  # the hardware JPEG decoder's share tried on a GPU placement (0.65: NVIDIA's default)
+
+
+def candidates(requested: str, probe_backend: str, placement: str | None, cuda: bool) -> list[dict[str, Any]]:
+    """What to compare: backend, placement and spec overrides per candidate."""
     if requested != "auto":
-        return [b.strip() for b in requested.split(",") if b.strip()]
-    return ["threads", "dali"] if loader_backend == "threads" else [loader_backend]
+        return [{"backend": b.strip(), "placement": placement, "overrides": []} for b in requested.split(",")
+                if b.strip()]
+    out: list[dict[str, Any]] = []
+    if cuda and placement in (None, "auto", "gpu"):
+        out += [{"backend": "dali", "placement": "gpu", "overrides": [f"decoder.hw_decoder_load={h}"]}
+                for h in HW_LOADS]
+    if placement != "gpu":
+        cpu = ["threads", "dali"] if probe_backend == "threads" or (cuda and placement in (None, "auto")) else ["dali"]
+        out += [{"backend": b, "placement": "cpu", "overrides": []} for b in cpu]
+    return out
 
 
-def tune_one(spec: str, shards: str, backend: str, args: argparse.Namespace, step: Callable[[Any], None]) -> dict[str, Any]:
-    """One backend's search on the simulated loop, then ``--confirm`` batches at its decision."""
+def tune_one(spec: str, shards: str, cand: dict[str, Any], args: argparse.Namespace,
+             step: Callable[[Any], None]) -> dict[str, Any]:
+    """One candidate's search on the simulated loop, then ``--confirm`` batches at its decision."""
     import feedfast
 
-    overrides = list(args.overrides) + ([f"tune.budget={args.budget}"] if args.budget is not None else [])
-    loader = feedfast.DataLoader(spec, shards=shards, batch_size=args.batch_size, shuffle=True, backend=backend,
-                                 placement=args.device, overrides=overrides, tune=True)
+    overrides = list(args.overrides) + cand["overrides"] + (
+        [f"tune.budget={args.budget}"] if args.budget is not None else [])
+    from feedfast import _env
+
+    loader = feedfast.DataLoader(spec, shards=shards, batch_size=args.batch_size, shuffle=True,
+                                 backend=cand["backend"], placement=cand["placement"], overrides=overrides, tune=True,
+                                 device="cuda" if _env.cuda_available() else "cpu")
     periods: list[float] = []
     try:
         last = None
@@ -103,8 +123,8 @@ def tune_one(spec: str, shards: str, backend: str, args: argparse.Namespace, ste
                         break
                 step(batch)
         report = loader.tuning()
-        return {"backend": loader.backend, "placement": loader.plan.placement, **report,
-                "confirmed_ms": round(statistics.median(periods) * 1e3, 2)}
+        return {"backend": loader.backend, "placement": loader.plan.placement, "overrides": cand["overrides"],
+                **report, "confirmed_ms": round(statistics.median(periods) * 1e3, 2)}
     finally:
         loader.close()
 
@@ -112,6 +132,7 @@ def tune_one(spec: str, shards: str, backend: str, args: argparse.Namespace, ste
 def run(args: argparse.Namespace) -> int:
     """Run ``feedfast tune``."""
     import feedfast
+    from feedfast import _env
 
     check_positive("--confirm", args.confirm)
     if args.budget is not None and not 0 < args.budget <= 1:
@@ -120,15 +141,16 @@ def run(args: argparse.Namespace) -> int:
     shards = args.shards or demo_shards()
     probe = feedfast.DataLoader(spec, shards=shards, batch_size=args.batch_size, placement=args.device,
                                 overrides=args.overrides)
-    backends = _backends(args.backends, probe.backend)
+    cands = candidates(args.backends, probe.backend, args.device, _env.cuda_available())
     probe.close()
     step = _step(args)
-    results = [tune_one(spec, shards, b, args, step) for b in backends]
+    results = [tune_one(spec, shards, c, args, step) for c in cands]
     best = min(results, key=lambda r: r["confirmed_ms"])
     print(f"step: {'small CNN on the CPU' if args.model else f'{args.step_ms:g} ms sleep'}; "
           f"batch {probe.spec.batch_size}; periods are medians, ms per batch")
     for r in results:
-        print(f"\nbackend {r['backend']} ({r['placement']}): {r['reason']}")
+        extra = f", {' '.join(r['overrides'])}" if r["overrides"] else ""
+        print(f"\nbackend {r['backend']} ({r['placement']}{extra}): {r['reason']}")
         print("| threads | prefetch | predicted | measured | step | wait | loader CPU |")
         print("|---|---|---|---|---|---|---|")
         for t in r["trials"]:
@@ -139,8 +161,12 @@ def run(args: argparse.Namespace) -> int:
     decision = best["decision"]
     print("\n# paste into the spec (chosen: the shortest measured period)")
     print(f"loader:\n  backend: {best['backend']}\n  threads: {decision['threads']}\n  prefetch: {decision['prefetch']}")
+    if best["placement"] == "gpu":
+        load = best["overrides"][0].split("=", 1)[1]
+        print(f"device: gpu\ndecoder:\n  hw_decoder_load: {load}")
     if best["backend"] != probe.backend:
         print(f"# note: backend {best['backend']} draws other augmentation than {probe.backend} (the default here): "
               "same samples and order, other crops and flips; a state taken with one does not resume the other")
-    write_json(args.json, {"results": results, "chosen": {"backend": best["backend"], **decision}})
+    write_json(args.json, {"results": results, "chosen": {"backend": best["backend"], "placement": best["placement"],
+                                                          "overrides": best["overrides"], **decision}})
     return 0
