@@ -186,14 +186,13 @@ class Tuner:
         knobs: the loader's live settings; the search changes them and leaves the best.
         cores: cores the process may use.
         budget: batches the search may take (from the first batch it sees).
-        tunable: which settings may change (``threads``, ``prefetch``); the rest stay.
-        max_threads: the most threads a candidate may have (``knobs.max_threads`` at most).
+        tunable: which settings may change (``threads`` up to ``knobs.max_threads``, ``prefetch`` to twice
+            its first value); the rest stay.
     """
 
-    def __init__(self, knobs: Knobs, *, cores: int, budget: int, tunable: tuple[str, ...] = ("threads", "prefetch"),
-                 max_threads: int | None = None) -> None:
+    def __init__(self, knobs: Knobs, *, cores: int, budget: int,
+                 tunable: tuple[str, ...] = ("threads", "prefetch")) -> None:
         self.knobs, self.cores, self.budget, self.tunable = knobs, cores, max(MIN_BUDGET, budget), tunable
-        self.max_threads = min(knobs.max_threads, max_threads or knobs.max_threads)
         self.trials: list[Trial] = [Trial(knobs.threads, knobs.prefetch)]
         self.best = self.trials[0]
         self.model: CostModel | None = None
@@ -243,12 +242,16 @@ class Tuner:
 
     # -- the search -------------------------------------------------------------------------------------
 
+    def _grid(self) -> list[tuple[int, int]]:
+        """Every setting the search may choose: (threads, prefetch)."""
+        first = self.trials[0]
+        threads = range(1, self.knobs.max_threads + 1) if "threads" in self.tunable else [first.threads]
+        prefetch = [first.prefetch, first.prefetch * 2] if "prefetch" in self.tunable else [first.prefetch]
+        return [(n, p) for n in threads for p in prefetch if p <= self.knobs.max_prefetch]
+
     def _candidates(self) -> list[tuple[int, int]]:
-        threads = range(1, self.max_threads + 1) if "threads" in self.tunable else [self.best.threads]
-        base = self.trials[0].prefetch
-        prefetch = sorted({base, base * 2}) if "prefetch" in self.tunable else [base]
         tried = {(t.threads, t.prefetch) for t in self.trials}
-        return [(n, p) for n in threads for p in prefetch if (n, p) not in tried and p <= self.knobs.max_prefetch]
+        return [c for c in self._grid() if c not in tried]
 
     def _next_trial(self) -> None:
         last = self.trials[-1]
@@ -288,11 +291,10 @@ class Tuner:
         model = None
         if self.model is not None:
             m = self.model
-            model = {"cores": m.cores, "loader_bound": m.loader_bound, "cpu_bound": m.cpu_bound, **{k: round(v * 1e3, 2) for k, v in
-                                                                         asdict(m.figures).items()},
-                     "predicted_ms": {f"threads={n},prefetch={p}": round(m.predict(n, p) * 1e3, 2)
-                                      for n in range(1, self.max_threads + 1)
-                                      for p in sorted({self.trials[0].prefetch, self.trials[0].prefetch * 2})}}
+            figures_ms = {k: round(v * 1e3, 2) for k, v in asdict(m.figures).items()}
+            predicted = {f"threads={n},prefetch={p}": round(m.predict(n, p) * 1e3, 2) for n, p in self._grid()}
+            model = {"cores": m.cores, "fitted_on": m.base.as_dict(), "loader_bound": m.loader_bound,
+                     "cpu_bound": m.cpu_bound, **figures_ms, "predicted_ms": predicted}
         return {"state": "done" if self.done else "searching", "budget_batches": self.budget,
                 "batches_seen": self.seen, "tunable": list(self.tunable),
                 "trials": [t.row() for t in self.trials if t.observations or t is self.trials[0]],
