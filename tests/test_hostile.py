@@ -12,7 +12,7 @@ import torch
 import feedfast
 from feedfast.errors import FeedfastError, SampleError
 from feedfast.sources.checkworker import CheckPool, Failed
-from tests.corpus import hostile_images, write_hostile
+from tests.corpus import hostile_images, mutate, noisy_png, write_hostile
 from tests.helpers import SMALL_SPEC
 
 MAX_PIXELS = 4_000_000
@@ -58,16 +58,14 @@ def test_skip_delivers_every_decodable_file_and_lists_the_rest(hostile: str, bac
     assert time.monotonic() - t0 < 120
 
 
-# under raise only headers are checked: a file whose header is fine but whose pixels DALI
-# rejects fails its batch and is named (see the last test); every other good file is delivered
-RAISE_DELIVERED = [k for k in DELIVERED if k != "png_bad_crc"]
-
-
-def test_raise_delivers_every_good_file(tmp_path: Path) -> None:
-    shard = str(write_hostile(tmp_path, RAISE_DELIVERED))
-    for backend in ("dali", "pil"):
-        loader = feedfast.DataLoader(_spec("raise"), shards=shard, batch_size=4, num_workers=1, backend=backend)
-        assert sorted(_epoch(loader)) == RAISE_DELIVERED
+@pytest.mark.parametrize("backend", ["dali", "pil", "threads"])
+def test_raise_delivers_every_good_file(tmp_path: Path, backend: str) -> None:
+    """Under raise only headers are checked; files whose pixels DALI's decoder rejects (png_bad_crc,
+    jpeg_junk_segment) are rescued mid-epoch on the dali backend and decoded by PIL on the others."""
+    shard = str(write_hostile(tmp_path, DELIVERED))
+    loader = feedfast.DataLoader(_spec("raise"), shards=shard, batch_size=4, num_workers=1, backend=backend)
+    assert sorted(_epoch(loader)) == DELIVERED
+    assert loader.stats()["delivered"] == len(DELIVERED)
 
 
 @pytest.mark.parametrize("bad", ["zero", "garbage", "jpeg_truncated", "png_truncated", "gif_truncated",
@@ -88,33 +86,86 @@ def test_raise_under_the_pil_backend_names_shard_and_key(tmp_path: Path) -> None
     assert shard in str(info.value) and "jpeg_truncated" in str(info.value)
 
 
-def test_a_file_dali_rejects_but_pil_reads_is_delivered_under_raise_named_if_not(tmp_path: Path) -> None:
-    shard = str(write_hostile(tmp_path, ["jpeg", "png_bad_crc"]))
-    loader = feedfast.DataLoader(_spec("skip"), shards=shard, batch_size=2, num_workers=1)
-    assert sorted(_epoch(loader)) == ["jpeg", "png_bad_crc"] and loader.stats()["converted"] == 1
-    for seed in (1, 2, 3):  # headers only under raise: whether DALI fails depends on the crop it decodes
-        spec = {**_spec("raise"), "seed": seed}
-        try:
-            delivered = _epoch(feedfast.DataLoader(spec, shards=shard, batch_size=2, num_workers=1))
-        except SampleError as exc:  # traced to the file, with libpng's reason
-            assert exc.key == "png_bad_crc" and exc.shard == shard and "CRC" in exc.reason, str(exc)
-        else:
-            assert sorted(delivered) == ["jpeg", "png_bad_crc"]
+def _batches(loader: feedfast.DataLoader) -> list[tuple[list[str], torch.Tensor]]:
+    return [([k for _, k in loader.last_origins[: loader.last_valid]], x[: loader.last_valid].clone())
+            for x, _ in loader]
+
+
+RESCUE_KEYS = ["jpeg", "bmp", "png_bad_crc", "ppm", "jpeg_gray", "jpeg_junk_segment", "png16", "tiff"]
+
+
+def test_dali_rescues_files_its_decoder_rejects_in_place_and_a_state_resumes(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Headers are fine, so the raise check passes them; DALI's decoder then fails steps 1 and 2. Each failure is traced
+    to its file, which PIL decodes and DALI is fed as PNG: the epoch keeps its order and counts, and a state taken
+    before the first failure (DALI's checkpoint) or after it (the rescue's) resumes to the same batches, pixels included."""
+    import json
+
+    shard = str(write_hostile(tmp_path, RESCUE_KEYS))
+
+    def make() -> feedfast.DataLoader:
+        return feedfast.DataLoader(_spec("raise"), shards=shard, batch_size=2, num_workers=1, backend="dali")
+
+    with caplog.at_level("INFO", logger="feedfast.dali"):
+        loader = make()
+        full = _batches(loader)
+    assert [k for keys, _ in full for k in keys] == RESCUE_KEYS and loader.stats()["delivered"] == len(RESCUE_KEYS)
+    rescued = [r.getMessage() for r in caplog.records if "re-encoded as PNG" in r.getMessage()]
+    assert len(rescued) == 2 and "png_bad_crc" in rescued[0] and "CRC error" in rescued[0], rescued
+    assert "jpeg_junk_segment" in rescued[1] and "Invalid marker" in rescued[1], rescued
+    for taken in (1, 2):
+        first = make()
+        batches = iter(first)
+        for _ in range(taken):
+            next(batches)
+        state = json.loads(json.dumps(first.state_dict()))
+        first.close()
+        resumed = make()
+        resumed.load_state_dict(state)
+        rest = _batches(resumed)
+        assert [keys for keys, _ in rest] == [keys for keys, _ in full[taken:]], taken
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(rest, full[taken:])), taken
+
+
+def test_a_shuffled_dali_epoch_rescues_them_too(tmp_path: Path) -> None:
+    """shuffle=True reads the global order through the stream transport: the rescue patches the feed itself."""
+    shard = str(write_hostile(tmp_path, RESCUE_KEYS))
+    loader = feedfast.DataLoader(_spec("raise"), shards=shard, batch_size=2, num_workers=1, backend="dali", shuffle=True)
+    assert sorted(_epoch(loader)) == sorted(RESCUE_KEYS)
+
+
+def test_check_seconds_is_a_spec_setting() -> None:
+    """source.check_seconds sets the time limit of the checks (the construction's and the rescue's)."""
+    spec = feedfast.load_spec({**_spec("skip"), "source": {**_spec("skip")["source"], "check_seconds": 0.5}})
+    assert spec.check_seconds == 0.5 and spec.to_dict()["source"]["check_seconds"] == 0.5
+    assert feedfast.load_spec(_spec("skip")).check_seconds == 2.0  # the default: "a second or two"
+    for bad in (0, -1, "2", True, 10_000):
+        with pytest.raises(feedfast.SpecError, match="check_seconds"):
+            feedfast.load_spec({**_spec("skip"), "source": {**_spec("skip")["source"], "check_seconds": bad}})
+
+
+def test_a_check_over_the_spec_limit_leaves_the_file_out_under_skip(tmp_path: Path) -> None:
+    """A 3000x3000 uncompressed PNG takes longer than 0.25 s to check (about 0.6 s here): under skip it is left out and
+    reported as such, and the epoch goes on."""
+    from tests.corpus import noisy_png, write_tar
+
+    images = hostile_images()
+    shard = str(write_tar(tmp_path / "slow-0000.tar", [("jpeg.jpg", images["jpeg"][0]), ("jpeg.cls", b"0"),
+                                                       ("slow.jpg", noisy_png(3000, 2)), ("slow.cls", b"1")]))
+    spec = _spec("skip")
+    spec["source"]["check_seconds"] = 0.25
+    t0 = time.monotonic()
+    loader = feedfast.DataLoader(spec, shards=shard, batch_size=2, num_workers=1, max_pixels=10**8)
+    assert sorted(_epoch(loader)) == ["jpeg"] and time.monotonic() - t0 < 30
+    (report,) = loader.skipped_samples()
+    assert report["key"] == "slow" and "longer than 0.25 s" in report["reason"]
 
 
 def test_a_slow_check_is_cut_off_and_reported() -> None:
-    import io
-
-    import numpy as np
-    from PIL import Image
-
-    big = io.BytesIO()
-    Image.fromarray(np.random.default_rng(0).integers(0, 255, (1500, 1500, 3), dtype=np.uint8)).save(
-        big, "PNG", compress_level=0)
     pool = CheckPool(1, seconds=0.05)
     try:
         t0 = time.monotonic()
-        slow, fine = list(pool.map([("check", big.getvalue(), 10**8, True), ("check", IMAGES["jpeg"][0], 10**8, True)]))
+        slow, fine = list(pool.map([("check", noisy_png(1500, 0), 10**8, True), ("check", IMAGES["jpeg"][0], 10**8, True)]))
         assert isinstance(slow, Failed) and "longer than 0.05 s" in slow.reason
         assert not isinstance(fine, Failed) or "longer" in fine.reason  # a fresh worker takes the next job
     finally:
@@ -177,23 +228,17 @@ def test_pixels_of_formats_one_decoder_lacks_match_the_source(tmp_path: Path, ba
 
 
 def test_a_decoder_crash_is_a_verdict_and_the_pool_runs_on() -> None:
-    import io
     import os
     import signal
     import threading
 
-    import numpy as np
-    from PIL import Image
-
-    big = io.BytesIO()
-    Image.fromarray(np.random.default_rng(1).integers(0, 255, (3000, 3000, 3), dtype=np.uint8)).save(
-        big, "PNG", compress_level=0)
+    big = noisy_png(3000, 1)
     pool = CheckPool(1, seconds=60)
     try:
         list(pool.map([("check", IMAGES["jpeg"][0], 10**8, True)]))  # started and warm
         victim = pool._workers[0].proc.pid
         threading.Timer(0.3, lambda: os.kill(victim, signal.SIGKILL)).start()  # as a segfaulting codec would die
-        crashed, after = list(pool.map([("check", big.getvalue(), 10**8, True), ("check", IMAGES["jpeg"][0], 10**8, True)]))
+        crashed, after = list(pool.map([("check", big, 10**8, True), ("check", IMAGES["jpeg"][0], 10**8, True)]))
         assert isinstance(crashed, Failed) and "crashed" in crashed.reason
         assert not isinstance(after, Failed) and after.status == "ok"
     finally:
@@ -213,17 +258,9 @@ def test_mutated_files_of_every_format_get_a_verdict_quickly() -> None:
         if not data or key == "bomb":
             continue
         for kind in ("truncate", "flip", "zero"):
-            b = bytearray(data)
-            at = rng.randrange(len(b))
-            if kind == "truncate":
-                b = b[:at]
-            elif kind == "flip":
-                for _ in range(8):
-                    b[rng.randrange(len(b))] ^= rng.randrange(1, 256)
-            else:
-                b[at:at + 64] = bytes(len(b[at:at + 64]))
+            fuzzed = mutate(data, kind, rng)
             for decode in (True, False):
-                jobs.append(("check", bytes(b), MAX_PIXELS, decode))
+                jobs.append(("check", fuzzed, MAX_PIXELS, decode))
                 names.append(f"{key}/{kind}/{decode}")
     t0 = time.monotonic()
     answers = list(pool().map(jobs))
@@ -243,30 +280,47 @@ def test_pil_codecs_lists_each_codec() -> None:
 
 
 QUIET_SCRIPT = """
-import sys
+import json, logging, sys
 sys.path.insert(0, {root!r})
 import feedfast
 from tests.test_hostile import _spec
-for backend in ("dali", "pil"):
-    loader = feedfast.DataLoader(_spec("skip"), shards={shard!r}, batch_size=4, num_workers=1, backend=backend,
-                                 max_pixels=4_000_000)
-    print(backend, sum(len(y) for _, y in loader), len(loader.skipped_samples()))
+said = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        said.append(record.getMessage())
+logging.getLogger("feedfast").addHandler(Keep())
+logging.getLogger("feedfast").setLevel(logging.DEBUG)
+for policy, shard, backends in (("skip", {everything!r}, ("dali", "threads")), ("raise", {good!r}, ("dali", "threads"))):
+    for backend in backends:
+        loader = feedfast.DataLoader(_spec(policy), shards=shard, batch_size=4, num_workers=1, backend=backend,
+                                     max_pixels=4_000_000)
+        print(policy, backend, sum(len(y) for _, y in loader), len(loader.skipped_samples()))
+        loader.close()
+print(json.dumps(said))
 """
 
 
 def test_a_successful_run_over_the_hostile_corpus_prints_nothing_but_its_own_output(tmp_path: Path) -> None:
+    """Under both policies, on the dali and threads backends: DALI's native lines (a TIFF libtiff rejects before OpenCV
+    decodes it, libpng's CRC error of a rescued PNG) and PIL's warnings (corrupt EXIF) go to logging, not stderr."""
+    import json
     import os
     import subprocess
     import sys
 
     root = str(Path(__file__).resolve().parents[1])
-    shard = str(write_hostile(tmp_path))
-    proc = subprocess.run([sys.executable, "-c", QUIET_SCRIPT.format(root=root, shard=shard)], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": root})
+    everything, good = str(write_hostile(tmp_path / "all")), str(write_hostile(tmp_path / "good", DELIVERED))
+    proc = subprocess.run([sys.executable, "-c", QUIET_SCRIPT.format(root=root, everything=everything, good=good)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": root})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["dali", str(len(DELIVERED)), str(len(SKIPPED)),
-                                   "pil", str(len(DELIVERED)), str(len(SKIPPED))]
+    *counts, said = proc.stdout.splitlines()
+    assert [line.split() for line in counts] == [
+        ["skip", "dali", str(len(DELIVERED)), str(len(SKIPPED))], ["skip", "threads", str(len(DELIVERED)), str(len(SKIPPED))],
+        ["raise", "dali", str(len(DELIVERED)), "0"], ["raise", "threads", str(len(DELIVERED)), "0"]]
     assert proc.stderr == ""  # no DALI [ERROR] lines, no libpng or PIL warnings
+    logged = "\n".join(json.loads(said))
+    assert "[libtiff_decoder]" in logged and "libpng error: IDAT: CRC error" in logged  # DALI's, under raise
+    assert "Corrupt EXIF data" in logged  # PIL's, on the threads backend
 
 
 def test_dali_check_refuses_too_many_pixels_from_the_header() -> None:
@@ -280,6 +334,23 @@ def test_dali_check_refuses_too_many_pixels_from_the_header() -> None:
     assert pixels is None and "9000000 pixels exceeds max_pixels=4000000" in reason
     pixels, reason = dali.decode(IMAGES["jpeg"][0], max_pixels=4_000_000)
     assert reason == "" and pixels.shape == (48, 64, 3)
+
+
+def test_a_worker_that_died_while_idle_is_replaced() -> None:
+    """A worker killed between jobs (the OOM killer, say): the next job's send fails, and a fresh worker takes it."""
+    import os
+    import signal
+
+    pool = CheckPool(1, seconds=60)
+    try:
+        list(pool.map([("check", IMAGES["jpeg"][0], 10**8, True)]))
+        victim = pool._workers[0].proc
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        (answer,) = pool.map([("check", IMAGES["jpeg"][0], 10**8, True)])
+        assert not isinstance(answer, Failed) and answer.status == "ok"
+    finally:
+        pool.close()
 
 
 def test_a_forked_child_neither_uses_nor_kills_the_parents_workers() -> None:

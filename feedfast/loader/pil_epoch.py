@@ -29,7 +29,8 @@ reason, with the traceback logged at DEBUG level on ``feedfast.pil``. Under
 ``on_error: skip`` such samples were left out or re-encoded by the check before the epoch
 (see :mod:`feedfast.sources.validate`), so a failure here means the check and PIL disagree.
 Warnings PIL gives while decoding (corrupt EXIF, truncated metadata) go to the same logger
-at DEBUG level, not to the terminal.
+at DEBUG level, not to the terminal (:mod:`~feedfast.loader.pil_warnings`: per thread, so
+warnings of the training loop's own thread are left alone).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from __future__ import annotations
 import logging
 import random
 import traceback
-import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple
 
@@ -49,6 +49,7 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, SampleError, ShardError
 from feedfast.loader import convert
 from feedfast.loader.epoch import Batch
+from feedfast.loader.pil_warnings import routed
 from feedfast.ops.base import Signature
 from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, step_positions
@@ -151,8 +152,7 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         except ShardError as exc:
             return _Failure("shard", str(exc))
         try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
+            with routed((shard, ref.key)):
                 out = self.program.run(raw, random.Random(f"feedfast-pil/{self.seed}/{self.epoch}/{ref.position}"))
         except DecodeFailure as exc:
             return _Failure("sample", "the PIL backend could not process a sample", shard, ref.key, str(exc))
@@ -161,8 +161,6 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
             text = (str(exc).strip().splitlines() or [""])[0][:200]
             return _Failure("sample", "the PIL backend could not process a sample", shard, ref.key,
                             f"{type(exc).__name__}: {text}")
-        for w in caught:
-            log.debug("shard %r, sample %r: %s: %s", shard, ref.key, w.category.__name__, w.message)
         return out
 
     def close(self) -> None:

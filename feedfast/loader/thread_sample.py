@@ -35,6 +35,7 @@ import numpy as np
 
 from feedfast.compile.pil import PilProgram, PilStep
 from feedfast.loader.pil_fast import exported_pixels, load_rows
+from feedfast.loader.pil_warnings import routed
 from feedfast.ops.base import as_hw
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.geometry import _pil_interp
@@ -144,13 +145,21 @@ def _geometry(step: PilStep, view: View, rng: random.Random) -> View:
     return view.crop(int(round((width - tw) / 2.0)), int(round((height - th) / 2.0)), tw, th)
 
 
-def fast_values(program: PilProgram, raw: Sequence[bytes], rng: random.Random) -> dict[str, Any]:
+def fast_values(program: PilProgram, raw: Sequence[bytes], rng: random.Random,
+                sample: tuple[str, str] | None = None) -> dict[str, Any]:
     """One sample's outputs: HWC uint8 arrays (flips as views) for image and normalize fields, host values.
+
+    PIL's warnings go to logging, naming ``sample`` (shard, key) when given (:mod:`.pil_warnings`).
 
     Raises:
         DecodeFailure: a step could not read the sample (names the op and key).
         NeedsFallback: the sample needs the PIL program.
     """
+    with routed(sample):
+        return _fast_values(program, raw, rng)
+
+
+def _fast_values(program: PilProgram, raw: Sequence[bytes], rng: random.Random) -> dict[str, Any]:
     values: list[Any] = [None] * len(program.steps)
     opened: dict[int, tuple[Any, PilStep, bytes]] = {}
     for step in program.steps:
@@ -258,12 +267,15 @@ def _pixels(img: Any, view: View, scale: float) -> np.ndarray:
     return arr
 
 
-def program_values(program: PilProgram, raw: Sequence[bytes], rng: random.Random) -> dict[str, Any]:
+def program_values(program: PilProgram, raw: Sequence[bytes], rng: random.Random,
+                   sample: tuple[str, str] | None = None) -> dict[str, Any]:
     """One sample's outputs through the PIL program, shaped as :func:`fast_values` gives them.
 
-    A ``normalize`` output gives its input's pixels (the batch is normalized at once).
+    A ``normalize`` output gives its input's pixels (the batch is normalized at once). PIL's
+    warnings go to logging, as in :func:`fast_values`.
     """
-    values = program.trace(raw, rng)
+    with routed(sample):
+        values = program.trace(raw, rng)
     out: dict[str, Any] = {}
     for name, sid in program.outputs.items():
         step = program.steps[sid]

@@ -51,14 +51,15 @@ def image_members(sample: Sample, image_exts: list[set[str]]) -> list[tuple[int,
 
 
 def _verdicts(path: str, samples: list[Sample], image_exts: list[set[str]], max_pixels: int,
-              cache: Path, decode: bool) -> dict[str, dict[str, str]]:
-    """{"bad": {key: reason}, "convert": {key: reason}}, from the cache when fresh."""
-    tag = shard_digest(path, max_pixels, sorted(map(sorted, image_exts)), decode, [s.key for s in samples], CHECK_RULES)
+              cache: Path, decode: bool, seconds: float) -> dict[str, dict[str, str]]:
+    """{"bad": {key: reason}, "convert": {key: reason}}, from the cache when fresh (for this time limit)."""
+    tag = shard_digest(path, max_pixels, sorted(map(sorted, image_exts)), decode, [s.key for s in samples], CHECK_RULES,
+                       seconds)
     cached = cache / "checks" / f"{Path(path).stem}-{tag}.json"
     if cached.is_file():
         return json.loads(cached.read_text(encoding="utf-8"))
     result: dict[str, dict[str, str]] = {"bad": {}, "convert": {}}
-    for key, name, v in check_members(path, samples, image_exts, max_pixels, decode):
+    for key, name, v in check_members(path, samples, image_exts, max_pixels, decode, seconds=seconds):
         if v.status != "ok":
             result[v.status].setdefault(key, f"{name}: {v.reason}")
     for key in result["bad"]:
@@ -71,17 +72,19 @@ CHECK_RULES = 2  # bump when what a verdict means changes: cached verdicts of ol
 
 
 def check_members(path: str, samples: list[Sample], image_exts: list[set[str]], max_pixels: int,
-                  decode: bool) -> Iterator[tuple[str, str, Verdict]]:
-    """(key, member name, verdict) of every image component, checked in worker processes under a time limit."""
+                  decode: bool, *, seconds: float | None = None) -> Iterator[tuple[str, str, Verdict]]:
+    """(key, member name, verdict) of every image component, checked in worker processes, each under
+    ``seconds`` (default: the pool's, ``source.check_seconds``'s default)."""
     where = [(s.key, off, size, name) for s in samples for off, size, name in image_members(s, image_exts)]
-    verdicts = _run_checks(path, where, max_pixels, decode)
+    verdicts = _run_checks(path, where, max_pixels, decode, seconds)
     again = [w for w, v in zip(where, verdicts) if v.status == "more"]  # header only, and DALI must decide
-    full = iter(_run_checks(path, again, max_pixels, True)) if again else iter(())
+    full = iter(_run_checks(path, again, max_pixels, True, seconds)) if again else iter(())
     for (key, _, _, name), v in zip(where, verdicts):
         yield key, name, next(full) if v.status == "more" else v
 
 
-def _run_checks(path: str, where: list[tuple[str, int, int, str]], max_pixels: int, decode: bool) -> list[Verdict]:
+def _run_checks(path: str, where: list[tuple[str, int, int, str]], max_pixels: int, decode: bool,
+                seconds: float | None) -> list[Verdict]:
     def jobs() -> Iterator[tuple[object, ...]]:
         with open_shard(path) as f:
             for _, off, size, _ in where:
@@ -89,25 +92,29 @@ def _run_checks(path: str, where: list[tuple[str, int, int, str]], max_pixels: i
                 yield ("check", read_member(f, off, cut), max_pixels, decode, cut == size)
 
     labels = (f"{path!r}, sample {key!r} ({name})" for key, _, _, name in where)
-    return [Verdict("bad", a.reason) if isinstance(a, Failed) else a for a in pool().map(jobs(), labels=labels)]
+    answers = pool().map(jobs(), labels=labels, seconds=seconds)
+    return [Verdict("bad", a.reason) if isinstance(a, Failed) else a for a in answers]
 
 
 def check_shard(path: str, samples: list[Sample], image_exts: list[set[str]], *,
-                max_pixels: int, cache: Path, decode: bool = True) -> ShardCheck:
+                max_pixels: int, cache: Path, decode: bool = True, seconds: float | None = None) -> ShardCheck:
     """Check a shard's image components; write a side shard of re-encoded images when needed.
 
     With ``decode=False`` only headers are read (see :mod:`feedfast.sources.validate`).
+    ``seconds`` limits each image's check and re-encoding (the spec's ``source.check_seconds``;
+    default: its default); a check that runs longer makes the image ``bad``.
     An image that cannot be re-encoded after all (a header looked fine) is ``bad``. The
     caller gives DALI an index of ``ShardCheck.kept``.
     """
-    v = _verdicts(path, samples, image_exts, max_pixels, cache, decode)
+    seconds = pool().seconds if seconds is None else seconds
+    v = _verdicts(path, samples, image_exts, max_pixels, cache, decode, seconds)
     bad, convert = dict(v["bad"]), dict(v["convert"])
     if not bad and not convert:
         return ShardCheck(samples)
     moved = [s for s in samples if s.key in convert]
     side = None
     if moved:
-        side, failed = _side_shard(path, moved, image_exts, cache, max_pixels)
+        side, failed = _side_shard(path, moved, image_exts, cache, max_pixels, seconds)
         for key, reason in failed.items():
             bad[key] = reason
             convert.pop(key)
@@ -120,20 +127,21 @@ def check_shard(path: str, samples: list[Sample], image_exts: list[set[str]], *,
 
 
 def _side_shard(path: str, moved: list[Sample], image_exts: list[set[str]], cache: Path,
-                max_pixels: int) -> tuple[Path | None, dict[str, str]]:
+                max_pixels: int, seconds: float) -> tuple[Path | None, dict[str, str]]:
     """The side shard of re-encoded samples (written once) and {key: reason} of those that could not be."""
-    tag = shard_digest(path, max_pixels, sorted(s.key for s in moved), CHECK_RULES)
+    tag = shard_digest(path, max_pixels, sorted(s.key for s in moved), CHECK_RULES, seconds)
     side = cache / "converted" / f"{Path(path).stem}-{tag}.tar"
     failed_file = side.with_name(side.name + ".failed.json")
     if failed_file.is_file():
         failed: dict[str, str] = json.loads(failed_file.read_text(encoding="utf-8"))
         return (side if side.is_file() else None), failed
-    failed = _write_side_shard(path, side, moved, image_exts)
+    failed = _write_side_shard(path, side, moved, image_exts, seconds)
     write_atomic(failed_file, json.dumps(failed))
     return (side if side.is_file() else None), failed
 
 
-def _write_side_shard(src: str, out: Path, samples: list[Sample], image_exts: list[set[str]]) -> dict[str, str]:
+def _write_side_shard(src: str, out: Path, samples: list[Sample], image_exts: list[set[str]],
+                      seconds: float) -> dict[str, str]:
     """Write the samples with their images as PNG (names keep their extension: DALI sniffs the format).
 
     Returns {key: reason} of the samples left out because an image could not be re-encoded.
@@ -145,7 +153,7 @@ def _write_side_shard(src: str, out: Path, samples: list[Sample], image_exts: li
         labels = (f"{src!r}, sample {s.key!r} ({m.name})" for s, m in images)
         pngs: dict[str, bytes] = {}
         failed: dict[str, str] = {}
-        for (s, m), answer in zip(images, pool().map(jobs, labels=labels)):
+        for (s, m), answer in zip(images, pool().map(jobs, labels=labels, seconds=seconds)):
             if isinstance(answer, (Failed, str)):
                 failed.setdefault(s.key, f"{m.name}: {getattr(answer, 'reason', answer)}")
             else:

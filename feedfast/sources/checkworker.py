@@ -33,10 +33,11 @@ from typing import Any, Iterable, Iterator
 from feedfast.errors import BackendError
 from feedfast.sources import decoders
 from feedfast.sources.decoders import Rescued, Verdict, read_message, with_decoder_output, write_message
+from feedfast.spec.model import CHECK_SECONDS
 
 log = logging.getLogger("feedfast.check")
 
-DEFAULT_CHECK_SECONDS = 3.0
+DEFAULT_CHECK_SECONDS = CHECK_SECONDS  # the spec's ``source.check_seconds`` sets it per loader
 _START_SECONDS = 60.0
 
 
@@ -83,8 +84,12 @@ class _Worker:
             self.proc.kill()
         self.proc.wait()
         for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
+            if pipe is None:
+                continue
+            try:
                 pipe.close()
+            except OSError:  # a dead worker's stdin: what was not sent dies with it (BrokenPipeError on flush)
+                continue
         self.log.close()
 
 
@@ -142,12 +147,12 @@ class CheckPool:
                 number, job, label = pending.popleft()
                 try:
                     w.send(job)
-                except OSError:
+                    w.job = (number, time.monotonic() + seconds)
+                    w.label = label
+                except OSError:  # it died while idle: a fresh worker takes the job once it has started
                     pending.appendleft((number, job, label))
                     self._replace(i, sel)
-                    continue
-                w.job = (number, time.monotonic() + seconds)
-                w.label = label
+                    w = self._workers[i]
             if w.proc.stdout is not None and not _registered(sel, w):
                 sel.register(w.proc.stdout, selectors.EVENT_READ, w)
 

@@ -187,7 +187,7 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         side = None
         if image_exts and kept and where.local:
             check = check_shard(where.local, kept, image_exts, max_pixels=max_pixels, cache=cache_dir,
-                                decode=policy == "skip")
+                                decode=policy == "skip", seconds=spec.check_seconds)
             if check.bad and policy == "raise":
                 key, reason = next(iter(check.bad.items()))
                 raise SampleError("image cannot be read (on_error is `raise`)", shard=p, key=key,

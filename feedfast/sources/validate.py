@@ -21,10 +21,13 @@ decoder when DALI is installed), and
   or raised naming shard and key (``on_error: raise``), with the reason.
 
 Checks run in worker processes, a few images at once, each under a time limit of
-``DEFAULT_CHECK_SECONDS`` (3 s; see :mod:`feedfast.sources.checkworker`); the pixel limit
-is read from the header before any decoding. Under ``on_error: raise`` only headers are read
-(format and size), DALI decoding just the images PIL cannot open; an image DALI then
-fails on is found and named after the failure. Under ``on_error: skip`` every image is
+``source.check_seconds`` (default 2 s; see :mod:`feedfast.sources.checkworker`): a check that
+runs longer is ``bad`` ("a hostile or huge file"), so a fuzzed file costs at most that. The
+pixel limit is read from the header before any decoding. Under ``on_error: raise`` only headers
+are read (format and size), DALI decoding just the images PIL cannot open; an image DALI then
+fails on mid-decode fails its batch, and the DALI backend rescues it: PIL decodes it, DALI is
+fed its PNG, and the epoch goes on in the same order (:mod:`feedfast.loader.rescue`); one that
+neither decodes is raised, naming shard and key. Under ``on_error: skip`` every image is
 decoded by both decoders once (a JPEG by PIL at 1/8 scale: libjpeg's DCT scaling still
 reads every byte of the entropy-coded data, so truncation is caught). A GPU run decodes
 with nvJPEG, which may reject a file the CPU decoder accepts; such a file fails its
