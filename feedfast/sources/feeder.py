@@ -59,6 +59,8 @@ class BatchFeeder:
         self._transports: dict[int, Transport] = {}
         self.files = ShardFiles(names)  # local shards stay open: a shuffled epoch reads sample by sample
         weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+        if self._windows._io is not None:
+            weakref.finalize(self, self._windows._io.shutdown, wait=False)
         weakref.finalize(self, self.files.close)
 
     def __call__(self, info: Any) -> list[list[np.ndarray]]:
@@ -78,6 +80,7 @@ class BatchFeeder:
         """Stop the reader threads and close the shards; pending reads are dropped."""
         self._pending.clear()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._windows.close()
         self.files.close()
 
     def batch(self, step: int) -> list[list[np.ndarray]]:
@@ -128,13 +131,15 @@ class WindowCache:
     A windowed shuffle (:func:`feedfast.sources.rows.window_shuffle`) or a block shuffle
     (:func:`feedfast.sources.order.block_order`) takes each step's samples from windows of
     consecutive samples of one shard; reading a window at once turns ``window`` small
-    requests into one. A window stays in memory until :meth:`release` passes its last step
+    requests into one. The windows a step lacks are read concurrently, ``requests`` at a
+    time (a block shuffle's first step needs hundreds; on a remote store each one costs a
+    round trip). A window stays in memory until :meth:`release` passes its last step
     (``last_step``), so a block shuffle holds about ``block`` samples. Thread-safe: one
     reader per window, others wait for it. A window asked for after its release (a step read
     again) is read again.
     """
 
-    def __init__(self, window: np.ndarray | None, fetch: Any, *, last_step: dict[int, int]) -> None:
+    def __init__(self, window: np.ndarray | None, fetch: Any, *, last_step: dict[int, int], requests: int = 8) -> None:
         self.active = window is not None
         self._fetch, self._last_step = fetch, last_step
         self._members: dict[int, list[int]] = {}
@@ -144,13 +149,29 @@ class WindowCache:
         self._row_window: list[int] = [int(w) for w in window.tolist()] if window is not None else []
         self._cache: dict[int, Future[dict[tuple[int, int], np.ndarray]]] = {}
         self._lock = threading.Lock()
+        self._io = ThreadPoolExecutor(max_workers=requests, thread_name_prefix="feedfast-window") if self.active else None
 
-    def rows(self, rows: list[int]) -> dict[tuple[int, int], np.ndarray]:
-        """The arrays of ``rows``, from their windows."""
-        got: dict[tuple[int, int], np.ndarray] = {}
-        for w in sorted({self._row_window[r] for r in rows}):
-            got.update(self._get(w))
-        return got
+    def rows(self, rows: list[int]) -> "_WindowRows":
+        """The arrays of ``rows`` by (row, component), from their windows (read first if need be)."""
+        wanted: dict[int, Future[dict[tuple[int, int], np.ndarray]]] = {}
+        missing = []
+        with self._lock:
+            for w in sorted({self._row_window[r] for r in rows}):
+                fut = self._cache.get(w)
+                if fut is None:
+                    fut = self._cache[w] = Future()
+                    missing.append(w)
+                wanted[w] = fut
+        if len(missing) == 1 or self._io is None:
+            for w in missing:
+                self._fill(w, wanted[w])
+        else:
+            for w in missing:
+                try:
+                    self._io.submit(self._fill, w, wanted[w])
+                except RuntimeError:  # closed meanwhile: read it here, so no waiter is left hanging
+                    self._fill(w, wanted[w])
+        return _WindowRows({w: fut.result() for w, fut in wanted.items()}, self._row_window)
 
     def release(self, step: int) -> None:
         """Drop the windows that no step after ``step`` reads."""
@@ -162,20 +183,32 @@ class WindowCache:
         """How many windows are in memory (read or being read)."""
         return len(self._cache)
 
-    def _get(self, w: int) -> dict[tuple[int, int], np.ndarray]:
+    def close(self) -> None:
+        """Stop the window readers (reads already asked for finish: a step may wait on them) and drop the windows."""
+        if self._io is not None:
+            self._io.shutdown(wait=True)
         with self._lock:
-            fut = self._cache.get(w)
-            owner = fut is None
-            if fut is None:
-                fut = self._cache[w] = Future()
-        if owner:
-            try:
-                fut.set_result(self._fetch(self._members[w]))
-            except BaseException as exc:
-                fut.set_exception(exc)
-                with self._lock:
-                    self._cache.pop(w, None)
-        return fut.result()
+            self._cache.clear()
+
+    def _fill(self, w: int, fut: Future[dict[tuple[int, int], np.ndarray]]) -> None:
+        try:
+            fut.set_result(self._fetch(self._members[w]))
+        except BaseException as exc:
+            fut.set_exception(exc)
+            with self._lock:
+                if self._cache.get(w) is fut:
+                    del self._cache[w]  # read again by the next step that asks
+
+
+class _WindowRows:
+    """(row, component) -> array, looked up in the row's window: a step touching hundreds of windows
+    (a block shuffle) copies none of their other rows."""
+
+    def __init__(self, windows: dict[int, dict[tuple[int, int], np.ndarray]], row_window: list[int]) -> None:
+        self._windows, self._row_window = windows, row_window
+
+    def __getitem__(self, key: tuple[int, int]) -> np.ndarray:
+        return self._windows[self._row_window[key[0]]][key]
 
 
 def _last_steps(window: np.ndarray | None, step_rows: Any, steps: int) -> dict[int, int]:
