@@ -30,6 +30,8 @@ Generated from the op registry (`feedfast/ops/registry.py`) by
 | `batch.last_batch` | {last} | `partial` |
 | `shuffle.buffer` | an integer >= 0 (samples) | `0` |
 | `shuffle.shards` | true or false | `false` |
+| `shuffle.block` | an integer >= 1 (samples; remote shards, shuffled: each window spread over about this many, held in memory) | `16384` |
+| `shuffle.window` | an integer from 1 to `shuffle.block` (consecutive samples of a shard read in one request) | `32` |
 | `device` | {devices} | `auto` |
 | `seed` | an integer | `0` |
 | `decoder.KEY` | see [Decoder](#decoder-gpu) | NVIDIA's ImageNet values |
