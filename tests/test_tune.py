@@ -51,9 +51,10 @@ def _same(a: list[tuple[torch.Tensor, list[tuple[str, str]]]], b: list[tuple[tor
 
 
 def _obs(period_ms: float, wait_ms: float, *, loop_cpu_ms: float = 0.0, runqueue_ms: float = 0.0,
-         process_cpu_ms: float = 0.0) -> Observation:
+         process_cpu_ms: float = 0.0, loader_cpu_ms: float | None = None) -> Observation:
     return Observation(period=period_ms / 1e3, step=(period_ms - wait_ms) / 1e3, wait=wait_ms / 1e3,
-                       loop_cpu=loop_cpu_ms / 1e3, runqueue=runqueue_ms / 1e3, process_cpu=process_cpu_ms / 1e3)
+                       loop_cpu=loop_cpu_ms / 1e3, runqueue=runqueue_ms / 1e3, process_cpu=process_cpu_ms / 1e3,
+                       loader_cpu=None if loader_cpu_ms is None else loader_cpu_ms / 1e3)
 
 
 # -- the cost model and the search, on measurements given to them ---------------------------------------
@@ -66,6 +67,18 @@ def test_model_predicts_more_threads_help_a_loader_bound_loop_up_to_the_cores() 
     assert model.predict(2, 2) == pytest.approx(0.050, rel=0.01)
     assert model.predict(4, 2) < model.predict(3, 2) < model.predict(2, 2)
     assert model.predict(8, 2) == model.predict(4, 2)  # no more cores to run them
+
+
+def test_the_step_cpu_counts_its_math_threads_where_the_loader_counts_its_own() -> None:
+    # 100 ms period: the loop thread used 10 ms, torch's math threads 50 ms, the loader's pool 60 ms
+    counted = _obs(100, 0, loop_cpu_ms=10, process_cpu_ms=120, loader_cpu_ms=60)
+    assert counted.loader == pytest.approx(0.060) and counted.step_cpu == pytest.approx(0.060)
+    uncounted = _obs(100, 0, loop_cpu_ms=10, process_cpu_ms=120)  # a backend without a counting pool
+    assert uncounted.loader == pytest.approx(0.110) and uncounted.step_cpu == pytest.approx(0.010)
+    # on 2 cores the step takes 0.6 of one: the loader's threads have 1.4 cores, not 2
+    model = CostModel(Knobs(2, 2), Figures.of([_obs(100, 50, loop_cpu_ms=10, process_cpu_ms=180,
+                                                    loader_cpu_ms=120)] * 3), cores=2)
+    assert model.cpu_bound and model.predict(3, 2) == model.predict(2, 2)
 
 
 def test_model_predicts_fewer_threads_help_a_step_that_waits_for_cores() -> None:
@@ -152,6 +165,7 @@ def test_threads_and_batches_ahead_changed_mid_epoch_give_the_same_batches(many:
         got.append((b.fields["image"].clone(), b.origins))
         knobs.set(*settings[i % len(settings)])
     _same(want, got)
+    assert knobs.counted and knobs.cpu > 0  # the pool's threads counted the CPU of their jobs
 
 
 # -- the loader ---------------------------------------------------------------------------------------------
@@ -224,3 +238,17 @@ def test_tuning_settings_do_not_change_what_a_state_resumes(many: list[str]) -> 
     a = feedfast.DataLoader(_spec(), shards=many, device="cpu")
     b = feedfast.DataLoader(_spec(tune={"enabled": True}, loader={"prefetch": 4}), shards=many, device="cpu")
     assert a.state_dict()["spec"] == b.state_dict()["spec"]
+
+
+def test_a_gain_within_the_noise_is_not_taken() -> None:
+    knobs = Knobs(1, 2, max_threads=2)  # one candidate: two threads
+    tuner = Tuner(knobs, cores=4, budget=20)
+    tuner.feed(None)
+    for period in (100, 140, 70):  # the default's periods swing by 70 %
+        tuner.feed(_obs(period, period - 5, loop_cpu_ms=2, process_cpu_ms=102))
+    assert knobs.threads == 2  # the model predicts a second thread halves the period: tried
+    tuner.feed(_obs(60, 55, loop_cpu_ms=2, process_cpu_ms=102))  # the settling batch, not measured
+    for period in (80, 85, 82):  # 18 % faster than the median 100: less than half the default's spread
+        tuner.feed(_obs(period, period - 5, loop_cpu_ms=2, process_cpu_ms=102))
+    assert tuner.done and knobs.threads == 1 and "kept" in tuner.reason
+    assert tuner.report()["trials"][0]["spread"] == pytest.approx(0.7)

@@ -9,6 +9,7 @@ nothing made twice. Neither changes the data: each sample's augmentation is draw
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -19,14 +20,19 @@ class Knobs:
     """Live settings: ``threads`` decoding at once and ``prefetch`` batches made ahead.
 
     ``max_threads`` and ``max_prefetch`` bound what a tuner may set (the pool and the buffers
-    are sized for them when an epoch starts).
+    are sized for them when an epoch starts). ``cpu`` counts the CPU seconds the pool's threads
+    spent on jobs (``counted`` once a :class:`LivePool` runs): the tuner's figure of the
+    loader's own CPU, where the process's total would also count the training step's threads.
     """
 
     threads: int
     prefetch: int
     max_threads: int = 0
     max_prefetch: int = 0
+    cpu: float = 0.0
+    counted: bool = False
     _changed: threading.Condition = field(default_factory=threading.Condition, repr=False, compare=False)
+    _cpu_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.max_threads = max(self.max_threads, self.threads)
@@ -40,6 +46,11 @@ class Knobs:
             if prefetch is not None:
                 self.prefetch = max(1, min(prefetch, self.max_prefetch))
             self._changed.notify_all()
+
+    def count_cpu(self, seconds: float) -> None:
+        """Add CPU seconds a loader thread spent on a job."""
+        with self._cpu_lock:
+            self.cpu += seconds
 
     def as_dict(self) -> dict[str, Any]:
         """``threads`` and ``prefetch``, as a state or a report carries them."""
@@ -56,6 +67,7 @@ class LivePool:
 
     def __init__(self, knobs: Knobs, name: str) -> None:
         self.knobs = knobs
+        knobs.counted = True
         self._jobs: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
         self._closed = False
         self._threads = [threading.Thread(target=self._work, args=(i,), name=f"{name}_{i}", daemon=True)
@@ -78,7 +90,9 @@ class LivePool:
                 if self._closed:
                     return
                 fn, args = self._jobs.popleft()
+            started = time.thread_time()
             fn(*args)
+            self.knobs.count_cpu(time.thread_time() - started)
 
     def shutdown(self) -> None:
         """Drop the jobs not started, and wait for the running ones."""

@@ -8,19 +8,22 @@ How it searches, in the spirit of Plumber's operational analysis (Kuchnik et al.
 
 1. **Measure** the default configuration for a few batches. Per batch: the period ``T``, the
    time the loop spent in its own step ``C`` and waiting for data ``W`` (``T = C + W``), the
-   CPU the loop's thread used ``U``, the time that thread waited for a free core ``R`` (Linux's
-   run-queue delay, ``/proc/thread-self/schedstat``), and the process's CPU ``P``. The loader's
-   own CPU per batch is ``D = P - U``.
+   time the loop's thread waited for a free core ``R`` (Linux's run-queue delay,
+   ``/proc/thread-self/schedstat``), the loader's CPU ``D`` (its pool's threads count the CPU
+   time of their jobs; where a backend has no such pool, the process's CPU less the loop
+   thread's) and the step's CPU ``S`` (the loop thread's, plus the rest of the process beside
+   the loader: torch's math threads).
 2. **Model** each configuration's period from those figures (:class:`CostModel`): the loader
    makes a batch every ``L(n) = D / min(n, K - u)`` seconds with ``n`` threads on ``K`` cores
-   of which the loop's thread takes ``u = U / T`` (calibrated on the measured period where
-   the loop waited), and the loop's step stretches by its run-queue wait, which shrinks in
+   of which the step takes ``u = S / T`` (calibrated on the measured period where the loop
+   waited), and the loop's step stretches by its run-queue wait, which shrinks in
    proportion as fewer threads compete for the cores: ``C(n) = C - R + R * min(n, K) /
    min(n0, K)``. Predicted ``T(n) = max(C(n), L(n))``. Where the loop waited but the loader's
    CPU does not explain the wait (``L(n0)`` under 0.6 of the period), the waits come from
    jitter or read latency, and more batches ahead are predicted to absorb them.
 3. **Try** the configuration the model ranks best, if it predicts a gain of at least 3 %;
-   keep it only if its measured period beats the best so far by 3 %; re-fit the model and try
+   keep it only if its measured period beats the best so far by 3 % and by half the spread of
+   either's measured periods (a shared machine's noise must not pick it); re-fit the model and try
    the next while the budget (a share of the first epoch) lasts. Then settle on the best.
 
 Every change is live (:mod:`feedfast.loader.knobs`): nothing restarts and no batch is made
@@ -57,22 +60,24 @@ def _runqueue_s() -> float:
 
 @dataclass(frozen=True)
 class Mark:
-    """Clocks read on the loop's thread at one point."""
+    """Clocks read on the loop's thread at one point (``loader_cpu``: the pool's count, None where uncounted)."""
 
     wall: float
     thread_cpu: float
     process_cpu: float
     runqueue: float
+    loader_cpu: float | None = None
 
     @staticmethod
-    def now() -> "Mark":
-        return Mark(time.perf_counter(), time.thread_time(), time.process_time(), _runqueue_s())
+    def now(knobs: Knobs | None = None) -> "Mark":
+        counted = knobs.cpu if knobs is not None and knobs.counted else None
+        return Mark(time.perf_counter(), time.thread_time(), time.process_time(), _runqueue_s(), counted)
 
 
 @dataclass(frozen=True)
 class Observation:
     """One batch of the loop, in seconds: its period, step, wait, the loop thread's CPU and run-queue wait,
-    and the process's CPU over the period."""
+    the process's CPU over the period, and the loader threads' (None where not counted)."""
 
     period: float
     step: float
@@ -80,13 +85,26 @@ class Observation:
     loop_cpu: float
     runqueue: float
     process_cpu: float
+    loader_cpu: float | None = None
 
     @staticmethod
     def between(handed: Mark, asked: Mark, got: Mark) -> "Observation":
         """The batch asked for at ``asked`` and handed over at ``got``, the previous one handed at ``handed``."""
+        loader = None if got.loader_cpu is None or handed.loader_cpu is None else \
+            max(0.0, got.loader_cpu - handed.loader_cpu)
         return Observation(period=got.wall - handed.wall, step=asked.wall - handed.wall, wait=got.wall - asked.wall,
                            loop_cpu=asked.thread_cpu - handed.thread_cpu, runqueue=asked.runqueue - handed.runqueue,
-                           process_cpu=got.process_cpu - handed.process_cpu)
+                           process_cpu=got.process_cpu - handed.process_cpu, loader_cpu=loader)
+
+    @property
+    def loader(self) -> float:
+        """The loader's CPU: its threads' count, else the process's CPU less the loop thread's."""
+        return self.loader_cpu if self.loader_cpu is not None else max(0.0, self.process_cpu - self.loop_cpu)
+
+    @property
+    def step_cpu(self) -> float:
+        """The step's CPU: the loop thread's and the rest of the process's beside the loader (its math threads)."""
+        return self.loop_cpu + max(0.0, self.process_cpu - self.loop_cpu - self.loader)
 
 
 def _median(values: list[float]) -> float:
@@ -100,16 +118,15 @@ class Figures:
     period: float
     step: float
     wait: float
-    loop_cpu: float
+    step_cpu: float
     runqueue: float
     loader_cpu: float
 
     @staticmethod
     def of(obs: list[Observation]) -> "Figures":
         return Figures(period=_median([o.period for o in obs]), step=_median([o.step for o in obs]),
-                       wait=_median([o.wait for o in obs]), loop_cpu=_median([o.loop_cpu for o in obs]),
-                       runqueue=_median([o.runqueue for o in obs]),
-                       loader_cpu=max(0.0, _median([o.process_cpu - o.loop_cpu for o in obs])))
+                       wait=_median([o.wait for o in obs]), step_cpu=_median([o.step_cpu for o in obs]),
+                       runqueue=_median([o.runqueue for o in obs]), loader_cpu=_median([o.loader for o in obs]))
 
 
 @dataclass(frozen=True)
@@ -121,7 +138,7 @@ class CostModel:
     cores: int
 
     def _capacity(self, threads: int) -> float:
-        share = self.figures.loop_cpu / self.figures.period if self.figures.period > 0 else 0.0
+        share = self.figures.step_cpu / self.figures.period if self.figures.period > 0 else 0.0
         return max(0.5, min(float(threads), self.cores - share))
 
     @property
@@ -170,13 +187,26 @@ class Trial:
     def figures(self) -> Figures:
         return Figures.of(self.observations)
 
+    @property
+    def spread(self) -> float:
+        """The measured periods' range over their median (0 for fewer than two)."""
+        periods = [o.period for o in self.observations]
+        return (max(periods) - min(periods)) / _median(periods) if len(periods) > 1 and _median(periods) > 0 else 0.0
+
+    def beats(self, other: "Trial") -> bool:
+        """Whether this trial's median period is shorter than ``other``'s by the margin and by half of either's
+        spread (noise on a shared machine must not pick a setting)."""
+        needed = max(MARGIN, self.spread / 2, other.spread / 2)
+        return bool(self.observations) and self.figures.period < other.figures.period * (1 - needed)
+
     def row(self) -> dict[str, Any]:
         f = self.figures
         return {"threads": self.threads, "prefetch": self.prefetch, "batches": len(self.observations),
                 "predicted_ms": None if self.predicted_ms is None else round(self.predicted_ms, 2),
                 "period_ms": round(f.period * 1e3, 2), "step_ms": round(f.step * 1e3, 2),
-                "wait_ms": round(f.wait * 1e3, 2), "loop_cpu_ms": round(f.loop_cpu * 1e3, 2),
-                "runqueue_ms": round(f.runqueue * 1e3, 2), "loader_cpu_ms": round(f.loader_cpu * 1e3, 2)}
+                "wait_ms": round(f.wait * 1e3, 2), "step_cpu_ms": round(f.step_cpu * 1e3, 2),
+                "runqueue_ms": round(f.runqueue * 1e3, 2), "loader_cpu_ms": round(f.loader_cpu * 1e3, 2),
+                "spread": round(self.spread, 3)}
 
 
 class Tuner:
@@ -206,12 +236,12 @@ class Tuner:
 
     def asked(self) -> Mark:
         """Called when the loop asks for a batch; returns the mark to pass to :meth:`got`."""
-        return Mark.now()
+        return Mark.now(self.knobs)
 
     def got(self, asked: Mark, fresh: bool = False) -> None:
         """Called when the batch asked for at ``asked`` is handed over; ``fresh``: the first of an iteration
         (its step spans the loop's work between epochs and is not measured)."""
-        now = Mark.now()
+        now = Mark.now(self.knobs)
         handed, self._handed = self._handed, now
         self.feed(None if handed is None or fresh else Observation.between(handed, asked, now))
 
@@ -255,7 +285,7 @@ class Tuner:
 
     def _next_trial(self) -> None:
         last = self.trials[-1]
-        if last is not self.best and last.figures.period < self.best.figures.period * (1 - MARGIN):
+        if last is not self.best and last.beats(self.best):
             self.best = last
         self.model = CostModel(Knobs(self.best.threads, self.best.prefetch), self.best.figures, self.cores)
         best_period = self.best.figures.period
@@ -278,8 +308,7 @@ class Tuner:
 
     def _finish(self, why: str) -> None:
         last = self.trials[-1]
-        if last is not self.best and last.observations and \
-                last.figures.period < self.best.figures.period * (1 - MARGIN):
+        if last is not self.best and last.beats(self.best):
             self.best = last
         self.knobs.set(threads=self.best.threads, prefetch=self.best.prefetch)
         kept = "kept" if self.best is self.trials[0] else "chosen"
