@@ -62,7 +62,7 @@ def bench_sets(args: argparse.Namespace) -> dict[str, BenchSet]:
                              {f"{THREADS} / {HAND}": 1.2, f"{THREADS} / {BEST_PEER}": 2.0,
                               f"{THREADS} / decode-only ceiling": 0.6}),
         "highres": BenchSet("highres", (THREADS, "feedfast DALI CPU", HAND, TORCH, SPDL), args.highres_batch_size,
-                            args.highres_batches, 1, {f"{THREADS} / {TORCH}": 5.0}),
+                            args.highres_batches, args.highres_warmup, {f"{THREADS} / {TORCH}": 5.0}),
         "synthetic": BenchSet("synthetic", every, args.batch_size, args.batches, args.warmup, {}),
     }
 
@@ -259,8 +259,8 @@ def report(summary: dict) -> None:
         spread = summary["ratio_spreads"].get(name)
         if spread:
             wall, cpu = spread["wall"], spread["per_core"]
-            print(f"  {'':<60} rounds: wall {wall['low']:.2f}-{wall['high']:.2f} "
-                  f"(IQR {wall['q1']:.2f}-{wall['q3']:.2f}), per core {cpu['low']:.2f}-{cpu['high']:.2f}")
+            print(f"  {'':<60} per round: wall median {wall['median']:.2f}x, {wall['low']:.2f}-{wall['high']:.2f} "
+                  f"(IQR {wall['q1']:.2f}-{wall['q3']:.2f}); per core {cpu['low']:.2f}-{cpu['high']:.2f}")
 
 
 def main() -> None:
@@ -273,7 +273,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--highres-batch-size", type=int, default=16)
-    ap.add_argument("--highres-batches", type=int, default=4)
+    ap.add_argument("--highres-batches", type=int, default=8)
+    ap.add_argument("--highres-warmup", type=int, default=2)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--rows", type=lambda text: text.split(","), default=None,
                     help=f"comma-separated row names to run (default all): {', '.join([*ROWS, STOCK])}")

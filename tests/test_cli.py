@@ -254,11 +254,13 @@ def test_compare_rows_print_the_median_ratio_and_its_spread(capsys: pytest.Captu
                 "settle_s_per_round": [0.5] * len(rates)}
 
     base = Contender("torch", iter(()), 0.0, lambda: None, recipe="torchvision")
-    runs = {"feedfast": figs([300.0, 200.0, 100.0, 400.0]), "torch": figs([100.0, 100.0, 100.0, 100.0])}
+    runs = {"feedfast": figs([300.0, 200.0, 100.0, 400.0]), "torch": {**figs([100.0] * 4), "cpu_util": 45.0}}
     c = compare_figures(base, runs, step=False)
     assert c["ratio"] == 2.5 and c["order"][1] == ["torch", "feedfast"]
     rows = dict(_compare_rows(c))
     assert rows["ratio feedfast/torch"] == "2.50x (min 1.00, max 4.00; IQR 1.75-3.25; 4 rounds)"
     assert rows["round order"] == "feedfast first in rounds 1, 3; torch first in rounds 2, 4"
     assert rows["torch samples/s"] == "100.0 (median of 4 rounds)"
-    assert rows["torch CPU / peak RSS"].startswith("90 % / 700 MB")
+    assert rows["torch CPU / peak RSS"].startswith("45 % / 700 MB")
+    # 16 samples in 1 s each, feedfast at 90 % of the machine's cores and torch at 45 %: half torch's per CPU second
+    assert c["ratio_per_cpu_s"] == pytest.approx(0.5) and rows["ratio per CPU second"].startswith("0.50x (feedfast ")
