@@ -79,6 +79,24 @@ def test_raise_names_shard_key_and_reason(tmp_path: Path, bad: str) -> None:
     assert "Critical error" not in info.value.reason  # the decoder's own reason, not DALI's wrapper
 
 
+def test_after_an_error_mid_epoch_the_next_loader_checks_as_usual(tmp_path: Path) -> None:
+    """DALI fails the truncated JPEG mid-epoch and PIL cannot decode it either: a SampleError naming it. The check pool
+    that found it is free again at once, while the error (and its traceback) is still held."""
+    import threading
+
+    shard = str(write_hostile(tmp_path, ["jpeg", "jpeg_truncated"]))
+    with pytest.raises(SampleError) as info:
+        _epoch(feedfast.DataLoader(_spec("raise"), shards=shard, batch_size=2, num_workers=1, backend="dali"))
+    assert info.value.key == "jpeg_truncated" and "truncated" in info.value.reason
+    good = str(write_hostile(tmp_path / "good", ["jpeg", "png16"]))
+    done: list[list[str]] = []
+    worker = threading.Thread(daemon=True, target=lambda: done.append(sorted(_epoch(feedfast.DataLoader(
+        _spec("skip"), shards=good, batch_size=2, num_workers=1, backend="dali")))))
+    worker.start()
+    worker.join(120)
+    assert done == [["jpeg", "png16"]], "the check pool stayed locked after the error"
+
+
 def test_raise_under_the_pil_backend_names_shard_and_key(tmp_path: Path) -> None:
     shard = str(write_hostile(tmp_path, ["jpeg", "jpeg_truncated", "png16"]))
     with pytest.raises(FeedfastError) as info:

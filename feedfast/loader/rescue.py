@@ -120,8 +120,9 @@ def examine(stream: StreamEpoch, steps: range, components: list[int], patches: P
                 continue
             seen.add(where)
             jobs += [(where, c, arrays[c][i].tobytes()) for c in components]
-    answers = pool().map((("rescue", data, max_pixels) for _, _, data in jobs),
-                         labels=(f"{s!r}, sample {k!r}" for (s, k), _, _ in jobs), seconds=seconds)
+    # every answer first: the pool stays locked until its map ends, and an error below must not leave it so
+    answers = list(pool().map((("rescue", data, max_pixels) for _, _, data in jobs),
+                              labels=(f"{s!r}, sample {k!r}" for (s, k), _, _ in jobs), seconds=seconds))
     found: list[Where] = []
     for (where, c, _), answer in zip(jobs, answers):
         if isinstance(answer, Failed):
