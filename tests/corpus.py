@@ -24,7 +24,8 @@ def _enc(img: Image.Image, fmt: str, **kw: object) -> bytes:
     return b.getvalue()
 
 
-def _photo(seed: int, w: int = 50, h: int = 40) -> Image.Image:
+def photo(seed: int, w: int = 50, h: int = 40) -> Image.Image:
+    """A small RGB picture: gradients plus noise (JPEG artefacts and resize errors show on it)."""
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:h, 0:w]
     base = np.stack([x * 255 / w, y * 255 / h, (x + y) * 127 / (w + h)], -1)
@@ -33,21 +34,21 @@ def _photo(seed: int, w: int = 50, h: int = 40) -> Image.Image:
 
 def corpus_members() -> list[tuple[str, bytes]]:
     """(member name, bytes) in tar order; labels are the sample's position."""
-    rgb = _photo(0)
+    rgb = photo(0)
     good = _enc(rgb, "JPEG", quality=90)
     images = {
         "ok1": good, "cmyk": _enc(rgb.convert("CMYK"), "JPEG"), "gray": _enc(rgb.convert("L"), "JPEG"),
         "png": _enc(rgb, "PNG"), "png16": _enc(Image.fromarray(np.asarray(rgb.convert("L")).astype("uint16") * 257), "PNG"),
         "pnga": _enc(rgb.convert("RGBA"), "PNG"), "gif": _enc(rgb.convert("P"), "GIF"),
         "trunc": good[: len(good) // 2], "garbage": b"<html>404 not found</html>", "zero": b"",
-        "bomb": _enc(Image.new("L", (3000, 3000)), "PNG"), "ok2": _enc(_photo(1), "JPEG"),
+        "bomb": _enc(Image.new("L", (3000, 3000)), "PNG"), "ok2": _enc(photo(1), "JPEG"),
     }
     members: list[tuple[str, bytes]] = []
     for i, (key, data) in enumerate(images.items()):
         members += [(f"{key}.jpg", data), (f"{key}.cls", str(i).encode())]
     members += [("nolabel.jpg", good)]  # a missing component
     members += [("extra.jpg", good), ("extra.cls", b"20"), ("extra.txt", b"an unknown component")]
-    members += [("ok3.jpg", _enc(_photo(2), "JPEG")), ("ok3.cls", b"21")]
+    members += [("ok3.jpg", _enc(photo(2), "JPEG")), ("ok3.cls", b"21")]
     return members
 
 
@@ -147,14 +148,14 @@ def deflate_tiff(img: Image.Image) -> bytes:
 
 
 def _animated_gif(seed: int) -> bytes:
-    frames = [_photo(seed + i).convert("P") for i in range(3)]
+    frames = [photo(seed + i).convert("P") for i in range(3)]
     b = io.BytesIO()
     frames[0].save(b, "GIF", save_all=True, append_images=frames[1:], duration=50, loop=0)
     return b.getvalue()
 
 
 def _multipage_tiff(seed: int) -> bytes:
-    frames = [_photo(seed + i) for i in range(2)]
+    frames = [photo(seed + i) for i in range(2)]
     b = io.BytesIO()
     frames[0].save(b, "TIFF", save_all=True, append_images=frames[1:])
     return b.getvalue()
@@ -187,7 +188,7 @@ def hostile_images() -> Mapping[str, tuple[bytes, str]]:
 
     Every file is stored as ``<key>.jpg`` whatever its format, as a crawl stores it.
     """
-    rgb = _photo(7, 64, 48)
+    rgb = photo(7, 64, 48)
     jpeg = _enc(rgb, "JPEG", quality=90)
     delivered = {
         "jpeg": jpeg, "jpeg_cmyk": _enc(rgb.convert("CMYK"), "JPEG"), "jpeg_gray": _enc(rgb.convert("L"), "JPEG"),

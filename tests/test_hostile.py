@@ -131,6 +131,8 @@ def test_dali_rescues_files_its_decoder_rejects_in_place_and_a_state_resumes(
     rescued = [r.getMessage() for r in caplog.records if "re-encoded as PNG" in r.getMessage()]
     assert len(rescued) == 2 and "png_bad_crc" in rescued[0] and "CRC error" in rescued[0], rescued
     assert "jpeg_junk_segment" in rescued[1] and "Invalid marker" in rescued[1], rescued
+    assert [(shard_, key) for shard_, key, _ in loader.source.rescued()] == [(shard, "png_bad_crc"),  # type: ignore[attr-defined]
+                                                                         (shard, "jpeg_junk_segment")]
     for taken in (1, 2):
         first = make()
         batches = iter(first)
@@ -229,7 +231,7 @@ def test_pixels_of_formats_one_decoder_lacks_match_the_source(tmp_path: Path, ba
     """A deflate TIFF (DALI only, when PIL lacks libtiff), a PSD and a 16-bit PNG arrive with their pixels."""
     import numpy as np
 
-    from tests.corpus import _photo
+    from tests.corpus import photo
 
     keys = ["tiff_deflate", "psd", "tga", "jpeg"]
     shard = str(write_hostile(tmp_path, keys))
@@ -239,7 +241,7 @@ def test_pixels_of_formats_one_decoder_lacks_match_the_source(tmp_path: Path, ba
     loader = feedfast.DataLoader(spec, shards=shard, backend=backend, num_workers=0 if backend == "pil" else None)
     got = _epoch(loader)
     assert sorted(got) == sorted(keys)
-    source = np.asarray(_photo(7, 64, 48)).astype(int)
+    source = np.asarray(photo(7, 64, 48)).astype(int)
     for key in ("tiff_deflate", "psd", "tga"):  # lossless formats: exact, or within a resize's rounding
         assert np.abs(got[key].numpy().astype(int) - source).max() <= 1, key
     assert np.abs(got["jpeg"].numpy().astype(int) - source).mean() < 12  # lossy (the source is noisy)

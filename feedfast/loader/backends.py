@@ -139,6 +139,10 @@ class DaliSource:
         self.pipe = self._build(epoch, ep, step, None, first_step=step)
         return self.pipe
 
+    def rescued(self) -> list[tuple[str, str, str]]:
+        """(shard, key, reason) of every image rescued so far: delivered as PNG in place (see :mod:`.rescue`)."""
+        return [(shard, key, reason) for (shard, key), reason in self.patches.reasons.items()]
+
     def _stream(self, epoch: int, ep: EpochPlan) -> StreamEpoch:
         return rescue.epoch_stream(self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world,
                                    batch_size=self.batch_size, seed=self.seed, epoch=epoch)
