@@ -35,6 +35,7 @@ warnings of the training loop's own thread are left alone).
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import traceback
@@ -186,6 +187,22 @@ def _identity(item: Any) -> Any:
     return item
 
 
+def _start_workers(loader: torch.utils.data.DataLoader) -> Iterator[Any]:  # type: ignore[type-arg]
+    """``iter(loader)``, which forks its worker processes, with this process's objects frozen for the cyclic GC.
+
+    Objects that are garbage here but not yet collected (a dropped DataLoader of the DALI backend,
+    say) would otherwise be collected in a worker, and a DALI pipeline's destructor in a forked
+    child waits forever on threads that did not fork with it (seen: a worker hung in
+    ``Executor2::~Impl``). Frozen objects are never collected in the children; here they are
+    unfrozen as soon as the workers run.
+    """
+    gc.freeze()
+    try:
+        return iter(loader)
+    finally:
+        gc.unfreeze()
+
+
 def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
                   workers: int, seed: int, epoch: int, start: int = 0, prefetch_factor: int = 2) -> Iterator[Batch]:
     """Yield this rank's batches of the epoch from step ``start`` on, computed with PIL.
@@ -214,7 +231,7 @@ def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
         data, batch_size=None, shuffle=False, num_workers=workers, collate_fn=_identity,
         prefetch_factor=prefetch_factor if workers > 0 else None,
     )
-    batches = iter(loader)
+    batches = _start_workers(loader)
     try:
         for item in batches:
             if isinstance(item, _Failure):
