@@ -36,6 +36,7 @@ import numpy as np
 
 from feedfast.compile.plan import Plan
 from feedfast.errors import SampleError
+from feedfast.loader.diagnose import HINT
 from feedfast.sources.assign import EpochPlan
 from feedfast.sources.checkworker import Failed, pool
 from feedfast.sources.dataset import ShardSet
@@ -125,13 +126,12 @@ def examine(stream: StreamEpoch, steps: range, components: list[int], patches: P
                               labels=(f"{s!r}, sample {k!r}" for (s, k), _, _ in jobs), seconds=seconds))
     found: list[Where] = []
     for (where, c, _), answer in zip(jobs, answers):
-        if isinstance(answer, Failed):
-            raise SampleError("DALI could not decode a sample", shard=where[0], key=where[1], reason=answer.reason)
         if isinstance(answer, Rescued):
             patches.add(where, c, answer)
             found.append(where)
-        elif answer.status == "bad":
-            raise SampleError("DALI could not decode a sample", shard=where[0], key=where[1], reason=answer.reason)
+        elif isinstance(answer, Failed) or answer.status == "bad":
+            raise SampleError("DALI could not decode a sample", shard=where[0], key=where[1],
+                              reason=f"{answer.reason}; {HINT}")
     return list(dict.fromkeys(found))
 
 
