@@ -165,20 +165,20 @@ def test_check_seconds_is_a_spec_setting() -> None:
 
 
 def test_a_check_over_the_spec_limit_leaves_the_file_out_under_skip(tmp_path: Path) -> None:
-    """A 3000x3000 uncompressed PNG takes longer than 0.25 s to check (about 0.6 s here): under skip it is left out and
-    reported as such, and the epoch goes on."""
+    """A 4000x4000 uncompressed PNG takes longer than 0.3 s to check (over a second here; a 64x48 JPEG, 5 ms): under skip it
+    is left out and reported as such, and the epoch goes on."""
     from tests.corpus import noisy_png, write_tar
 
     images = hostile_images()
     shard = str(write_tar(tmp_path / "slow-0000.tar", [("jpeg.jpg", images["jpeg"][0]), ("jpeg.cls", b"0"),
-                                                       ("slow.jpg", noisy_png(3000, 2)), ("slow.cls", b"1")]))
+                                                       ("slow.jpg", noisy_png(4000, 2)), ("slow.cls", b"1")]))
     spec = _spec("skip")
-    spec["source"]["check_seconds"] = 0.25
+    spec["source"]["check_seconds"] = 0.3
     t0 = time.monotonic()
     loader = feedfast.DataLoader(spec, shards=shard, batch_size=2, num_workers=1, max_pixels=10**8)
     assert sorted(_epoch(loader)) == ["jpeg"] and time.monotonic() - t0 < 30
     (report,) = loader.skipped_samples()
-    assert report["key"] == "slow" and "longer than 0.25 s" in report["reason"]
+    assert report["key"] == "slow" and "longer than 0.3 s" in report["reason"]
 
 
 def test_a_slow_check_is_cut_off_and_reported() -> None:
