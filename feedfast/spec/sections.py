@@ -85,7 +85,8 @@ def parse_check_seconds(v: Any, file: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
         raise SpecError("bad value for `check_seconds`", file=file, key="source.check_seconds", value=value,
                         allowed=f"a number of seconds from {lo:g} to {hi:g}",
-                        fix=f"the default is {m.CHECK_SECONDS:g}; raise it for images of hundreds of megapixels")
+                        fix=f"the default is {m.CHECK_SECONDS:g}; raise it when large images (tens of megapixels) are "
+                            "reported as taking longer to check")
     return float(value)
 
 
