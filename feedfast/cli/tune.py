@@ -4,7 +4,7 @@ For each candidate that applies (on the CPU: the threaded path and DALI; with CU
 placed on the GPU, with the hardware JPEG decoder's share at 0, NVIDIA's 0.65 and 1; over
 remote shards DALI only), a ``DataLoader(tune=True)`` feeds a loop whose step is simulated:
 ``--step-ms N`` sleeps N ms per batch (a GPU step: the host idles), ``--model small-cnn``
-trains a small CNN on the CPU (a step that needs the cores too). Once the search has decided,
+trains a small CNN on the CPU on the loop's thread (a step that needs a core too). Once the search has decided,
 ``--confirm`` more batches measure the decision's period. The candidate with the shortest
 period wins; its settings print as spec keys: a ``loader:`` section (:mod:`feedfast.spec.runtime`),
 and ``device`` and ``decoder.hw_decoder_load`` where it is a GPU placement.
@@ -66,6 +66,7 @@ def _step(args: argparse.Namespace) -> Callable[[Any], None]:
         torch.nn.Conv2d(8, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
         torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 1000))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    torch.set_num_threads(1)  # the step's work on the loop's thread, as a GPU loop's thread launching kernels
 
     def train(batch: Any) -> None:
         x, y = batch[0], batch[1]
@@ -73,7 +74,7 @@ def _step(args: argparse.Namespace) -> Callable[[Any], None]:
             raise UserError("--model small-cnn needs a spec whose first output is a batch of CHW images "
                             "and second the labels; use --step-ms for others")
         opt.zero_grad()
-        x = x[:, :, ::2, ::2].to("cpu", torch.float32).contiguous()
+        x = x.to("cpu", torch.float32)
         torch.nn.functional.cross_entropy(model(x), y.to("cpu").long().remainder(1000)).backward()
         opt.step()
     return train
