@@ -138,14 +138,14 @@ def report_training(ctx: Context, sec: Section, run: TrainRun, feed: str) -> Non
         raise CheckFailed(f"the loss is {run.loss}")
 
 
-def train_on_feedfast(ctx: Context, sec: Section, placement: str, device: str) -> None:
-    """The training loop fed by ``feedfast.DataLoader`` with this placement and delivery device."""
+def train_on_feedfast(ctx: Context, sec: Section, placement: str, device: str, tune: bool = False) -> None:
+    """The training loop fed by ``feedfast.DataLoader`` with this placement and delivery device (and tuning)."""
     import feedfast
 
     trainee = prepare(ctx)
     started = time.perf_counter()
     loader = feedfast.DataLoader(SPEC, shards=need_shards(ctx), batch_size=ctx.sizes.batch, placement=placement,
-                                 device=device, overrides=ctx.overrides)
+                                 device=device, overrides=ctx.overrides, tune=tune)
     batches = forever(loader)
     try:
         run = train(ctx, trainee, checked(batches, device), started)
@@ -154,7 +154,13 @@ def train_on_feedfast(ctx: Context, sec: Section, placement: str, device: str) -
         loader.close()
     if loader.plan.placement != placement:
         raise CheckFailed(f"asked for placement {placement!r}, the plan is {loader.plan.placement!r}")
-    report_training(ctx, sec, run, f"feedfast {placement}-placed -> {device}, {loader.threads} threads")
+    feed = f"feedfast {placement}-placed -> {device}, {loader.threads} threads"
+    if tune:
+        tuning = sec.data["tuning"] = loader.tuning()
+        decision = tuning["decision"]
+        feed = (f"feedfast {placement}-placed -> {device}, tune=True ({tuning['state']}: threads {decision['threads']}, "
+                f"prefetch {decision['prefetch']}; {tuning['reason'] or 'no decision yet'})")
+    report_training(ctx, sec, run, feed)
 
 
 def checked(batches: Iterator[Any], device: str) -> Generator[Any, None, None]:
@@ -179,24 +185,7 @@ def train_feedfast_cpu_section(ctx: Context, sec: Section) -> None:
 def train_tuned_section(ctx: Context, sec: Section) -> None:
     """(d) feedfast CPU-placed with ``tune=True``: the search runs in the first batches of this loop (issue 16);
     the decision, its reasons and the trials are recorded beside the rate."""
-    import feedfast
-
-    device = "cuda" if ctx.cuda else "cpu"
-    trainee = prepare(ctx)
-    started = time.perf_counter()
-    loader = feedfast.DataLoader(SPEC, shards=need_shards(ctx), batch_size=ctx.sizes.batch, placement="cpu",
-                                 device=device, overrides=ctx.overrides, tune=True)
-    batches = forever(loader)
-    try:
-        run = train(ctx, trainee, checked(batches, device), started)
-    finally:
-        batches.close()
-        loader.close()
-    tuning = loader.tuning()
-    sec.data["tuning"] = tuning
-    decision = tuning["decision"]
-    report_training(ctx, sec, run, f"feedfast CPU-placed -> {device}, tune=True ({tuning['state']}: threads "
-                                   f"{decision['threads']}, prefetch {decision['prefetch']}; {tuning['reason'] or 'no decision yet'})")
+    train_on_feedfast(ctx, sec, "cpu", "cuda" if ctx.cuda else "cpu", tune=True)
 
 
 def train_torch_section(ctx: Context, sec: Section) -> None:
