@@ -70,3 +70,26 @@ def test_the_unnarrowed_scan_is_bounded(shard: str, monkeypatch: pytest.MonkeyPa
     loader = _loader(shard)
     monkeypatch.setattr(d, "SCAN_LIMIT", 1)  # png_bad_crc is the second sample
     assert type(diagnose(RuntimeError(DALI_TEXT.format(info="")), loader.plan, 0, loader.shards)) is FeedfastError
+
+
+def test_a_failure_no_image_explains_is_named_from_dalis_message(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """As when nvJPEG rejects a file DALI's CPU decoder reads: the rescue finds no image to blame, so the failure is
+    raised, naming the sample DALI's message names, with DALI's reason."""
+    from feedfast.loader.epoch import EpochPipe
+
+    shard = str(write_hostile(tmp_path, ["jpeg", "ppm", "bmp", "png16"]))
+
+    real, calls = EpochPipe.next, []
+
+    def failing(self: EpochPipe) -> object:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError(DALI_TEXT.format(info=f"{shard}:4096:bmp.jpg"))
+        return real(self)
+
+    monkeypatch.setattr(EpochPipe, "next", failing)
+    loader = feedfast.DataLoader(_loader(shard).spec, shards=shard, batch_size=2, num_workers=1, backend="dali")
+    with pytest.raises(SampleError) as info:
+        list(loader)
+    assert info.value.shard == shard and info.value.key == "bmp" and "decoders.image" in info.value.reason

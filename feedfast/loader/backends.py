@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Protocol
 from feedfast.compile.plan import Plan
 from feedfast.errors import UserError
 from feedfast.loader import nativelog, rescue
-from feedfast.loader.diagnose import unexplained
+from feedfast.loader.diagnose import diagnose
 from feedfast.loader.epoch import Batch, EpochPipe, make_pipeline, release_memory, run_epoch
 from feedfast.loader.knobs import Knobs
 from feedfast.loader.prefetch import PinnedRing
@@ -114,8 +114,9 @@ class DaliSource:
         """After DALI failed ``step``: rescue the images that broke it and go on from ``step`` in a new pipeline.
 
         Raises:
-            SampleError: an image of the steps in flight that neither DALI nor PIL decodes.
-            FeedfastError: no image of those steps is to blame.
+            SampleError: an image of the steps in flight that neither DALI nor PIL decodes, or (no image
+                being to blame on the CPU) the sample DALI's message names.
+            FeedfastError: nothing names a sample.
         """
         failed = self.pipe
         assert failed is not None
@@ -128,8 +129,10 @@ class DaliSource:
         finally:
             if stream is not failed.omap.stream:
                 stream.feeder.close()
-        if not found:
-            raise unexplained(exc, step) from exc
+        if not found:  # a GPU decoder or another operator failed: named from DALI's message where it can be
+            suspects = None if failed.omap.stream else self._suspects(epoch, ep, failed.depth, step)
+            raise diagnose(exc, self.plan, step, self.shards_for(epoch), failed.omap.stream,
+                           max_pixels=self.max_pixels, candidates=suspects) from exc
         for where in found:
             rescue.log.info("shard %r, sample %r: %s", where[0], where[1], self.patches.reasons[where])
         self.ring.drain()

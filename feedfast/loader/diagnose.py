@@ -60,15 +60,9 @@ def diagnose(exc: BaseException, plan: Plan, step: int, shards: ShardSet, stream
             found = None
     if found:
         return SampleError("DALI could not decode a sample", shard=found[0], key=found[1], reason=f"{found[2]}; {HINT}")
-    return unexplained(exc, step, "no image checked fails PIL or DALI's CPU decoder")
-
-
-def unexplained(exc: BaseException, step: int, checked: str = "every image of the steps in flight decodes with "
-                "DALI's CPU decoder") -> FeedfastError:
-    """The error for a DALI failure that no image checked explains."""
-    return FeedfastError(f"DALI pipeline failed at epoch step {step}: {first_line(exc)}; {checked} (a GPU decoder or "
-                         "another operator failed, or the image lies beyond those checked: `feedfast shards inspect "
-                         "--check SHARDS` checks every image)")
+    return FeedfastError(f"DALI pipeline failed at epoch step {step}: {first_line(exc)}; no image checked fails PIL or "
+                         "DALI's CPU decoder (a GPU decoder or another operator failed, or the image lies beyond those "
+                         "checked: `feedfast shards inspect --check SHARDS` checks every image)")
 
 
 def _named(exc: BaseException, step: int, stream: Any) -> tuple[str, str] | None:
