@@ -7,15 +7,17 @@ skip, and its pipeline is then unusable. The DALI backend recovers as follows:
 
 1. the images of the steps DALI had in flight (the failed step and the ``depth`` after it)
    are read again and each is given to a check worker (``rescue`` job, under the spec's
-   ``source.check_seconds``): DALI's CPU decoder first; an image it rejects is decoded by
-   PIL and re-encoded losslessly as PNG;
+   ``source.check_seconds``): DALI's CPU decoder first; an image it rejects must then decode
+   with PIL, which re-encodes it losslessly as PNG;
 2. an image neither decodes stops the epoch with a :class:`~feedfast.errors.SampleError`
-   naming shard, key and both decoders' reasons; if no image is to blame, the failure is
-   raised as it is (a GPU decoder or another operator failed);
-3. otherwise the rescued images are kept (for this loader's later epochs too) and the epoch
-   goes on from the failed step in a new pipeline fed by feedfast's stream transport
+   naming shard, key and both decoders' reasons; if no image is to blame on the CPU (a GPU
+   decoder or another operator failed), the failure is named from DALI's message
+   (:func:`~feedfast.loader.diagnose.diagnose`);
+3. otherwise the rescued samples are remembered (for this loader's later epochs too) and the
+   epoch goes on from the failed step in a new pipeline fed by feedfast's stream transport
    (:mod:`feedfast.sources.stream`), which reads the same samples in the same order as
-   DALI's reader and hands DALI the PNG in place of each rescued image.
+   DALI's reader and hands DALI a PNG in place of each rescued image, re-encoded by PIL as
+   the step is read (a few milliseconds an image: only keys are held, not pixels).
 
 Every sample stays where it was: the epoch's order, its length and its counts are those of
 the run without the bad file. The augmentation draws of the steps after the failure come
@@ -37,10 +39,11 @@ import numpy as np
 from feedfast.compile.plan import Plan
 from feedfast.errors import SampleError
 from feedfast.loader.diagnose import HINT
+from feedfast.loader.pil_warnings import routed
 from feedfast.sources.assign import EpochPlan
 from feedfast.sources.checkworker import Failed, pool
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.decoders import Rescued
+from feedfast.sources.decoders import Rescued, pil_png
 from feedfast.sources.stream import StreamEpoch
 
 log = logging.getLogger("feedfast.dali")
@@ -53,16 +56,16 @@ Where = tuple[str, str]  # (shard, key)
 
 @dataclass
 class Patches:
-    """Rescued images by sample: (shard, key) -> {raw component number: PNG bytes}, with why."""
+    """Rescued samples: (shard, key) -> the raw component numbers fed as PNG, and why."""
 
-    images: dict[Where, dict[int, bytes]] = field(default_factory=dict)
+    images: dict[Where, set[int]] = field(default_factory=dict)
     reasons: dict[Where, str] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.images)
 
     def add(self, where: Where, component: int, rescued: Rescued) -> None:
-        self.images.setdefault(where, {})[component] = rescued.png
+        self.images.setdefault(where, set()).add(component)
         self.reasons.setdefault(where, rescued.reason)
 
 
@@ -99,8 +102,10 @@ class PatchedFeed:
         arrays = self.stream.feeder(step)
         patched: list[list[np.ndarray]] | None = None
         for i, where in enumerate(self.stream.origins(step, self.stream.batch_size)):
-            for c, png in self.patches.images.get(where, {}).items():
+            for c in sorted(self.patches.images.get(where, ())):
                 patched = patched or [list(column) for column in arrays]
+                with routed(where):  # PIL read it in a check worker, under the time limit, already
+                    png = pil_png(arrays[c][i].tobytes())
                 patched[c][i] = np.frombuffer(png, dtype=np.uint8)
         return patched or arrays
 
