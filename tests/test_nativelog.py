@@ -44,3 +44,22 @@ def test_native_lines_go_to_logging_and_the_rest_to_stderr() -> None:
         "[ERROR] [jpeg_parser] Invalid marker"]
     assert proc.stderr.splitlines() == ["a traceback line of the user's own", "[progress 50%]",
                                         "[ERROR] [after] printed: nothing captures fd 2 any more"]
+
+
+CRASH = r"""
+import importlib.util, os
+spec = importlib.util.spec_from_file_location("nativelog", {path!r})
+nativelog = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(nativelog)
+nativelog.Capture()
+os.write(2, b"Fatal Python error: Segmentation fault (the last words)\n")
+os._exit(139)  # dies at once: no release, no flush, no atexit
+"""
+
+
+def test_what_a_crashing_process_writes_last_still_reaches_stderr() -> None:
+    """The relay is a process of its own: it passes on what is left in the pipe after its parent died."""
+    path = str(Path(__file__).resolve().parents[1] / "feedfast" / "loader" / "nativelog.py")
+    proc = subprocess.run([sys.executable, "-c", CRASH.format(path=path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 139
+    assert proc.stderr == "Fatal Python error: Segmentation fault (the last words)\n"
