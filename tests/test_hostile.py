@@ -131,8 +131,9 @@ def test_dali_rescues_files_its_decoder_rejects_in_place_and_a_state_resumes(
     rescued = [r.getMessage() for r in caplog.records if "re-encoded as PNG" in r.getMessage()]
     assert len(rescued) == 2 and "png_bad_crc" in rescued[0] and "CRC error" in rescued[0], rescued
     assert "jpeg_junk_segment" in rescued[1] and "Invalid marker" in rescued[1], rescued
-    assert [(shard_, key) for shard_, key, _ in loader.source.rescued()] == [(shard, "png_bad_crc"),  # type: ignore[attr-defined]
-                                                                         (shard, "jpeg_junk_segment")]
+    assert [(r["shard"], r["key"]) for r in loader.rescued_samples()] == [(shard, "png_bad_crc"),
+                                                                          (shard, "jpeg_junk_segment")]
+    assert loader.stats()["converted"] == 2 and loader.stats()["skipped"] == 0  # delivered, counted as re-encoded
     for taken in (1, 2):
         first = make()
         batches = iter(first)

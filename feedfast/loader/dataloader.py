@@ -382,10 +382,17 @@ class DataLoader:
 
         ``skipped`` counts samples left out of the dataset once (missing components under
         ``missing: skip``, undecodable images under ``on_error: skip``); ``converted``
-        counts images re-encoded for DALI (they are delivered). Samples read per epoch =
-        delivered + dropped, with padding counted apart.
+        counts images re-encoded for DALI (they are delivered): found at construction, or
+        when DALI's decoder failed a batch and PIL read them (:meth:`rescued_samples`).
+        Samples read per epoch = delivered + dropped, with padding counted apart.
         """
-        return {**self._stats, "converted": len(self.shards.converted)}
+        return {**self._stats, "converted": len(self.shards.converted) + len(self.rescued_samples())}
+
+    def rescued_samples(self) -> list[dict[str, str]]:
+        """Every image DALI's decoder failed mid-epoch and PIL read, delivered re-encoded: shard, key, reason
+        (see :mod:`feedfast.loader.rescue`)."""
+        rescued = getattr(self.source, "rescued", None)
+        return [{"shard": s, "key": k, "reason": r} for s, k, r in rescued()] if callable(rescued) else []
 
     def skipped_samples(self) -> list[dict[str, str]]:
         """Every sample left out, with its shard, key and reason."""

@@ -247,12 +247,13 @@ class _Epoch:
         seed = f"feedfast-pil/{self.seed}/{self.epoch}/{ref.position}"
         try:
             raw = [b"" if m is None else self.files.read(ref.shard, *m) for m in ref.members]
+            named = (shard, ref.key)  # PIL's warnings go to logging naming the sample
             if self.fast:
                 try:
-                    return fast_values(self.program, raw, random.Random(seed))
+                    return fast_values(self.program, raw, random.Random(seed), sample=named)
                 except NeedsFallback:
                     pass  # this sample takes the PIL program, from the same random state
-            return program_values(self.program, raw, random.Random(seed))
+            return program_values(self.program, raw, random.Random(seed), sample=named)
         except DecodeFailure as exc:
             raise SampleError("the threaded CPU backend could not process a sample", shard=shard, key=ref.key,
                               reason=str(exc)) from None

@@ -24,6 +24,7 @@ Generated from the op registry (`feedfast/ops/registry.py`) by
 | `source.components.NAME` | `{{ext: "jpg;jpeg", kind: ...}}`, kind one of {kinds} | `image` (jpg;jpeg;png) and `label` (cls) |
 | `source.missing` | {missing} | `error` |
 | `source.on_error` | {on_error} | `raise` |
+| `source.check_seconds` | a number of seconds, 0.05 to 600 (per image check; over it, the image is bad) | `2` |
 | `pipeline.FIELD` | a list of ops, or `{{from: COMPONENT, ops: [...]}}` | (required) |
 | `outputs` | a list of fields (tuple batches) or a mapping (dict batches) | every field, in order |
 | `batch.size` | an integer >= 1 | `64` |
@@ -35,6 +36,11 @@ Generated from the op registry (`feedfast/ops/registry.py`) by
 | `device` | {devices} | `auto` |
 | `seed` | an integer | `0` |
 | `decoder.KEY` | see [Decoder](#decoder-gpu) | NVIDIA's ImageNet values |
+| `loader.threads` | an integer from 1 to 1024 (the DataLoader's `num_workers` when it is not given) | all usable cores |
+| `loader.prefetch` | an integer from 1 to 64 (`prefetch_factor` when not given) | `2` |
+| `loader.backend` | `auto`, `dali`, `threads`, `pil` (`backend` when not given) | `auto` |
+| `tune.enabled` | true or false (`tune` when not given: search threads and batches ahead while training) | `false` |
+| `tune.budget` | a share of the first epoch in (0, 1] (the search's batches, at least 8) | `0.1` |
 
 Every op also takes `device: auto | cpu | gpu`, overriding the pipeline's placement for it.
 
