@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import feedfast
-from feedfast.errors import SpecError
+from feedfast.errors import SpecError, UserError
 from feedfast.sources.assign import partition_for, plan_epoch, rank_range, step_positions
 from feedfast.sources.feeder import BatchFeeder
 from feedfast.sources.index import load_index, scan_tar
@@ -160,9 +160,21 @@ def test_an_http_epoch_follows_the_block_order_from_the_spec(local: list[str], t
                                      cache_dir=tmp_path)
         assert loader._partition == "block" and loader.shards.shuffle == BlockShuffle(6, 2)
         first, second = keys_of_epoch(loader), keys_of_epoch(loader)
+        state = loader.state_dict()
         loader.close()
+        other = feedfast.DataLoader(spec, shards=urls, shuffle=True, backend="dali", num_workers=1, rank=0,
+                                    world_size=2, cache_dir=tmp_path)
+        with pytest.raises(UserError, match="world size"):  # a block-shuffled state resumes the same world size only
+            other.load_state_dict(state)
+        other.close()
     assert first == _block_keys(loader, local, 0) and second == _block_keys(loader, local, 1)
     assert first != second and Counter(first) == Counter(second) and len(set(first)) == 23
+    # pipe: shards are cached whole and read from the cache in the same order
+    piped = feedfast.DataLoader(spec, shards=[f"pipe:cat {p}" for p in local], shuffle=True, backend="dali",
+                                num_workers=1, cache_dir=tmp_path / "pipe")
+    assert piped.shards.kinds == ("cache",) * 5 and piped._partition == "block"
+    assert keys_of_epoch(piped) == first
+    piped.close()
 
 
 class _GcsStandIn:
