@@ -30,7 +30,8 @@ class Rows:
         keys: each row's sample key.
         offsets, sizes: (offset, size) per row and component; size -1: no such member.
         position: each row's place in the epoch's concatenation of all shards.
-        window: each row's shuffle window (None: not window-shuffled).
+        window: each row's window of consecutive samples, read together (windowed or block shuffle;
+            None: rows are read per step).
     """
 
     shard: np.ndarray
