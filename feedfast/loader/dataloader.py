@@ -90,7 +90,8 @@ class DataLoader:
         batch_size: overrides the spec's batch size.
         shuffle: True reads every epoch in a new uniform permutation of the whole dataset over
             local shards (:mod:`feedfast.sources.order`; a state then resumes at any world
-            size), and in a windowed shuffle of each rank's range over remote shards.
+            size), and in a block shuffle of windows of every shard over remote shards
+            (``shuffle.block``, ``shuffle.window``; a state resumes at the same world size).
         drop_last: True drops incomplete batches (``last_batch: drop``).
         num_workers: CPU threads of the ``dali`` and ``threads`` backends (0 means 1), worker
             processes of the ``pil`` backend; default: the spec's ``loader.threads``, else all
@@ -190,10 +191,9 @@ class DataLoader:
         self._mix, base = open_dataset(shards, self.spec, self._cache_dir, **open_kw)
         self.shards: ShardSet = self.shards_for(0) if self._mix else cast(ShardSet, base)
         self.backend = choose_backend(backend, self.plan, self.shards)
-        # shuffle over local shards: one permutation of the whole dataset per epoch (sources/order.py);
-        # remote shards keep the windowed shuffle of each rank's range (reads stay sequential)
-        shuffled = self.spec.shuffle_buffer > 0 or self.spec.shuffle_shards
-        self._partition = partition_for(self.shards.read_kinds, shuffled=shuffled)
+        # shuffled: one permutation of the whole dataset per epoch over local shards, a block shuffle of windows
+        # of every shard over remote ones (sources/order.py); unshuffled: each rank's contiguous range
+        self._partition = partition_for(self.shards.read_kinds, shuffled=self.spec.shuffled)
         self._check_size()
         # slots: the producer's queue (prefetch), the batch being made, and one spare
         self.ring = PinnedRing(self.device, depth=self.prefetch + 2, pin=pin_memory, layer=self._layer())

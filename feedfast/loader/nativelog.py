@@ -74,7 +74,8 @@ class _Relay:
         os.close(self.saved)
 
 
-_LOCK = threading.Lock()
+# reentrant: a loader collected while a Capture is made (its __del__ releases its own) takes it again on this thread
+_LOCK = threading.RLock()
 _RELAY_NOW: _Relay | None = None
 _USERS = 0
 
