@@ -69,6 +69,12 @@ def test_model_predicts_more_threads_help_a_loader_bound_loop_up_to_the_cores() 
     assert model.predict(8, 2) == model.predict(4, 2)  # no more cores to run them
 
 
+def test_the_loader_cpu_is_per_batch_it_made_while_it_fills_its_queue() -> None:
+    filling = Observation(period=0.1, step=0.1, wait=0.0, loop_cpu=0.05, runqueue=0.0, process_cpu=0.35,
+                          loader_cpu=0.3, made=3)  # three batches made in one period
+    assert filling.loader == pytest.approx(0.1) and filling.step_cpu == pytest.approx(0.05)
+
+
 def test_the_step_cpu_counts_its_math_threads_where_the_loader_counts_its_own() -> None:
     # 100 ms period: the loop thread used 10 ms, torch's math threads 50 ms, the loader's pool 60 ms
     counted = _obs(100, 0, loop_cpu_ms=10, process_cpu_ms=120, loader_cpu_ms=60)

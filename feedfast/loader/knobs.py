@@ -21,8 +21,9 @@ class Knobs:
 
     ``max_threads`` and ``max_prefetch`` bound what a tuner may set (the pool and the buffers
     are sized for them when an epoch starts). ``cpu`` counts the CPU seconds the pool's threads
-    spent on jobs (``counted`` once a :class:`LivePool` runs): the tuner's figure of the
-    loader's own CPU, where the process's total would also count the training step's threads.
+    spent on jobs and ``made`` the batches they finished (``counted`` once a :class:`LivePool`
+    runs): the tuner's figure of the loader's own CPU per batch, where the process's total would
+    also count the training step's threads, and batches consumed would miss those made ahead.
     """
 
     threads: int
@@ -30,6 +31,7 @@ class Knobs:
     max_threads: int = 0
     max_prefetch: int = 0
     cpu: float = 0.0
+    made: int = 0
     counted: bool = False
     _changed: threading.Condition = field(default_factory=threading.Condition, repr=False, compare=False)
     _cpu_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -51,6 +53,11 @@ class Knobs:
         """Add CPU seconds a loader thread spent on a job."""
         with self._cpu_lock:
             self.cpu += seconds
+
+    def count_batch(self) -> None:
+        """Count a batch the loader's threads finished."""
+        with self._cpu_lock:
+            self.made += 1
 
     def as_dict(self) -> dict[str, Any]:
         """``threads`` and ``prefetch``, as a state or a report carries them."""

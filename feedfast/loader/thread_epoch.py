@@ -134,13 +134,15 @@ class _Job:
     error: BaseException | None = None
     cancelled: bool = False
 
-    def finish_chunk(self, error: BaseException | None) -> None:
+    def finish_chunk(self, error: BaseException | None) -> bool:
+        """Count a chunk done; True for the batch's last."""
         with self.lock:
             self.pending -= 1
             if error is not None and self.error is None:
                 self.error = error
             if self.pending == 0 or error is not None:
                 self.done.set()
+            return self.pending == 0
 
 
 class _Epoch:
@@ -204,7 +206,8 @@ class _Epoch:
                 self._fill(job, a, b)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consuming thread by result()
             error = exc
-        job.finish_chunk(error)
+        if job.finish_chunk(error) and error is None and not job.cancelled:
+            self.knobs.count_batch()
 
     def _fill(self, job: _Job, a: int, b: int) -> None:
         arrays = {name: out.numpy() for name, out in job.outputs.items() if isinstance(out, torch.Tensor)}

@@ -67,17 +67,21 @@ class Mark:
     process_cpu: float
     runqueue: float
     loader_cpu: float | None = None
+    made: int = 0
 
     @staticmethod
     def now(knobs: Knobs | None = None) -> "Mark":
-        counted = knobs.cpu if knobs is not None and knobs.counted else None
-        return Mark(time.perf_counter(), time.thread_time(), time.process_time(), _runqueue_s(), counted)
+        if knobs is not None and knobs.counted:
+            return Mark(time.perf_counter(), time.thread_time(), time.process_time(), _runqueue_s(), knobs.cpu,
+                        knobs.made)
+        return Mark(time.perf_counter(), time.thread_time(), time.process_time(), _runqueue_s())
 
 
 @dataclass(frozen=True)
 class Observation:
     """One batch of the loop, in seconds: its period, step, wait, the loop thread's CPU and run-queue wait,
-    the process's CPU over the period, and the loader threads' (None where not counted)."""
+    the process's CPU over the period, and the loader threads' per batch they finished (None where not
+    counted: while the loader fills its queue it makes more than one batch a period)."""
 
     period: float
     step: float
@@ -86,6 +90,7 @@ class Observation:
     runqueue: float
     process_cpu: float
     loader_cpu: float | None = None
+    made: int = 1
 
     @staticmethod
     def between(handed: Mark, asked: Mark, got: Mark) -> "Observation":
@@ -94,17 +99,24 @@ class Observation:
             max(0.0, got.loader_cpu - handed.loader_cpu)
         return Observation(period=got.wall - handed.wall, step=asked.wall - handed.wall, wait=got.wall - asked.wall,
                            loop_cpu=asked.thread_cpu - handed.thread_cpu, runqueue=asked.runqueue - handed.runqueue,
-                           process_cpu=got.process_cpu - handed.process_cpu, loader_cpu=loader)
+                           process_cpu=got.process_cpu - handed.process_cpu, loader_cpu=loader,
+                           made=max(1, got.made - handed.made))
 
     @property
     def loader(self) -> float:
-        """The loader's CPU: its threads' count, else the process's CPU less the loop thread's."""
-        return self.loader_cpu if self.loader_cpu is not None else max(0.0, self.process_cpu - self.loop_cpu)
+        """The loader's CPU per batch: its threads' count over the batches they finished, else the process's CPU
+        less the loop thread's."""
+        if self.loader_cpu is not None:
+            return self.loader_cpu / self.made
+        return max(0.0, self.process_cpu - self.loop_cpu)
 
     @property
     def step_cpu(self) -> float:
-        """The step's CPU: the loop thread's and the rest of the process's beside the loader (its math threads)."""
-        return self.loop_cpu + max(0.0, self.process_cpu - self.loop_cpu - self.loader)
+        """The step's CPU: the loop thread's, and where the loader's threads count their own, the rest of the
+        process's beside theirs (the step's math threads)."""
+        if self.loader_cpu is None:
+            return self.loop_cpu
+        return self.loop_cpu + max(0.0, self.process_cpu - self.loop_cpu - self.loader_cpu)
 
 
 def _median(values: list[float]) -> float:
