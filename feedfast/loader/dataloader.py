@@ -195,8 +195,8 @@ class DataLoader:
         # of every shard over remote ones (sources/order.py); unshuffled: each rank's contiguous range
         self._partition = partition_for(self.shards.read_kinds, shuffled=self.spec.shuffled)
         self._check_size()
-        # slots: the producer's queue (prefetch), the batch being made, and one spare
-        self.ring = PinnedRing(self.device, depth=self.prefetch + 2, pin=pin_memory, layer=self._layer())
+        # slots: the producer's queue (prefetch, as deep as a tuner may make it), the batch being made, and a spare
+        self.ring = PinnedRing(self.device, depth=self.knobs.max_prefetch + 2, pin=pin_memory, layer=self._layer())
         self.epoch = 0
         self._resume: tuple[int, str | None, int] | None = None  # (step, DALI checkpoint, samples consumed)
         self._ep: EpochPlan | None = None  # the plan of the iteration in progress
