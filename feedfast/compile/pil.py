@@ -108,7 +108,7 @@ def compile_pil(spec: Spec) -> PilProgram:
                 "this spec; use backend='dali' or remove the op"
             )
         steps.append(PilStep(n.id, n.op, dict(n.params), n.inputs, n.key, n.sig))
-    exts = tuple(frozenset(spec.components[c].ext.lower().split(";")) for c in plan.components)
+    exts = tuple(plan.component_exts())
     return PilProgram(
         steps=tuple(steps), components=tuple(plan.components), exts=exts, outputs=dict(plan.outputs),
         signatures={name: plan.nodes[nid].sig for name, nid in plan.outputs.items()}, file=spec.file,

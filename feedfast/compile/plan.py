@@ -66,6 +66,10 @@ class Plan:
     consumer: str = "cpu"
     passes: list[str] = field(default_factory=list)
 
+    def component_exts(self) -> list[frozenset[str]]:
+        """Each reader component's file extensions, lower-cased, in the reader's output order."""
+        return [frozenset(self.spec.components[c].ext.lower().split(";")) for c in self.components]
+
     def deferred_outputs(self) -> dict[str, dict[str, Any]]:
         """Output fields whose ``normalize`` runs on the consumer's device after the copy, with its parameters."""
         return {name: self.nodes[nid].params for name, nid in self.outputs.items() if self.nodes[nid].deferred}

@@ -157,9 +157,8 @@ class DaliSource:
         feed, which names its samples); a shuffle buffer would widen it, so the buffer is added.
         """
         shards = self.shards_for(epoch)
-        exts = [{e.lower() for e in self.plan.nodes[i].params["ext"].split(";")} for i in range(len(self.plan.components))]
-        rows = rank_rows(shards.paths, shards.index_paths, shards.sizes, ep.shard_order, exts, rank=self.rank,
-                         world=self.world, window=0, seed=self.seed, epoch=epoch)
+        rows = rank_rows(shards.paths, shards.index_paths, shards.sizes, ep.shard_order, self.plan.component_exts(),
+                         rank=self.rank, world=self.world, window=0, seed=self.seed, epoch=epoch)
         lo = max(0, step * self.batch_size - self.plan.spec.shuffle_buffer)
         hi = (step + depth + 1) * self.batch_size + self.plan.spec.shuffle_buffer
         return [(shards.paths[int(rows.shard[i])], rows.keys[i]) for i in range(lo, min(hi, len(rows.keys)))]

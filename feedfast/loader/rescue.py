@@ -82,8 +82,7 @@ def rescuable(shards: ShardSet) -> bool:
 def epoch_stream(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int, seed: int,
                  epoch: int, workers: int = 2, ahead: int = 2) -> StreamEpoch:
     """This rank's epoch over the stream transport: the samples and order of the epoch's DALI reader."""
-    exts = [{e.lower() for e in plan.nodes[i].params["ext"].split(";")} for i in range(len(plan.components))]
-    return StreamEpoch(shards, ep, exts, rank=rank, world=world, batch_size=batch_size,
+    return StreamEpoch(shards, ep, plan.component_exts(), rank=rank, world=world, batch_size=batch_size,
                        shuffle_window=plan.spec.shuffle_buffer, seed=seed, epoch=epoch, workers=workers, ahead=ahead)
 
 

@@ -39,7 +39,7 @@ step's samples instead.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Sequence
 
 from feedfast.errors import ShardError
 from feedfast.sources.assign import EpochPlan, step_positions
@@ -55,7 +55,7 @@ class StreamEpoch:
     ``workers`` threads read ``ahead`` steps ahead of the step DALI asks for.
     """
 
-    def __init__(self, shards: Any, ep: EpochPlan, exts: list[set[str]], *, rank: int, world: int, batch_size: int,
+    def __init__(self, shards: Any, ep: EpochPlan, exts: Sequence[set[str] | frozenset[str]], *, rank: int, world: int, batch_size: int,
                  shuffle_window: int, seed: int, epoch: int, workers: int = 2, ahead: int = 4) -> None:
         if ep.partition == "global":  # local shards under shuffle: the global order, read sample by sample
             rows = global_rows(shards.paths, shards.index_paths, shards.sizes, exts, rank=rank, world=world,
