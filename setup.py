@@ -1,16 +1,23 @@
-"""Build hook: the shipped pipelines travel in the wheel as package data.
+"""Build hooks: the shipped pipelines travel in the wheel as package data; the C extension is optional.
 
 ``pipelines/*.yaml`` at the repository root is the one source of truth. Building a wheel
 copies it to ``feedfast/pipelines/`` inside the build, where ``feedfast.spec.shipped`` finds
 it once installed; an editable install (``pip install -e .``) copies nothing and reads the
-repository's folder in place. Everything else is declared in ``pyproject.toml``.
+repository's folder in place.
+
+``feedfast._native`` (``feedfast/_native.c``) holds the threaded CPU path's hot loops: JPEG
+region decoding against the system's libjpeg-turbo (the libjpeg Pillow builds against;
+headers: ``libjpeg-dev``) and ``normalize`` in one pass, built without fused multiply-adds so
+its floats are NumPy's bit for bit. It is optional: where it does not build, the install goes
+on without it and feedfast runs those steps in Pillow and NumPy (``feedfast doctor`` says
+which). Everything else is declared in ``pyproject.toml``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 PIPELINES = Path(__file__).resolve().parent / "pipelines"
@@ -32,4 +39,7 @@ class BuildPyWithPipelines(build_py):
             self.copy_file(str(spec), str(target / spec.name))
 
 
-setup(cmdclass={"build_py": BuildPyWithPipelines})
+NATIVE = Extension("feedfast._native", sources=["feedfast/_native.c"], libraries=["jpeg"],
+                   extra_compile_args=["-O3", "-ffp-contract=off"], optional=True)
+
+setup(cmdclass={"build_py": BuildPyWithPipelines}, ext_modules=[NATIVE])

@@ -19,7 +19,9 @@ def test_doctor_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--json", *FAST]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert set(rep) == {"versions", "cuda", "hw_jpeg_decoder", "cpu", "memory", "cache", "simd", "decode_benchmark",
-                        "limits", "pil_codecs"}
+                        "limits", "pil_codecs", "native"}
+    assert rep["native"] == {"built": True, "libjpeg_turbo": rep["native"]["libjpeg_turbo"]}
+    assert not any("C extension" in line for line in rep["limits"])
     assert rep["pil_codecs"]["jpg"]["present"] is True and "zlib" in rep["pil_codecs"]
     assert rep["simd"]["pil"]["level"] in ("AVX-512", "AVX2", "AVX", "SSE4", "none (no -msse4/-mavx flags)", "unknown")
     v = rep["versions"]

@@ -44,7 +44,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in SOURCES:
         src, dst = ROOT / name, work / "src" / name
         if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "*.so"))
         else:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst)
@@ -55,6 +55,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (sdist,) = (work / "sdist").glob("feedfast-*.tar.gz")
     with tarfile.open(sdist) as tar:
         assert sorted(Path(n).name for n in tar.getnames() if "/pipelines/" in n) == SHIPPED
+        assert any(n.endswith("feedfast/_native.c") for n in tar.getnames())  # the extension builds from the sdist
     _pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", str(sdist), "-w", str(work / "dist"),
          cwd=work)
     (built,) = (work / "dist").glob("feedfast-*.whl")
@@ -88,6 +89,7 @@ def test_the_wheel_carries_the_shipped_pipelines_and_the_command(wheel: Path) ->
     assert sorted(n.removeprefix("feedfast/pipelines/") for n in names if n.startswith("feedfast/pipelines/")) \
         == SHIPPED
     assert not [n for n in names if n.startswith(("pipelines/", "tests/", "benchmarks/"))], names
+    assert [n for n in names if n.startswith("feedfast/_native.") and n.endswith(".so")], "the C extension was not built"
     (entry,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     assert "feedfast = feedfast.cli.main:main" in zipfile.ZipFile(wheel).read(entry).decode()
 
@@ -121,6 +123,10 @@ def test_installed_wheel_plans_and_benches_by_name_outside_the_repository(instal
     result = json.loads(bench.stdout)
     assert result["spec"] == str(installed / "feedfast" / "pipelines" / "imagenet-train.yaml")
     assert result["batch_size"] == 4 and result["samples_per_s"] > 0
+
+    doctor = _outside(["doctor", "--json", "-", "--decode-seconds", "0.05"], site=installed, cwd=outside, cache=cache)
+    assert doctor.returncode == 0, doctor.stderr
+    assert json.loads(doctor.stdout)["native"]["built"], "the installed wheel's C extension does not load"
 
     wrong = _outside(["plan", "imagenet-trian"], site=installed, cwd=outside, cache=cache)
     assert wrong.returncode == 2

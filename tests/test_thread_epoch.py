@@ -16,7 +16,7 @@ from PIL import Image
 from feedfast import _env
 from feedfast.compile.plan import build_plan
 from feedfast.errors import SampleError
-from feedfast.loader import pil_fast, thread_sample
+from feedfast.loader import native, pil_fast, thread_sample
 from feedfast.loader.epoch import Batch
 from feedfast.loader.pil_epoch import run_pil_epoch
 from feedfast.loader.thread_epoch import fast_path_supported, run_thread_epoch
@@ -276,10 +276,10 @@ def test_decoding_only_the_rows_a_crop_reads_gives_the_same_rows() -> None:
 
 def test_rows_needed_covers_the_box_and_the_filter_reach() -> None:
     crop_first = thread_sample.View(0, (10.0, 20.0, 110.0, 120.0), (32, 32), (10, 20, 110, 120), resample=2)
-    assert thread_sample.rows_needed([crop_first], 1.0, 400) == 121  # clipped to the crop: its rows only
+    assert thread_sample.region_needed([crop_first], 1.0, (400, 400))[3] == 121  # clipped to the crop: its rows only
     resize_first = thread_sample.View(0, (0.0, 50.0, 300.0, 150.0), (60, 20), (0, 0, 300, 400), resample=2)
-    assert thread_sample.rows_needed([resize_first], 1.0, 400) == 150 + 16 + 1  # the filter reads 3 x 5 + 1 rows below
-    assert thread_sample.rows_needed([resize_first], 2.0, 200) == 84 + 1  # 75 + 3 x 2.5 + 1, rounded up
+    assert thread_sample.region_needed([resize_first], 1.0, (400, 400))[3] == 150 + 16 + 1  # the filter reads 3 x 5 + 1 rows below
+    assert thread_sample.region_needed([resize_first], 2.0, (200, 200))[3] == 84 + 1  # 75 + 3 x 2.5 + 1, rounded up
 
 
 def test_batch_memory_is_reused_only_once_the_consumer_let_go_of_it(shards: list[str]) -> None:
@@ -298,9 +298,10 @@ def test_batch_memory_is_reused_only_once_the_consumer_let_go_of_it(shards: list
     assert len(seen) < ep.steps
 
 
+@pytest.mark.parametrize("region", [True, False], ids=["region-decoder", "pillow-only"])
 @pytest.mark.parametrize("draft", [False, True], ids=["full-decode", "reduced-decode"])
 def test_pixels_against_torchvision_resized_crop_with_the_same_boxes(shards: list[str], monkeypatch: pytest.MonkeyPatch,
-                                                                     draft: bool) -> None:
+                                                                     draft: bool, region: bool) -> None:
     """torchvision's own ``F.resized_crop`` (bilinear) on each sample, at the box the sample's RNG draws.
 
     Full-size decoding: equal, pixel for pixel. Reduced-size decoding (the fixtures' small
@@ -318,6 +319,8 @@ def test_pixels_against_torchvision_resized_crop_with_the_same_boxes(shards: lis
         pytest.skip(str(exc))
     if not draft:
         monkeypatch.setattr(thread_sample, "_DRAFT_FACTORS", ())
+    if not region:
+        monkeypatch.setattr(native, "ext", None)
     spec = _spec(["decode", {"random_resized_crop": {"size": 32}}], batch=8)
     ours = torch.cat([b.fields["image"] for b in _run(spec, shards)])
     sset = open_shards(shards, spec, _env.cache_dir())
@@ -335,6 +338,19 @@ def test_pixels_against_torchvision_resized_crop_with_the_same_boxes(shards: lis
         expected.append(torch.from_numpy(np.asarray(crop).copy()))
     err = (ours.float() - torch.stack(expected).float()).abs()
     assert float(err.max()) == 0.0 if not draft else float(err.mean()) < 2.0
+
+
+@pytest.mark.parametrize("ops", [["decode", {"random_resized_crop": {"size": 24}}, "flip", "normalize"],
+                                 ["decode", {"resize": {"size": 40}}, {"center_crop": {"size": 32}}, "normalize"],
+                                 [{"decode": {"color": "gray"}}, {"random_resized_crop": {"size": 16}}]])
+def test_the_region_decoder_and_fused_normalize_change_no_pixel_and_no_float(shards: list[str], ops: list[Any],
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    if not native.built():
+        pytest.skip("feedfast._native is not built here")
+    spec = _spec(ops, shuffle=True)
+    fast = _run(spec, shards)
+    monkeypatch.setattr(native, "ext", None)
+    assert all(torch.equal(a.fields["image"], b.fields["image"]) for a, b in zip(fast, _run(spec, shards)))
 
 
 def test_a_spec_without_images_features_npy_gives_the_pil_backends_batches(tmp_path: Path) -> None:

@@ -110,11 +110,18 @@ def collect(decode_seconds: float = 1.0) -> dict[str, Any]:
         "versions": sysprobe.versions(), "cuda": cuda,
         "hw_jpeg_decoder": sysprobe.hw_jpeg_decoder(cuda["available"], jpeg),
         "cpu": cpu, "memory": sysprobe.memory(), "cache": sysprobe.cache_folder(),
-        "simd": {"cpu": cpu_simd(), "pil": pil_simd_level()}, "pil_codecs": _codecs(),
+        "simd": {"cpu": cpu_simd(), "pil": pil_simd_level()}, "pil_codecs": _codecs(), "native": native_ext(),
         "decode_benchmark": decode_benchmark(jpeg, decode_seconds, cpu["usable"]),
     }
     report["limits"] = limits(report)
     return report
+
+
+def native_ext() -> dict[str, Any]:
+    """Whether feedfast's C extension (JPEG region decoding, one-pass normalize) is built, and against which libjpeg."""
+    from feedfast.loader import native
+
+    return {"built": native.built(), "libjpeg_turbo": native.libjpeg_turbo_version()}
 
 
 def _codecs() -> dict[str, dict[str, Any]]:
@@ -153,6 +160,10 @@ def limits(r: dict[str, Any]) -> list[str]:
         out.append(f"pillow-simd was built for {simd['pil']['level']} on a CPU with AVX2: its resizes run slower than "
                    "they could; rebuild: CC=\"cc -mavx2\" pip install --force-reinstall --no-deps --no-binary :all: "
                    "--no-cache-dir pillow-simd")
+    if not r.get("native", {}).get("built", True):
+        out.append("feedfast's C extension is not built: the threaded CPU path decodes whole JPEG rows and normalizes "
+                   "in NumPy (about 1.3x slower); install libjpeg-turbo's headers (apt-get install libjpeg-dev) and "
+                   "reinstall feedfast")
     missing = [f"{name} ({c['reads']})" for name, c in r.get("pil_codecs", {}).items() if not c["present"]]
     if missing:
         out.append(f"this PIL lacks {', '.join(missing)}: such images are checked and decoded by DALI and re-encoded "
@@ -188,6 +199,8 @@ def _print(r: dict[str, Any]) -> None:
         ("PIL", f"{pil['version']}, {simd}, libjpeg-turbo {pil.get('libjpeg_turbo') or 'no'}"),
         ("PIL SIMD build", f"{r['simd']['pil']['level']} ({r['simd']['pil']['how']}); "
                            f"CPU offers {', '.join(r['simd']['cpu']) or 'none known'}"),
+        ("feedfast C ext", f"built, libjpeg-turbo {r['native']['libjpeg_turbo']} (JPEG region decode, one-pass "
+                           "normalize)" if r["native"]["built"] else "NOT built: Pillow and NumPy do its work, slower"),
         ("CUDA", f"{'available' if c['available'] else 'not available'} (torch CUDA {c['torch_cuda'] or 'none'})"),
         ("driver", c["nvml"]["driver"] or f"none ({c['nvml']['status']})"), ("GPUs", gpus),
         ("HW JPEG decoder", r["hw_jpeg_decoder"]),

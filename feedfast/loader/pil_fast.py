@@ -1,8 +1,12 @@
-"""Pillow at its fastest for the threaded path: decode only the rows a crop reads, read pixels without a copy.
+"""Pillow at its fastest for the threaded path: decode only what a crop reads, read pixels without a copy.
 
-Both lean on Pillow's plugin-level interfaces (the ``tile`` list ``ImageFile.load`` decodes)
-and its Arrow C data export (Pillow 12 and later), and fall back to the plain calls where
-those do not apply; ``tests/test_thread_epoch.py`` checks both against the plain calls.
+:func:`decode_region` decodes a region of a JPEG with feedfast's own extension
+(:mod:`feedfast.loader.native`: libjpeg-turbo's skip and crop of scanlines, the libjpeg Pillow uses);
+where it is not built, or for other images, :func:`load_rows` decodes with Pillow down to the
+lowest row a crop reads. :func:`exported_pixels` reads pixels without a copy. They lean on
+Pillow's plugin-level interfaces (the ``tile`` list ``ImageFile.load`` decodes) and its Arrow C
+data export (Pillow 12 and later), and fall back to the plain calls where those do not apply;
+``tests/test_pil_fast.py`` and ``tests/test_thread_epoch.py`` check them against the plain calls.
 """
 
 from __future__ import annotations
@@ -12,6 +16,13 @@ import random
 from typing import Any
 
 import numpy as np
+
+from feedfast.loader import native
+
+REGION_FORMATS = frozenset({"JPEG", "MPO"})
+"""Pillow's formats :func:`decode_region` reads (MPO: a camera JPEG with more pictures; the first is decoded)."""
+REGION_MARGIN = 4
+"""Pixels a region is widened by on every side: its outermost ring differs from a full decode (upsampling)."""
 
 _MARK = bytes(random.Random(7).randrange(256) for _ in range(4099))
 
@@ -48,6 +59,32 @@ def load_rows(img: Any, rows: int) -> bool:
     return img.crop((0, rows - 1, width, rows)).tobytes() != mark
 
 
+def decode_region(img: Any, raw: bytes, denom: int, box: tuple[int, int, int, int]) -> tuple[Any, int, int] | None:
+    """The pixels of ``box`` (left, top, right, bottom, in the image scaled by ``1 / denom``) of the JPEG ``raw``.
+
+    Returns an image holding at least the box widened by :data:`REGION_MARGIN` (clamped to the
+    image) and its origin in the scaled image: ``(image, left, top)``. Its pixels equal Pillow's
+    full decode (``img.draft`` at the same scale, then ``load``) wherever the box reaches. The
+    image is ``RGBX`` (for an ``RGB`` ``img``) or ``L``, and maps the decoder's memory (never
+    export it: crop or resize it first). None where the region decoder does not apply: not
+    built, not a JPEG, another mode, or libjpeg reported an error or a warning (corrupt data);
+    the caller then decodes with Pillow, which raises what is wrong.
+    """
+    from PIL import Image
+
+    if native.ext is None or img.format not in REGION_FORMATS or img.mode not in ("RGB", "L"):
+        return None
+    left, top, right, bottom = box
+    m = REGION_MARGIN
+    try:
+        pixels, x0, y0, width, height = native.ext.decode_region(raw, denom, max(0, left - m), max(0, top - m),
+                                                            right + m, bottom + m, img.mode == "L")
+    except ValueError:
+        return None
+    mode = "RGBX" if img.mode == "RGB" else "L"
+    return Image.frombuffer(mode, (width, height), pixels, "raw", mode, 0, 1), x0, y0
+
+
 class _ArrowSchema(ctypes.Structure):
     pass
 
@@ -81,15 +118,15 @@ def exported_pixels(img: Any) -> np.ndarray:
     """The image's pixels as a uint8 HW or HWC array without a copy where Pillow can export them.
 
     Pillow (12 and later) exports an image held in one memory block through the Arrow C data
-    interface: RGB as a list of 4 bytes per pixel (a padding byte, dropped by a view).
-    Elsewhere, ``np.asarray`` (one copy through ``tobytes``).
+    interface: RGB and RGBX as a list of 4 bytes per pixel (the fourth dropped by a view).
+    Elsewhere, ``np.asarray`` (one copy through ``tobytes``). RGBX gives its RGB bands.
     """
-    if img.mode != "RGB":  # exporting an "L" image crashed pillow-simd 12.1.1 here: RGB only
-        return np.asarray(img)
+    if img.mode not in ("RGB", "RGBX") or img.readonly:  # exporting an "L" image, or one mapping another's
+        return _plain(img)  # memory, crashed pillow-simd 12.1.1 here
     try:
         schema_capsule, array_capsule = img.__arrow_c_array__()
     except (AttributeError, ValueError):
-        return np.asarray(img)
+        return _plain(img)
     schema = _ArrowSchema.from_address(_capsule_pointer(schema_capsule, b"arrow_schema"))
     array = _ArrowArray.from_address(_capsule_pointer(array_capsule, b"arrow_array"))
     width, height = img.size
@@ -98,4 +135,9 @@ def exported_pixels(img: Any) -> np.ndarray:
         child = array.children[0].contents
         if child.offset == 0 and child.length == width * height * 4:
             return np.asarray(_Exported(child.buffers[1], (height, width, 4), keep))[:, :, :3]
-    return np.asarray(img)
+    return _plain(img)
+
+
+def _plain(img: Any) -> np.ndarray:
+    arr = np.asarray(img)
+    return arr[:, :, :3] if img.mode == "RGBX" else arr

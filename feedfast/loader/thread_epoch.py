@@ -44,7 +44,7 @@ from feedfast import _env
 from feedfast.compile.pil import PilProgram, compile_pil
 from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, FeedfastError, SampleError
-from feedfast.loader import convert
+from feedfast.loader import convert, native
 from feedfast.loader.epoch import Batch
 from feedfast.loader.knobs import Knobs, LivePool
 from feedfast.loader.pil_epoch import SampleRef, epoch_samples
@@ -156,6 +156,7 @@ class _Epoch:
         self.fast = fast_program(program)
         self.constants = {f.name: _constants(f.normalize, f.normalize["layout"] == "CHW")
                           for f in self.fields if f.normalize}
+        self.flat = {name: (mean.ravel(), inv.ravel()) for name, (mean, inv) in self.constants.items()}
         self.knobs = knobs
         pixel_fields = sum(f.kind == "pixels" for f in self.fields)
         self.buffers = _Buffers(limit=pixel_fields * (knobs.max_prefetch + 3))  # in flight, the consumer's, a spare
@@ -225,12 +226,15 @@ class _Epoch:
                     self._normalize_into(arrays[f.name][i], value, f.name)
 
     def _normalize_into(self, out: np.ndarray, pixels: np.ndarray, name: str) -> None:
-        """``normalize`` of one image's uint8 HWC pixels into its slot of the batch, in NumPy.
+        """``normalize`` of one image's uint8 HWC pixels into its slot of the batch.
 
-        NumPy (which releases the GIL) rather than torch, so the pool's threads do not each
-        start torch's intra-op threads; the arithmetic is :func:`_normalized`'s, bit for bit.
+        In one pass in feedfast's extension where it is built (:mod:`.native`), else in NumPy;
+        both release the GIL and start no threads (torch would start its intra-op threads in
+        every worker thread); the arithmetic is :func:`_normalized`'s, bit for bit.
         """
         mean, inv = self.constants[name]
+        if native.normalize_into(pixels, out, *self.flat[name], mean.ndim == 3):
+            return
         dst = out if out.dtype == np.float32 else self._scratch(out.shape)
         np.copyto(dst, pixels.transpose(2, 0, 1) if mean.ndim == 3 else pixels, casting="unsafe")
         np.subtract(dst, mean, out=dst)

@@ -1,6 +1,6 @@
 """One sample of the threaded CPU path: the PIL program's steps, with image geometry deferred.
 
-:func:`sample_values` walks a :class:`~feedfast.compile.pil.PilProgram`'s steps in their order,
+:func:`fast_values` walks a :class:`~feedfast.compile.pil.PilProgram`'s steps in their order,
 drawing from the sample's ``random.Random`` exactly where the PIL program draws (the same
 crops and flips as the ``pil`` backend), but an image step only records what it would do:
 a :class:`View` is a box in the source image's pixels, the size it maps to, the resampling
@@ -9,8 +9,10 @@ view computed by one ``resize(size, box=...)`` (or one ``crop``), with:
 
 - reduced-size JPEG decoding (DCT scaling, ``Image.draft``): the largest factor of 2, 4 or 8
   that keeps every box the source feeds at least its output size;
-- JPEG rows decoded only down to the lowest row a box (and its filter) reads
-  (:func:`~feedfast.loader.pil_fast.load_rows`): libjpeg decodes top to bottom, so the rest is never decoded;
+- only the region of a JPEG the boxes (and their filters) read, where feedfast's extension is
+  built (:func:`~feedfast.loader.pil_fast.decode_region`: rows above it entropy-decoded only,
+  columns beside it not transformed, rows below never read; the same pixels as Pillow's
+  decode); else rows only down to the lowest one read (:func:`~feedfast.loader.pil_fast.load_rows`);
 - flips left to the writer (a reversed NumPy view), and ``normalize`` to the batch.
 
 What differs from the ``pil`` backend: nothing where no draft applies (the resize reads the
@@ -34,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from feedfast.compile.pil import PilProgram, PilStep
-from feedfast.loader.pil_fast import exported_pixels, load_rows
+from feedfast.loader.pil_fast import REGION_FORMATS, decode_region, exported_pixels, load_rows
 from feedfast.loader.pil_warnings import routed
 from feedfast.ops.base import as_hw
 from feedfast.ops.generic import DecodeFailure
@@ -213,19 +215,28 @@ def _materialize(views: dict[str, View], opened: dict[int, tuple[Any, PilStep, b
             continue
         width, height = img.size
         factor = min(draft_factor(v) for v in mine.values())
+        target = "L" if step.params["color"] == "gray" else "RGB"
+        origin = (0, 0)
+        region = None
+        if img.mode == target:  # a JPEG: only the region the views read, where the extension is built
+            scaled = (-(-width // factor), -(-height // factor))
+            region = decode_region(img, raw, factor, region_needed(mine.values(), float(factor), scaled))
         try:
-            scale = 1.0
-            if factor > 1 and img.format == "JPEG":
-                drafted = img.draft(img.mode, (width // factor, height // factor))
-                scale = width / drafted[1][2] if drafted else 1.0
-            if not load_rows(img, rows_needed(mine.values(), scale, img.height)):
-                raise NeedsFallback  # the rows did not decode: the full decode says why
-            target = "L" if step.params["color"] == "gray" else "RGB"
-            decoded = img if img.mode == target else to_8bit(img).convert(target)  # 16-bit scaled, not clipped
+            if region is not None:
+                decoded, origin = region[0], (region[1], region[2])
+                scale = float(factor)
+            else:
+                scale = 1.0
+                if factor > 1 and img.format in REGION_FORMATS:
+                    drafted = img.draft(img.mode, (width // factor, height // factor))
+                    scale = width / drafted[1][2] if drafted else 1.0
+                if not load_rows(img, region_needed(mine.values(), scale, img.size)[3]):
+                    raise NeedsFallback  # the rows did not decode: the full decode says why
+                decoded = img if img.mode == target else to_8bit(img).convert(target)  # 16-bit scaled, not clipped
         except (*_PIL_ERRORS, Image.DecompressionBombError) as exc:
             raise _decode_failure(step, exc, raw) from None
         for name, view in mine.items():
-            out[name] = _pixels(decoded, view, scale)
+            out[name] = _pixels(decoded, view, scale, origin)
     return out
 
 
@@ -233,25 +244,38 @@ _FILTER_REACH = 3.0
 """Pixels a resampling filter reads beyond its box, per unit of scale (Lanczos: 3)."""
 
 
-def rows_needed(views: Any, scale: float, height: int) -> int:
-    """How many rows from the top of the (drafted) image the views read: their boxes and filters."""
-    need = 0.0
+def region_needed(views: Any, scale: float, size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """The region (left, top, right, bottom) of the image, scaled by ``1 / scale``, that the views read.
+
+    A view reads its clip, and where it resamples, no more than its box and the filter's reach
+    around it; ``size`` is the scaled image's.
+    """
+    left, top, right, bottom = float(size[0]), float(size[1]), 0.0, 0.0
     for v in views:
-        bottom = math.ceil(v.clip[3] / scale)
+        c0, c1 = math.floor(v.clip[0] / scale), math.floor(v.clip[1] / scale)
+        c2, c3 = math.ceil(v.clip[2] / scale), math.ceil(v.clip[3] / scale)
         if v.resample is not None:
-            reach = _FILTER_REACH * max((v.box[3] - v.box[1]) / scale / v.size[1], 1.0) + 1.0
-            bottom = min(bottom, math.ceil(v.box[3] / scale + reach))
-        need = max(need, bottom)
-    return min(height, int(need) + 1)
+            x0, y0, x1, y1 = (c / scale for c in v.box)
+            rx = _FILTER_REACH * max((x1 - x0) / v.size[0], 1.0) + 1.0
+            ry = _FILTER_REACH * max((y1 - y0) / v.size[1], 1.0) + 1.0
+            c0, c1 = max(c0, math.floor(x0 - rx)), max(c1, math.floor(y0 - ry))
+            c2, c3 = min(c2, math.ceil(x1 + rx)), min(c3, math.ceil(y1 + ry))
+        left, top, right, bottom = min(left, c0), min(top, c1), max(right, c2), max(bottom, c3)
+    width, height = size
+    return (max(0, int(left)), max(0, int(top)), min(width, int(right) + 1), min(height, int(bottom) + 1))
 
 
-def _pixels(img: Any, view: View, scale: float) -> np.ndarray:
+def _pixels(img: Any, view: View, scale: float, origin: tuple[int, int] = (0, 0)) -> np.ndarray:
+    """The view's pixels from ``img``: the image scaled by ``1 / scale``, or its region at ``origin``."""
+    ox, oy = origin
     if view.resample is None:
-        result = img if view.clip == (0, 0, *img.size) else img.crop(view.clip)
+        clip = (view.clip[0] - ox, view.clip[1] - oy, view.clip[2] - ox, view.clip[3] - oy)
+        result = img if clip == (0, 0, *img.size) and not img.readonly else img.crop(clip)
     else:
         x0, y0, x1, y1 = (c / scale for c in view.box)
-        clip = (math.floor(view.clip[0] / scale), math.floor(view.clip[1] / scale),
-                min(img.width, math.ceil(view.clip[2] / scale)), min(img.height, math.ceil(view.clip[3] / scale)))
+        x0, y0, x1, y1 = x0 - ox, y0 - oy, x1 - ox, y1 - oy
+        clip = (max(0, math.floor(view.clip[0] / scale) - ox), max(0, math.floor(view.clip[1] / scale) - oy),
+                min(img.width, math.ceil(view.clip[2] / scale) - ox), min(img.height, math.ceil(view.clip[3] / scale) - oy))
         if clip != (0, 0, *img.size):
             img = img.crop(clip)
             x0, y0, x1, y1 = x0 - clip[0], y0 - clip[1], x1 - clip[0], y1 - clip[1]

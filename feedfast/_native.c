@@ -1,0 +1,247 @@
+/* feedfast._native: the threaded CPU path's two hot loops in C, without the GIL.
+ *
+ * decode_region: decode only a region of a JPEG, with libjpeg-turbo.
+ *
+ * Pillow decodes a JPEG whole (or down to a row, feedfast.loader.pil_fast.load_rows). A random
+ * resized crop reads a part of it: libjpeg-turbo's jpeg_skip_scanlines (rows above the region:
+ * entropy-decoded, not transformed) and jpeg_crop_scanline (columns outside it: no inverse DCT,
+ * no upsampling, no colour conversion) leave the rest out, as DALI's ROI decoding does. Rows
+ * below the region are never read. Pixels inside the region equal a full decode's (libjpeg's
+ * default islow IDCT and fancy upsampling, as Pillow uses), except in the region's outermost
+ * ring, where the upsampler lacks its neighbours: callers ask for a margin around what they read
+ * (tests/test_jpeg.py checks both).
+ *
+ * decode_region(data, denom, left, top, right, bottom, gray) -> (pixels, left, top, width, height)
+ *
+ *   data: the JPEG file's bytes (any buffer).
+ *   denom: DCT scaling 1, 2, 4 or 8 (Pillow's draft); the coordinates are in the scaled image.
+ *   left, top, right, bottom: the region wanted, clamped to the image; left may move left to an
+ *       iMCU boundary and the width grow (jpeg_crop_scanline), so the region returned holds it.
+ *   gray: decode to one channel (JCS_GRAYSCALE), else four (RGBX, X undefined).
+ *   Returns the pixels (bytes, rows of width * channels) and the region they cover.
+ *   Raises ValueError with libjpeg's message on an error or a warning (corrupt data, a
+ *   premature end inside the region, an unsupported colour space): the caller decides.
+ *
+ * normalize_into(pixels, out, mean, inv, chw): normalize's arithmetic in one pass.
+ *
+ *   pixels: uint8 H x W x C, any strides (a reversed view for a flip, RGBX with its fourth byte
+ *       left out); out: C-contiguous float32, C x H x W (chw) or H x W x C; mean, inv: C float32
+ *       each. out = ((float)pixel - mean) * inv, rounded as NumPy rounds the same two float32
+ *       operations (the build keeps the compiler from fusing them), so equal bit for bit.
+ *
+ * Built with -ljpeg against libjpeg-turbo's headers (1.5.1 or later); pyproject.toml marks the
+ * extension optional, and feedfast runs these in Pillow and NumPy where it did not build.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <jpeglib.h>
+
+#ifndef LIBJPEG_TURBO_VERSION
+#error "feedfast._jpeg needs libjpeg-turbo's jpeglib.h (jpeg_crop_scanline, jpeg_skip_scanlines)"
+#endif
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+    char message[JMSG_LENGTH_MAX];
+    int failed;
+} ErrorManager;
+
+static void
+error_exit(j_common_ptr cinfo)
+{
+    ErrorManager *err = (ErrorManager *)cinfo->err;
+    (*cinfo->err->format_message)(cinfo, err->message);
+    err->failed = 1;
+    longjmp(err->jump, 1);
+}
+
+static void
+emit_message(j_common_ptr cinfo, int level)
+{
+    ErrorManager *err = (ErrorManager *)cinfo->err;
+    if (level < 0 && !err->failed) { /* a warning: corrupt data; refused, so nothing doubtful is delivered */
+        (*cinfo->err->format_message)(cinfo, err->message);
+        err->failed = 1;
+    }
+}
+
+static JDIMENSION
+clamp(unsigned long value, JDIMENSION limit)
+{
+    return value > limit ? limit : (JDIMENSION)value;
+}
+
+static PyObject *
+decode_region(PyObject *self, PyObject *args)
+{
+    Py_buffer data;
+    unsigned int denom;
+    unsigned long left, top, right, bottom;
+    int gray;
+    if (!PyArg_ParseTuple(args, "y*Ikkkkp", &data, &denom, &left, &top, &right, &bottom, &gray))
+        return NULL;
+    if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
+        PyBuffer_Release(&data);
+        return PyErr_Format(PyExc_ValueError, "denom must be 1, 2, 4 or 8, got %u", denom);
+    }
+    struct jpeg_decompress_struct cinfo;
+    ErrorManager err;
+    memset(&err, 0, sizeof err);
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = error_exit;
+    err.pub.emit_message = emit_message;
+    jpeg_create_decompress(&cinfo);
+
+    /* volatile: read after a longjmp */
+    PyObject *volatile pixels = NULL;
+    PyThreadState *volatile saved = PyEval_SaveThread();
+    volatile JDIMENSION x0 = 0, width = 0, y0 = 0, rows = 0;
+    const int channels = gray ? 1 : 4;
+
+    if (setjmp(err.jump) == 0) {
+        jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+        jpeg_read_header(&cinfo, TRUE);
+        cinfo.scale_num = 1;
+        cinfo.scale_denom = denom;
+        cinfo.out_color_space = gray ? JCS_GRAYSCALE : JCS_EXT_RGBX;
+        jpeg_start_decompress(&cinfo);
+        JDIMENSION w = cinfo.output_width, h = cinfo.output_height;
+        JDIMENSION x1 = clamp(right, w), y1 = clamp(bottom, h);
+        JDIMENSION xs = clamp(left, x1 ? x1 - 1 : 0), ys = clamp(top, y1 ? y1 - 1 : 0);
+        JDIMENSION cw = x1 - xs;
+        if (xs > 0 || cw < w)
+            jpeg_crop_scanline(&cinfo, &xs, &cw);
+        if (ys > 0)
+            jpeg_skip_scanlines(&cinfo, ys);
+        x0 = xs, width = cw, y0 = ys, rows = y1 - ys;
+        if (!err.failed) {
+            PyEval_RestoreThread(saved);
+            saved = NULL;
+            pixels = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)width * channels * rows);
+            if (pixels != NULL) {
+                saved = PyEval_SaveThread();
+                unsigned char *out = (unsigned char *)PyBytes_AS_STRING(pixels);
+                size_t stride = (size_t)width * channels;
+                while (cinfo.output_scanline < y1 && !err.failed) {
+                    JSAMPROW row = out + stride * (cinfo.output_scanline - ys);
+                    if (jpeg_read_scanlines(&cinfo, &row, 1) != 1)
+                        break;
+                }
+                if (cinfo.output_scanline < y1 && !err.failed) {
+                    strcpy(err.message, "too few rows decoded");
+                    err.failed = 1;
+                }
+            }
+        }
+    }
+    jpeg_destroy_decompress(&cinfo);
+    if (saved != NULL)
+        PyEval_RestoreThread(saved);
+    PyBuffer_Release(&data);
+    if (pixels == NULL && !err.failed)
+        return NULL; /* the allocation failed: MemoryError is set */
+    if (err.failed) {
+        Py_XDECREF(pixels);
+        PyErr_SetString(PyExc_ValueError, err.message);
+        return NULL;
+    }
+    return Py_BuildValue("(NIIII)", pixels, (unsigned int)x0, (unsigned int)y0, (unsigned int)width,
+                         (unsigned int)rows);
+}
+
+static PyObject *
+normalize_into(PyObject *self, PyObject *args)
+{
+    PyObject *source;
+    Py_buffer src, dst, mean, inv;
+    int chw;
+    if (!PyArg_ParseTuple(args, "Ow*y*y*p", &source, &dst, &mean, &inv, &chw))
+        return NULL;
+    if (PyObject_GetBuffer(source, &src, PyBUF_STRIDED_RO) < 0) /* any strides: flips, RGBX */
+        goto fail_dst;
+    const char *problem = NULL;
+    if (src.ndim != 3 || src.itemsize != 1)
+        problem = "pixels must be uint8 H x W x C";
+    else if (dst.len != (Py_ssize_t)(src.shape[0] * src.shape[1] * src.shape[2] * sizeof(float)))
+        problem = "out must be float32 with the pixels' element count";
+    else if (mean.len != (Py_ssize_t)(src.shape[2] * sizeof(float)) || inv.len != mean.len)
+        problem = "mean and inv must be float32, one per channel";
+    if (problem != NULL) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        PyBuffer_Release(&src);
+        goto fail_dst;
+    }
+    const Py_ssize_t h = src.shape[0], w = src.shape[1], c = src.shape[2];
+    const Py_ssize_t sy = src.strides[0], sx = src.strides[1], sc = src.strides[2];
+    const unsigned char *in = (const unsigned char *)src.buf;
+    float *out = (float *)dst.buf;
+    const float *m = (const float *)mean.buf, *k = (const float *)inv.buf;
+    Py_BEGIN_ALLOW_THREADS
+    if (chw && c == 3) { /* the usual case: each pixel read once, written to three planes */
+        const float m0 = m[0], m1 = m[1], m2 = m[2], k0 = k[0], k1 = k[1], k2 = k[2];
+        for (Py_ssize_t y = 0; y < h; y++) {
+            const unsigned char *row = in + y * sy;
+            float *o0 = out + y * w, *o1 = o0 + h * w, *o2 = o1 + h * w;
+            for (Py_ssize_t x = 0; x < w; x++) {
+                const unsigned char *p = row + x * sx;
+                float v0 = (float)p[0] - m0, v1 = (float)p[sc] - m1, v2 = (float)p[2 * sc] - m2;
+                o0[x] = v0 * k0;
+                o1[x] = v1 * k1;
+                o2[x] = v2 * k2;
+            }
+        }
+    } else {
+        for (Py_ssize_t y = 0; y < h; y++) {
+            for (Py_ssize_t x = 0; x < w; x++) {
+                const unsigned char *p = in + y * sy + x * sx;
+                for (Py_ssize_t ch = 0; ch < c; ch++) {
+                    float v = (float)p[ch * sc] - m[ch];
+                    out[chw ? (ch * h + y) * w + x : (y * w + x) * c + ch] = v * k[ch];
+                }
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&mean);
+    PyBuffer_Release(&inv);
+    Py_RETURN_NONE;
+fail_dst:
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&mean);
+    PyBuffer_Release(&inv);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"decode_region", decode_region, METH_VARARGS,
+     "decode_region(data, denom, left, top, right, bottom, gray) -> (pixels, left, top, width, height)\n\n"
+     "Decode only a region of a JPEG (libjpeg-turbo's skip and crop of scanlines), without the GIL."},
+    {"normalize_into", normalize_into, METH_VARARGS,
+     "normalize_into(pixels, out, mean, inv, chw) -> None\n\n"
+     "out = (pixels - mean) * inv in float32, HWC uint8 in, CHW (chw) or HWC float32 out, without the GIL."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native", "The threaded CPU path's hot loops: JPEG region decoding, normalize.", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    PyObject *m = PyModule_Create(&module);
+#ifdef LIBJPEG_TURBO_VERSION_NUMBER
+    if (m != NULL && PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION_NUMBER", LIBJPEG_TURBO_VERSION_NUMBER) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
+    return m;
+}
