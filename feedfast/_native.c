@@ -154,6 +154,31 @@ decode_region(PyObject *self, PyObject *args)
                          (unsigned int)rows);
 }
 
+/* One row of three interleaved channels (``pixel`` bytes apart) into three float planes. Inlined with a
+ * constant ``pixel``, the loop vectorizes; the arithmetic is NumPy's: (float)v - mean, then * inv. */
+static inline __attribute__((always_inline)) void
+planes3(const unsigned char *row, const int pixel, Py_ssize_t w, float *o0, float *o1, float *o2, const float *m,
+        const float *k)
+{
+    const float m0 = m[0], m1 = m[1], m2 = m[2], k0 = k[0], k1 = k[1], k2 = k[2];
+    for (Py_ssize_t x = 0; x < w; x++) {
+        const unsigned char *p = row + x * pixel;
+        o0[x] = ((float)p[0] - m0) * k0;
+        o1[x] = ((float)p[1] - m1) * k1;
+        o2[x] = ((float)p[2] - m2) * k2;
+    }
+}
+
+#define FLIP_MAX 2048 /* widest row the flip path buffers; wider ones take the generic loop */
+
+/* Copy a row of floats reversed (the second half of a horizontal flip). */
+static inline void
+reversed_copy(float *restrict out, const float *restrict row, Py_ssize_t w)
+{
+    for (Py_ssize_t x = 0; x < w; x++)
+        out[x] = row[w - 1 - x];
+}
+
 static PyObject *
 normalize_into(PyObject *self, PyObject *args)
 {
@@ -182,18 +207,26 @@ normalize_into(PyObject *self, PyObject *args)
     float *out = (float *)dst.buf;
     const float *m = (const float *)mean.buf, *k = (const float *)inv.buf;
     Py_BEGIN_ALLOW_THREADS
-    if (chw && c == 3) { /* the usual case: each pixel read once, written to three planes */
-        const float m0 = m[0], m1 = m[1], m2 = m[2], k0 = k[0], k1 = k[1], k2 = k[2];
+    if (chw && c == 3 && sc == 1 && (sx == 4 || sx == 3)) { /* the usual case: RGBX or RGB rows, read once */
         for (Py_ssize_t y = 0; y < h; y++) {
-            const unsigned char *row = in + y * sy;
-            float *o0 = out + y * w, *o1 = o0 + h * w, *o2 = o1 + h * w;
-            for (Py_ssize_t x = 0; x < w; x++) {
-                const unsigned char *p = row + x * sx;
-                float v0 = (float)p[0] - m0, v1 = (float)p[sc] - m1, v2 = (float)p[2 * sc] - m2;
-                o0[x] = v0 * k0;
-                o1[x] = v1 * k1;
-                o2[x] = v2 * k2;
-            }
+            float *o = out + y * w;
+            if (sx == 4)
+                planes3(in + y * sy, 4, w, o, o + h * w, o + 2 * h * w, m, k);
+            else
+                planes3(in + y * sy, 3, w, o, o + h * w, o + 2 * h * w, m, k);
+        }
+    } else if (chw && c == 3 && sc == 1 && (sx == -4 || sx == -3) && w <= FLIP_MAX) { /* a horizontal flip */
+        float buffer[3][FLIP_MAX]; /* the row read forwards in memory (vectorized), then copied reversed */
+        for (Py_ssize_t y = 0; y < h; y++) {
+            float *o = out + y * w;
+            const unsigned char *low = in + y * sy + (w - 1) * sx;
+            if (sx == -4)
+                planes3(low, 4, w, buffer[0], buffer[1], buffer[2], m, k);
+            else
+                planes3(low, 3, w, buffer[0], buffer[1], buffer[2], m, k);
+            reversed_copy(o, buffer[0], w);
+            reversed_copy(o + h * w, buffer[1], w);
+            reversed_copy(o + 2 * h * w, buffer[2], w);
         }
     } else {
         for (Py_ssize_t y = 0; y < h; y++) {

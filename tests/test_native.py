@@ -101,13 +101,15 @@ def _numpy_normalize(pixels: np.ndarray, mean: np.ndarray, inv: np.ndarray, chw:
     return out
 
 
-@pytest.mark.parametrize("view", ["plain", "hflip", "vflip", "rgbx", "gray"])
+@pytest.mark.parametrize("view", ["plain", "hflip", "vflip", "rgbx", "gray", "rgb-hflip", "wide-hflip"])
 @pytest.mark.parametrize("chw", [True, False])
 def test_normalize_into_equals_numpys_float32_arithmetic_bit_for_bit(view: str, chw: bool) -> None:
     rng = np.random.default_rng(5)
     base = rng.integers(0, 256, (37, 53, 4), dtype=np.uint8)
-    pixels = {"plain": np.ascontiguousarray(base[:, :, :3]), "hflip": base[:, ::-1, :3], "vflip": base[::-1, :, :3],
-              "rgbx": base[:, :, :3], "gray": base[:, :, :1]}[view]
+    wide = rng.integers(0, 256, (3, 2101, 4), dtype=np.uint8)  # wider than the flip path's row buffer
+    rgb = np.ascontiguousarray(base[:, :, :3])
+    pixels = {"plain": rgb, "hflip": base[:, ::-1, :3], "vflip": base[::-1, :, :3], "rgbx": base[:, :, :3],
+              "gray": base[:, :, :1], "rgb-hflip": rgb[:, ::-1], "wide-hflip": wide[:, ::-1, :3]}[view]
     channels = pixels.shape[2]
     mean = np.array([0.485 * 255, 0.456 * 255, 0.406 * 255][:channels], np.float32)
     inv = np.array([1 / (0.229 * 255), 1 / (0.224 * 255), 1 / (0.225 * 255)][:channels], np.float32)
