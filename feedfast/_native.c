@@ -18,7 +18,8 @@
  *   left, top, right, bottom: the region wanted, clamped to the image; left may move left to an
  *       iMCU boundary and the width grow (jpeg_crop_scanline), so the region returned holds it.
  *   gray: decode to one channel (JCS_GRAYSCALE), else four (RGBX, X undefined).
- *   Returns the pixels (bytes, rows of width * channels) and the region they cover.
+ *   Returns the pixels (bytes: `height` rows of width * channels, then one row of slack) and the
+ *       region they cover.
  *   Raises ValueError with libjpeg's message on an error or a warning (corrupt data, a
  *   premature end inside the region, an unsupported colour space): the caller decides.
  *
@@ -122,7 +123,8 @@ decode_region(PyObject *self, PyObject *args)
         if (!err.failed) {
             PyEval_RestoreThread(saved);
             saved = NULL;
-            pixels = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)width * channels * rows);
+            /* one row of slack: Pillow maps a window of it with a stride only if a whole last stride fits */
+            pixels = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)width * channels * (rows + 1));
             if (pixels != NULL) {
                 saved = PyEval_SaveThread();
                 unsigned char *out = (unsigned char *)PyBytes_AS_STRING(pixels);

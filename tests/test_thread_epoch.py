@@ -353,6 +353,36 @@ def test_the_region_decoder_and_fused_normalize_change_no_pixel_and_no_float(sha
     assert all(torch.equal(a.fields["image"], b.fields["image"]) for a, b in zip(fast, _run(spec, shards)))
 
 
+@pytest.mark.parametrize("ops", [["decode", {"random_resized_crop": {"size": 24}}, "flip"],
+                                 ["decode", {"resize": {"size": 40}}, {"center_crop": {"size": 32}}],
+                                 ["decode", {"center_crop": {"size": 48}}, {"resize": {"size": [20, 30]}}]])
+def test_region_decoding_gives_pillows_pixels_on_many_sizes_and_scales(ops: list[Any],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sizes and crops that put the region at every edge, with and without DCT scaling: equal, pixel for pixel."""
+    if not native.built():
+        pytest.skip("feedfast._native is not built here")
+    from feedfast.compile.pil import compile_pil
+    from feedfast.sources.synth import make_image
+
+    program = compile_pil(_spec(ops))
+    rng = np.random.default_rng(11)
+    ext = native.ext
+    for k in range(12):
+        width, height = int(rng.integers(50, 700)), int(rng.integers(50, 700))
+        buf = io.BytesIO()
+        make_image(rng, width, height).save(buf, format="JPEG", quality=int(rng.integers(60, 96)),
+                                            subsampling=int(rng.integers(0, 3)))
+        raw = [buf.getvalue(), b"1"]
+        outs = []
+        for module in (ext, None):
+            monkeypatch.setattr(native, "ext", module)
+            try:
+                outs.append(thread_sample.fast_values(program, raw, random.Random(k))["image"])
+            except thread_sample.NeedsFallback:  # a center crop larger than the image: the PIL program's
+                outs.append(None)
+        assert (outs[0] is None and outs[1] is None) or np.array_equal(outs[0], outs[1]), (width, height)
+
+
 def test_a_spec_without_images_features_npy_gives_the_pil_backends_batches(tmp_path: Path) -> None:
     path = tmp_path / "features-0000.tar"
     with tarfile.open(path, "w") as tar:

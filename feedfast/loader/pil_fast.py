@@ -62,13 +62,14 @@ def load_rows(img: Any, rows: int) -> bool:
 def decode_region(img: Any, raw: bytes, denom: int, box: tuple[int, int, int, int]) -> tuple[Any, int, int] | None:
     """The pixels of ``box`` (left, top, right, bottom, in the image scaled by ``1 / denom``) of the JPEG ``raw``.
 
-    Returns an image holding at least the box widened by :data:`REGION_MARGIN` (clamped to the
-    image) and its origin in the scaled image: ``(image, left, top)``. Its pixels equal Pillow's
-    full decode (``img.draft`` at the same scale, then ``load``) wherever the box reaches. The
-    image is ``RGBX`` (for an ``RGB`` ``img``) or ``L``, and maps the decoder's memory (never
-    export it: crop or resize it first). None where the region decoder does not apply: not
-    built, not a JPEG, another mode, or libjpeg reported an error or a warning (corrupt data);
-    the caller then decodes with Pillow, which raises what is wrong.
+    Returns an image of the box (clamped to the image) and its origin in the scaled image:
+    ``(image, left, top)``; its pixels equal Pillow's full decode (``img.draft`` at the same
+    scale, then ``load``): the region decoded reaches :data:`REGION_MARGIN` pixels beyond the
+    box, where a region's outermost ring differs. The image is ``RGBX`` (for an ``RGB``
+    ``img``) or ``L``, a window onto the decoder's memory (never export it: crop or resize it
+    first). None where the region decoder does not apply: not built, not a JPEG, another mode,
+    or libjpeg reported an error or a warning (corrupt data); the caller then decodes with
+    Pillow, which raises what is wrong.
     """
     from PIL import Image
 
@@ -78,11 +79,15 @@ def decode_region(img: Any, raw: bytes, denom: int, box: tuple[int, int, int, in
     m = REGION_MARGIN
     try:
         pixels, x0, y0, width, height = native.ext.decode_region(raw, denom, max(0, left - m), max(0, top - m),
-                                                            right + m, bottom + m, img.mode == "L")
+                                                                right + m, bottom + m, img.mode == "L")
     except ValueError:
         return None
-    mode = "RGBX" if img.mode == "RGB" else "L"
-    return Image.frombuffer(mode, (width, height), pixels, "raw", mode, 0, 1), x0, y0
+    left, top = max(left, x0), max(top, y0)
+    right, bottom = max(left + 1, min(right, x0 + width)), max(top + 1, min(bottom, y0 + height))
+    mode, channels = ("RGBX", 4) if img.mode == "RGB" else ("L", 1)
+    stride = width * channels
+    window = memoryview(pixels)[(top - y0) * stride + (left - x0) * channels:]
+    return Image.frombuffer(mode, (right - left, bottom - top), window, "raw", mode, stride, 1), left, top
 
 
 class _ArrowSchema(ctypes.Structure):

@@ -9,10 +9,12 @@ view computed by one ``resize(size, box=...)`` (or one ``crop``), with:
 
 - reduced-size JPEG decoding (DCT scaling, ``Image.draft``): the largest factor of 2, 4 or 8
   that keeps every box the source feeds at least its output size;
-- only the region of a JPEG the boxes (and their filters) read, where feedfast's extension is
-  built (:func:`~feedfast.loader.pil_fast.decode_region`: rows above it entropy-decoded only,
-  columns beside it not transformed, rows below never read; the same pixels as Pillow's
-  decode); else rows only down to the lowest one read (:func:`~feedfast.loader.pil_fast.load_rows`);
+- only the region of a JPEG the views read (from their clips' corner to their boxes' and
+  filters' reach), where feedfast's extension is built
+  (:func:`~feedfast.loader.pil_fast.decode_region`: rows above it entropy-decoded only, columns
+  beside it not transformed, rows below never read; the same pixels as Pillow's decode, and
+  the resize's coordinates relative to the same corner as on a cropped image, so the same
+  floats); else rows only down to the lowest one read (:func:`~feedfast.loader.pil_fast.load_rows`);
 - flips left to the writer (a reversed NumPy view), and ``normalize`` to the batch.
 
 What differs from the ``pil`` backend: nothing where no draft applies (the resize reads the
@@ -247,8 +249,9 @@ _FILTER_REACH = 3.0
 def region_needed(views: Any, scale: float, size: tuple[int, int]) -> tuple[int, int, int, int]:
     """The region (left, top, right, bottom) of the image, scaled by ``1 / scale``, that the views read.
 
-    A view reads its clip, and where it resamples, no more than its box and the filter's reach
-    around it; ``size`` is the scaled image's.
+    A view reads its clip from its top left corner (where the resize's coordinates start, so
+    its floats round as they do on the clipped image), and where it resamples, no further right
+    or down than its box and the filter's reach beyond it; ``size`` is the scaled image's.
     """
     left, top, right, bottom = float(size[0]), float(size[1]), 0.0, 0.0
     for v in views:
@@ -256,10 +259,8 @@ def region_needed(views: Any, scale: float, size: tuple[int, int]) -> tuple[int,
         c2, c3 = math.ceil(v.clip[2] / scale), math.ceil(v.clip[3] / scale)
         if v.resample is not None:
             x0, y0, x1, y1 = (c / scale for c in v.box)
-            rx = _FILTER_REACH * max((x1 - x0) / v.size[0], 1.0) + 1.0
-            ry = _FILTER_REACH * max((y1 - y0) / v.size[1], 1.0) + 1.0
-            c0, c1 = max(c0, math.floor(x0 - rx)), max(c1, math.floor(y0 - ry))
-            c2, c3 = min(c2, math.ceil(x1 + rx)), min(c3, math.ceil(y1 + ry))
+            c2 = min(c2, math.ceil(x1 + _FILTER_REACH * max((x1 - x0) / v.size[0], 1.0) + 1.0))
+            c3 = min(c3, math.ceil(y1 + _FILTER_REACH * max((y1 - y0) / v.size[1], 1.0) + 1.0))
         left, top, right, bottom = min(left, c0), min(top, c1), max(right, c2), max(bottom, c3)
     width, height = size
     return (max(0, int(left)), max(0, int(top)), min(width, int(right) + 1), min(height, int(bottom) + 1))
