@@ -4,6 +4,10 @@ All read the same shards with the same number of CPU workers or threads and do t
 work per sample (imagenet-train: random resized crop to 224, horizontal flip, normalize
 to CHW float32, int64 labels), except the decode-only ceiling.
 
+Each round of a row builds its iterator anew and :func:`time_row_cpu` times and closes it with
+:func:`feedfast.baseline.timing.time_round`, the function ``feedfast bench --compare`` times its
+rounds with.
+
 A factory raises :class:`RowUnavailable` when what its row needs is not installed (SPDL,
 torchvision): ``make bench`` then leaves that row out and says why.
 """
@@ -13,7 +17,6 @@ from __future__ import annotations
 import io
 import itertools
 import tarfile
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -36,36 +39,15 @@ def _forever(make: Callable[[], Any]) -> Iterator[Any]:
         yield from loader
 
 
-class LoaderRows:
-    """A feedfast loader's batches, epoch after epoch; ``close()`` stops its background work.
-
-    ``delivered()`` is the loader's count of delivered samples (its padding left out), which
-    :func:`time_row_cpu` counts instead of batch rows. Closing matters here: a threads-backend
-    loader starts its next epoch ahead, and left open it would work during the next row's timing.
-    """
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-        self._batches = _forever(lambda: loader)
-
-    def __iter__(self) -> LoaderRows:
-        return self
-
-    def __next__(self) -> Any:
-        return next(self._batches)
-
-    def delivered(self) -> int:
-        return int(self.loader.stats()["delivered"])
-
-    def close(self) -> None:
-        self._batches.close()
-        self.loader.close()
-
-
-def _feedfast(shards: list[str], batch: int, workers: int, **options: Any) -> LoaderRows:
+def _feedfast(shards: list[str], batch: int, workers: int, **options: Any) -> Iterator[Any]:
+    """A feedfast loader's batches, epoch after epoch, as the CLI's comparison times them
+    (:func:`feedfast.baseline.contenders.feedfast_contender`): ``delivered()`` leaves its padding
+    out, ``close()`` stops its background work (a threads-backend loader starts its next epoch ahead)."""
     import feedfast
+    from feedfast.baseline.contenders import feedfast_contender
 
-    return LoaderRows(feedfast.DataLoader(SPEC, shards=shards, batch_size=batch, num_workers=workers, **options))
+    return feedfast_contender(feedfast.DataLoader(SPEC, shards=shards, batch_size=batch, num_workers=workers,
+                                                  **options))
 
 
 def feedfast_dali(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
@@ -208,41 +190,28 @@ ROWS: dict[str, tuple[Callable[..., Iterator[Any]], str]] = {
 }
 
 
-def time_row(it: Iterator[Any], *, warmup: int, batches: int) -> float:
+def time_row(make: Callable[[], Iterator[Any]], *, warmup: int, batches: int) -> float:
     """Samples per second over ``batches`` batches after ``warmup``."""
-    return time_row_cpu(it, warmup=warmup, batches=batches)[0]
+    return time_row_cpu(make, warmup=warmup, batches=batches)[0]
 
 
-def cpu_seconds() -> float:
-    """CPU seconds (user + system) of this process and its live children (DataLoader workers)."""
-    import psutil
+def time_row_cpu(make: Callable[[], Iterator[Any]], *, warmup: int, batches: int) -> tuple[float, float]:
+    """One round of a row built by ``make()`` and closed at the round's end: samples per second, and
+    CPU milliseconds spent per sample (all threads and worker processes).
 
-    me = psutil.Process()
-    total = sum(me.cpu_times()[:2])
-    for child in me.children(recursive=True):
-        try:
-            total += sum(child.cpu_times()[:2])
-        except psutil.Error:
-            continue  # a child that ended in the window: its time is lost, and it is small
-    return total
-
-
-def time_row_cpu(it: Iterator[Any], *, warmup: int, batches: int) -> tuple[float, float]:
-    """Samples per second, and CPU milliseconds spent per sample (all threads and worker processes).
+    The round is timed by :func:`feedfast.baseline.timing.time_round`, as ``feedfast bench
+    --compare`` times its rounds: ``warmup`` batches untimed, then ``batches`` timed; samples
+    are delivered samples (the row's ``delivered()`` where it has one: feedfast's loaders, whose
+    padding it leaves out; else each batch's rows); CPU seconds are this process's and its
+    children's over the timed batches. Only the round holds the row, so closing it and the
+    collection after free what it held before the next round.
 
     On a machine shared with other work, wall-clock rates swing with the others' load; the
     CPU cost per sample does much less, and ``cores / cost`` is the rate a quiet machine
     would reach if the row keeps its cores busy.
-
-    Samples are delivered samples: ``it.delivered()`` where the row has it (feedfast's loaders,
-    whose padding it leaves out), else each batch's rows.
     """
-    delivered = getattr(it, "delivered", None)
-    for _ in range(warmup):
-        next(it)
-    c0, t0, rows, done0 = cpu_seconds(), time.perf_counter(), 0, delivered() if delivered else 0
-    for _ in range(batches):
-        rows += int(next(it)[0].shape[0])
-    wall, cpu = time.perf_counter() - t0, cpu_seconds() - c0
-    n = delivered() - done0 if delivered else rows
-    return n / wall, cpu / n * 1e3
+    from feedfast.baseline.timing import time_round
+    from feedfast.cli.measure import RunPlan
+
+    figs, _ = time_round(make, RunPlan(warmup=warmup, count=batches))
+    return figs["samples_per_s"], figs["cpu_s"] / figs["samples"] * 1e3

@@ -18,7 +18,6 @@ Usage: python benchmarks/run.py [--sets imagenet,highres] [--rounds 5] [--batche
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
@@ -32,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rows import ROWS, RowUnavailable, time_row_cpu  # noqa: E402
 
-from feedfast.baseline.rounds import ratio_spread  # noqa: E402
+from feedfast.baseline.rounds import ratio_spread, round_order  # noqa: E402
 
 STOCK = "torchvision recipe, stock Pillow"
 THREADS, HAND, TORCH = "feedfast threaded CPU", "hand-written DALI", "torchvision recipe"
@@ -95,7 +94,7 @@ def stock_rate(shards: list[str], bench: BenchSet, args: argparse.Namespace) -> 
 
 
 def run_row(name: str, shards: list[str], bench: BenchSet, args: argparse.Namespace) -> tuple[float, float]:
-    """One round of one row, in a fresh iterator: (samples/s, CPU ms per sample).
+    """One round of one row, in a fresh iterator closed at its end: (samples/s, CPU ms per sample).
 
     Raises:
         RowUnavailable: the row cannot run here (a package it needs is missing).
@@ -105,15 +104,8 @@ def run_row(name: str, shards: list[str], bench: BenchSet, args: argparse.Namesp
             return stock_rate(shards, bench, args)
         except RuntimeError as exc:
             raise RowUnavailable(str(exc)) from exc
-    it = ROWS[name][0](shards, bench.batch_size, args.workers)
-    try:
-        return time_row_cpu(it, warmup=bench.warmup, batches=bench.batches)
-    finally:
-        close = getattr(it, "close", None)
-        if close:
-            close()
-        del it
-        gc.collect()
+    return time_row_cpu(lambda: ROWS[name][0](shards, bench.batch_size, args.workers), warmup=bench.warmup,
+                        batches=bench.batches)
 
 
 @dataclass
@@ -134,8 +126,8 @@ def measure(shards: list[str], bench: BenchSet, args: argparse.Namespace) -> Mea
     names = [n for n in bench.rows if not args.rows or n in args.rows]
     names += [STOCK] if args.stock_python and (not args.rows or STOCK in args.rows) else []
     out = Measured({name: [] for name in names}, {}, [])
-    for r in range(args.rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
+    for r, order in enumerate(round_order(names, args.rounds)):
+        for name in order:
             if name in out.left_out:
                 continue
             try:

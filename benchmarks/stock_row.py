@@ -26,8 +26,8 @@ def main() -> None:
     args = ap.parse_args()
     import PIL
 
-    it = torch_recipe(args.shards, args.batch_size, args.workers)
-    rate, cpu_ms = time_row_cpu(it, warmup=args.warmup, batches=args.batches)
+    rate, cpu_ms = time_row_cpu(lambda: torch_recipe(args.shards, args.batch_size, args.workers),
+                                warmup=args.warmup, batches=args.batches)
     print(json.dumps({"samples_per_s": rate, "cpu_ms_per_sample": cpu_ms, "pil": PIL.__version__}))
 
 

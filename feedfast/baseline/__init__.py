@@ -5,6 +5,8 @@
 - :mod:`~feedfast.baseline.dali_recipe`: a hand-written DALI pipeline built from a plan's
   parameters, as a DALI user would write it.
 - :mod:`~feedfast.baseline.rounds`: the order of alternating rounds and the spread of ratios.
+- :mod:`~feedfast.baseline.timing`: one timed round of a newly built loader, closed at its end
+  (``feedfast bench --compare`` and ``make bench`` both time their rounds with it).
 
 feedfast's own PIL forms of the geometry ops (used by the ``pil`` and ``threads`` backends) live
 beside the ops they implement, in :mod:`feedfast.ops.pil_ops`; no baseline uses them.

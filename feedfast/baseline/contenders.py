@@ -4,11 +4,14 @@ A baseline is built from a feedfast loader so that both read the same thing: the
 files through the same (possibly filtered) index files, hence the same samples; the same
 batch size; as many worker processes (torch) or threads (DALI) as feedfast's threads; the
 spec's crop, flip, statistics, shuffling and seed (:mod:`feedfast.baseline.from_spec`).
+
+A comparison builds a new contender for each round and closes it at the round's end
+(:func:`feedfast.baseline.timing.time_round`): a Contender is iterated like the loader it
+wraps, epoch after epoch, and has the ``delivered()`` and ``close()`` that the round uses.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,34 +25,48 @@ BASELINES = ("torch", "dali")
 
 @dataclass
 class Contender:
-    """One loader in a comparison.
+    """One loader in a comparison, for one round.
 
     Attributes:
         name: ``feedfast``, ``torch`` or ``dali``.
         batches: its batches, epoch after epoch, for as long as they are asked for.
-        started: ``time.perf_counter()`` when it was built.
         close: releases its threads, processes and memory.
         delivered: its running count of delivered samples, when its batches may hold padding.
         recipe: what it runs, in words.
-        ahead: at most how many batches it holds ready when asked again after a pause.
     """
 
     name: str
     batches: Iterator[Any]
-    started: float
     close: Callable[[], None]
     delivered: Callable[[], int] | None = None
     recipe: str = ""
-    ahead: int = 0
 
-    def first_batch(self) -> float:
-        """Take one batch; return the seconds from construction to it (time to first batch)."""
-        next(self.batches)
-        return time.perf_counter() - self.started
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self.batches)
 
 
-def make_baseline(name: str, loader: Any) -> Contender:
-    """The ``torch`` or ``dali`` baseline for a feedfast ``loader``.
+def feedfast_contender(loader: Any, *, closed: Callable[[Any], None] | None = None) -> Contender:
+    """A feedfast ``DataLoader`` as a contender: its batches epoch after epoch, its delivered count.
+
+    Closing it stops the loader's background work (a threads-backend loader starts its next
+    epoch ahead), then calls ``closed(loader)``, e.g. to read its final ``stats()``.
+    """
+    batches = _forever(loader)
+
+    def close() -> None:
+        batches.close()
+        loader.close()
+        if closed is not None:
+            closed(loader)
+
+    return Contender("feedfast", batches, close, delivered=lambda: int(loader.stats()["delivered"]))
+
+
+def check_baseline(name: str, loader: Any) -> BaselineSettings:
+    """The settings of the ``torch`` or ``dali`` baseline for a feedfast ``loader``, once it can be built.
 
     Raises:
         UserError: an unknown name, shards that are not local files, a spec the baselines
@@ -62,9 +79,26 @@ def make_baseline(name: str, loader: Any) -> Contender:
         raise UserError(f"--compare reads local tar files; these shards are read as {', '.join(kinds)}: "
                         "copy them to local disk first")
     settings = settings_from_spec(loader.spec)
-    started = time.perf_counter()
+    if name == "torch":
+        from feedfast.baseline.vision import transforms
+
+        transforms()
+    else:
+        from feedfast.baseline.dali_recipe import dali_iterator
+
+        dali_iterator()
+    return settings
+
+
+def make_baseline(name: str, loader: Any) -> Contender:
+    """The ``torch`` or ``dali`` baseline for a feedfast ``loader``, newly built.
+
+    Raises:
+        UserError: as :func:`check_baseline`.
+    """
+    settings = check_baseline(name, loader)
     build = _torch if name == "torch" else _dali
-    return build(loader, settings, started)
+    return build(loader, settings)
 
 
 def _forever(loader: Any) -> Generator[Any, None, None]:
@@ -72,7 +106,7 @@ def _forever(loader: Any) -> Generator[Any, None, None]:
         yield from loader
 
 
-def _torch(loader: Any, settings: BaselineSettings, started: float) -> Contender:
+def _torch(loader: Any, settings: BaselineSettings) -> Contender:
     from feedfast.baseline.torch_recipe import make_torch_loader
 
     r = settings.recipe
@@ -93,8 +127,7 @@ def _torch(loader: Any, settings: BaselineSettings, started: float) -> Contender
 
     recipe = (f"torchvision {torchvision.__version__} transforms: {', '.join(r.describe())}; {_pil()} decode from a "
               f"map-style dataset over the shards' indexes; torch DataLoader, {loader.threads} persistent workers")
-    ahead = loader.threads * (torch_loader.prefetch_factor or 0)  # each worker's queued batches
-    return Contender("torch", batches, started, close, recipe=recipe, ahead=ahead)
+    return Contender("torch", batches, close, recipe=recipe)
 
 
 def _pil() -> str:
@@ -109,7 +142,7 @@ def _pil() -> str:
     return "PIL"
 
 
-def _dali(loader: Any, settings: BaselineSettings, started: float) -> Contender:
+def _dali(loader: Any, settings: BaselineSettings) -> Contender:
     from feedfast.baseline.dali_recipe import DaliRecipeLoader
 
     r = settings.recipe
@@ -123,4 +156,4 @@ def _dali(loader: Any, settings: BaselineSettings, started: float) -> Contender:
     where = "mixed decode, GPU ops" if device_id is not None else "CPU"
     recipe = (f"hand-written DALI ({where}, {loader.threads} threads): readers.webdataset with feedfast's indexes, "
               f"{ops}, crop_mirror_normalize; DALIGenericIterator (PARTIAL last batch)")
-    return Contender("dali", batches, started, batches.close, recipe=recipe, ahead=2)  # DALI's prefetch_queue_depth
+    return Contender("dali", batches, batches.close, recipe=recipe)

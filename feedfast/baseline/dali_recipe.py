@@ -41,6 +41,19 @@ def ascii_labels(raw: torch.Tensor) -> torch.Tensor:
     return value
 
 
+def dali_iterator() -> tuple[Any, Any]:
+    """DALI's ``DALIGenericIterator`` and ``LastBatchPolicy``.
+
+    Raises:
+        UserError: DALI is not installed.
+    """
+    try:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+    except ImportError as exc:
+        raise UserError("--compare dali needs NVIDIA DALI: pip install 'feedfast[cuda12]'") from exc
+    return DALIGenericIterator, LastBatchPolicy
+
+
 class DaliRecipeLoader:
     """``for images, labels in loader``: one epoch per iteration, epoch after epoch.
 
@@ -60,14 +73,11 @@ class DaliRecipeLoader:
     def __init__(self, shards: Sequence[str], index_paths: Sequence[str], *, recipe: TorchRecipe, batch_size: int,
                  threads: int, device_id: int | None, seed: int = 0, shuffle: bool = False,
                  image_ext: str = "jpg;jpeg;png", label_ext: str = "cls") -> None:
-        try:
-            from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-        except ImportError as exc:
-            raise UserError("--compare dali needs NVIDIA DALI: pip install 'feedfast[cuda12]'") from exc
+        generic_iterator, last_batch_policy = dali_iterator()
         pipe = _pipeline(list(shards), list(index_paths), recipe, exts=[image_ext, label_ext], shuffle=shuffle,
                          batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed)
-        self._iterator = DALIGenericIterator([pipe], ["images", "labels"], reader_name=READER,
-                                             last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True)
+        self._iterator = generic_iterator([pipe], ["images", "labels"], reader_name=READER,
+                                          last_batch_policy=last_batch_policy.PARTIAL, auto_reset=True)
 
     def __len__(self) -> int:
         return len(self._iterator)

@@ -6,37 +6,36 @@ that loader would cause at that compute rate and what would remove it.
 
 With ``--compare torch`` (torchvision's transforms in a torch DataLoader) or ``--compare dali``
 (a hand-written DALI pipeline), both loaders read the same shards and samples with the same
-batch size and worker count. Each takes its first batch untimed (baselines first, so their
-worker processes fork before feedfast's threads start); then ``--rounds`` rounds time each
-loader in alternating order (:mod:`feedfast.baseline.rounds`), each round after ``--warmup``
-untimed batches, and the median per-round ratio is printed with its spread. Each loader's
-CPU and memory figures count this process and its own worker processes.
+batch size and worker count. ``--rounds`` rounds time each loader in alternating order
+(:mod:`feedfast.baseline.rounds`), and the median per-round ratio is printed with its spread.
 
-Both loaders stay alive between their rounds, and each refills its queue of ready batches as
-soon as the other's round starts (about 0.8 CPU seconds for either on the imagenet photo set,
-batch 64, 2 workers). Left alone, that refill ran inside the other loader's timed window and
-cost whichever ran second up to a third of its rate. So each round starts only once this
-process and its workers have gone quiet (:func:`settle`), and its warm-up then takes what the
-loader queued (``ahead + 1`` batches at least): each loader is timed alone, in steady state.
+Every round is timed as ``make bench`` times it, by the same function
+(:func:`feedfast.baseline.timing.time_round`): it builds a new loader (feedfast's with the
+arguments given here, the baseline from it), takes ``--warmup`` batches untimed, times
+``--batches`` batches (or ``--seconds``), and closes the loader before the next round starts.
+So each loader is timed alone, on batches of its first epoch when warm-up and timed batches
+fit in one, and no round runs while another loader refills its queue or starts its next
+epoch ahead. CPU and memory figures count this process and its child processes (the round's
+workers). Time to first batch is the first round's, from the loader's construction.
+Without ``--compare`` one loader is timed (``--rounds``: one new loader per round).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
-import psutil
-
 from feedfast._env import usable_cores
-from feedfast.baseline.contenders import Contender, make_baseline
+from feedfast.baseline.contenders import Contender, check_baseline, feedfast_contender, make_baseline
 from feedfast.baseline.rounds import ratio_spread, round_order
+from feedfast.baseline.timing import samples_per_cpu_s, time_round
 from feedfast.cli.advice import step_recommendation
 from feedfast.cli.common import check_positive, demo_shards, find_spec, gpu_cell, table, write_json
-from feedfast.cli.measure import Ownership, RunPlan, all_processes, combine_runs, forever, timed_run
+from feedfast.cli.measure import RunPlan, combine_runs
 from feedfast.errors import UserError
 from feedfast.loader.backends import BACKENDS
 
@@ -71,7 +70,8 @@ def add_parser(sub: Any) -> None:
                    help="also time a baseline on the same shards: torchvision's transforms in a torch DataLoader "
                         "(torch), or a hand-written DALI pipeline (dali)")
     p.add_argument("--rounds", type=int, default=None,
-                   help="timed rounds per loader, in alternating order (default 5 with --compare, else 1)")
+                   help="timed rounds per loader, in alternating order, each on a new loader "
+                        "(default 5 with --compare, else 1)")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="spec override key=value")
     p.add_argument("--on-error", choices=("raise", "skip"), default=None,
                    help="undecodable samples: stop with an error naming them, or skip and count them "
@@ -101,124 +101,81 @@ def run(args: argparse.Namespace) -> int:
     check_args(args)
     spec_path = find_spec(args.spec)
     shards = args.shards or demo_shards(args.quiet)
-    owners = Ownership()
-    started = time.perf_counter()
-    loader = feedfast.DataLoader(spec_path, shards=shards, batch_size=args.batch_size, num_workers=args.threads,
-                                 placement=args.device, overrides=args.overrides, on_error=args.on_error,
-                                 backend=args.backend)
+
+    def build() -> Any:
+        return feedfast.DataLoader(spec_path, shards=shards, batch_size=args.batch_size, num_workers=args.threads,
+                                   placement=args.device, overrides=args.overrides, on_error=args.on_error,
+                                   backend=args.backend)
+
+    loader = build()  # checks the arguments before any round; never iterated, each round times a new one
+    if args.compare:
+        check_baseline(args.compare, loader)
     step_s = args.step_ms / 1e3 if args.step_ms else None
     plan = RunPlan(warmup=args.warmup, count=args.batches, seconds=args.seconds, step_s=step_s,
                    quiet=args.quiet, label="feedfast")
-    contenders = [Contender("feedfast", forever(loader), started, loader.close,
-                            delivered=lambda: int(loader.stats()["delivered"]), ahead=2 * loader.prefetch)]
+    counts: list[dict[str, Any]] = []  # each feedfast round's stats, read once its loader is closed
+    recipes: dict[str, str] = {}
+
+    def round_loader(name: str) -> Contender:
+        if name == "feedfast":
+            return feedfast_contender(build(), closed=lambda done: counts.append(_counts(done)))
+        baseline = make_baseline(name, loader)
+        recipes[name] = baseline.recipe
+        return baseline
+
+    names = ["feedfast", *([args.compare] if args.compare else [])]
     try:
-        if args.compare:
-            contenders.append(make_baseline(args.compare, loader))
-        runs, meter = _rounds(contenders, plan, args.rounds or (5 if args.compare else 1), owners)
+        runs, meter = _rounds(names, round_loader, plan, args.rounds or (5 if args.compare else 1))
     finally:
-        for contender in contenders:
-            contender.close()
-    res = _result(runs["feedfast"], loader, spec_path)
+        loader.close()
+    res = _result(runs["feedfast"], loader, spec_path, counts)
     if step_s is not None:
         res["step"] = _step(res, args.step_ms, loader)
     if args.plot:
         res["plot"] = str(meter.plot(args.plot))
     if args.compare:
-        res["compare"] = compare_figures(contenders[1], runs, step=step_s is not None)
+        res["compare"] = compare_figures(args.compare, recipes[args.compare], runs, step=step_s is not None)
     if args.json_path != "-":  # JSON on stdout stays parseable
         _print(res)
     write_json(args.json_path, res)
     return 0
 
 
-def _rounds(contenders: list[Contender], plan: RunPlan, rounds: int,
-            owners: Ownership) -> tuple[dict[str, dict[str, Any]], Any]:
-    """Each contender's figures over ``rounds`` alternating rounds, and feedfast's last meter.
+def _rounds(names: list[str], make: Callable[[str], Any], plan: RunPlan,
+            rounds: int) -> tuple[dict[str, dict[str, Any]], Any]:
+    """Each contender's figures over ``rounds`` alternating rounds, and feedfast's last round's meter.
 
-    First each contender takes one batch, untimed (baselines first: their worker processes fork
-    before feedfast's threads run); its time to first batch counts from its construction.
-    Beside another loader, each round's warm-up also drains what the contender prepared while
-    the other one ran (``ahead + 1`` batches at least), so no round starts on a full queue.
+    In each round, each of ``names`` in :func:`round_order`'s order is built (``make(name)``),
+    timed and closed (:func:`time_round`) before the next one is built.
     """
-    first = {}
-    for c in reversed(contenders):
-        first[c.name] = c.first_batch()
-        owners.processes(c.name)  # the worker processes it started are its own
-    by_name = {c.name: c for c in contenders}
-    warmups = {c.name: max(plan.warmup, c.ahead + 1) if len(contenders) > 1 else plan.warmup for c in contenders}
-    figures: dict[str, list[dict[str, Any]]] = {c.name: [] for c in contenders}
-    settled: dict[str, list[float]] = {c.name: [] for c in contenders}
+    figures: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     meter = None
-    for number, order in enumerate(round_order([c.name for c in contenders], rounds)):
+    for number, order in enumerate(round_order(names, rounds)):
         for name in order:
-            c = by_name[name]
-            if len(contenders) > 1:  # the other loader's queue refill must not run in this one's window
-                settled[name].append(round(settle(_cpu_seconds, cores=psutil.cpu_count() or 1), 2))
             label = name if rounds == 1 else f"{name} {number + 1}/{rounds}"
-            round_plan = dataclasses.replace(plan, label=label, warmup=warmups[name])
-            figs, run_meter = timed_run(c.batches, round_plan, started=time.perf_counter(), delivered=c.delivered,
-                                        processes=_scope(owners, name))
+            figs, run_meter = time_round(functools.partial(make, name), dataclasses.replace(plan, label=label))
             figures[name].append(figs)
             meter = run_meter if name == "feedfast" else meter
-    return {name: {**combine_runs(runs), "time_to_first_batch_s": first[name], "warmup_per_round": warmups[name],
-                   "settle_s_per_round": settled[name]}
-            for name, runs in figures.items()}, meter
+    return {name: {**combine_runs(runs), "warmup_per_round": plan.warmup} for name, runs in figures.items()}, meter
 
 
-def settle(cpu_seconds: Callable[[], float], *, cores: int, share: float = 0.1, poll_s: float = 0.25,
-           limit_s: float = 10.0, clock: Callable[[], float] = time.perf_counter,
-           sleep: Callable[[float], None] = time.sleep) -> float:
-    """Wait until the measured processes go quiet; return the seconds waited.
-
-    Quiet: over one poll of ``poll_s`` they used under ``share`` of ``cores`` (by default a
-    tenth of the machine). Gives up after ``limit_s`` (a loader that never goes quiet is
-    then timed as it is).
-
-    Args:
-        cpu_seconds: the processes' CPU seconds so far (user + system).
-        cores: the machine's cores.
-        share: the fraction of ``cores`` under which they count as quiet.
-        poll_s: seconds between two readings.
-        limit_s: the longest wait.
-        clock: seconds, monotonic.
-        sleep: waits the given seconds.
-    """
-    start, before = clock(), cpu_seconds()
-    while clock() - start < limit_s:
-        sleep(poll_s)
-        now = cpu_seconds()
-        if now - before < share * cores * poll_s:
-            break
-        before = now
-    return clock() - start
+def _counts(loader: Any) -> dict[str, Any]:
+    """What a closed feedfast loader counted: its ``stats()`` and the samples it left out."""
+    return {**loader.stats(), "skipped_samples": loader.skipped_samples()[:1000]}  # shard, key, reason; first 1,000
 
 
-def _cpu_seconds() -> float:
-    """CPU seconds used so far by this process and its live children (gone ones are skipped)."""
-    total = 0.0
-    for process in all_processes():
-        try:
-            times = process.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system
-    return total
-
-
-def _scope(owners: Ownership, name: str) -> Callable[[], list[Any]]:
-    return lambda: owners.processes(name)
-
-
-def _result(figs: dict[str, Any], loader: Any, spec_path: Any) -> dict[str, Any]:
+def _result(figs: dict[str, Any], loader: Any, spec_path: Any, counts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of feedfast's rounds; padding added up over the rounds' loaders, what the dataset
+    left out (the same for each) from the last."""
     per_sample = loader.shards.bytes / max(loader.shards.total, 1)
-    stats = loader.stats()
-    res = {k: figs[k] for k in (*RUN_KEYS, "rounds", "round_samples_per_s", "warmup_per_round", "settle_s_per_round",
+    last = counts[-1]
+    res = {k: figs[k] for k in (*RUN_KEYS, "rounds", "round_samples_per_s", "warmup_per_round", "cpu_s",
                                 "batch_ms", "wait_ms_per_batch", "stall_fraction", "verdict")}
-    res.update(mb_per_s=figs["samples_per_s"] * per_sample / 1e6, skipped=stats["skipped"], padded=stats["padded"],
+    res.update(mb_per_s=figs["samples_per_s"] * per_sample / 1e6, skipped=last["skipped"],
+               padded=sum(c["padded"] for c in counts),
                gpu_util=figs["gpu_util"], gpu_status=figs["gpu_status"], spec=str(spec_path),
                placement=loader.plan.placement, backend=loader.backend, threads=loader.threads, batch_size=loader.spec.batch_size,
-               shards=len(loader.shards.paths), converted=stats["converted"],
-               skipped_samples=loader.skipped_samples()[:1000])  # shard, key, reason; first 1,000
+               shards=len(loader.shards.paths), converted=last["converted"], skipped_samples=last["skipped_samples"])
     return res
 
 
@@ -241,32 +198,20 @@ def _step(figs: dict[str, Any], step_ms: float, loader: Any) -> dict[str, Any]:
             "cores": usable_cores(), "recommendation": text}
 
 
-def compare_figures(baseline: Contender, runs: dict[str, dict[str, Any]], *, step: bool) -> dict[str, Any]:
+def compare_figures(baseline: str, recipe: str, runs: dict[str, dict[str, Any]], *, step: bool) -> dict[str, Any]:
     """The ``compare`` object: the baseline's figures and the median feedfast/baseline ratio with its spread."""
-    base = runs[baseline.name]
+    base = runs[baseline]
     spread = ratio_spread(runs["feedfast"]["round_samples_per_s"], base["round_samples_per_s"])
-    out = {k: base[k] for k in (*RUN_KEYS, "rounds", "round_samples_per_s", "warmup_per_round",
-                                 "settle_s_per_round")}
-    per_cpu = {name: samples_per_cpu_s(runs[name], psutil.cpu_count() or 1) for name in ("feedfast", baseline.name)}
-    mine, theirs = per_cpu["feedfast"], per_cpu[baseline.name]
-    out.update(baseline=baseline.name, recipe=baseline.recipe, ratio=spread.median, ratio_spread=spread.to_dict(),
+    out = {k: base[k] for k in (*RUN_KEYS, "rounds", "round_samples_per_s", "warmup_per_round", "cpu_s")}
+    per_cpu = {name: samples_per_cpu_s(runs[name]) for name in ("feedfast", baseline)}
+    mine, theirs = per_cpu["feedfast"], per_cpu[baseline]
+    out.update(baseline=baseline, recipe=recipe, ratio=spread.median, ratio_spread=spread.to_dict(),
                ratio_spread_text=spread.text(), samples_per_cpu_s=per_cpu,
                ratio_per_cpu_s=mine / theirs if mine is not None and theirs else None,
-               order=[list(order) for order in round_order(["feedfast", baseline.name], base["rounds"])])
+               order=[list(order) for order in round_order(["feedfast", baseline], base["rounds"])])
     if step:
         out.update(stall_fraction=base["stall_fraction"], verdict=base["verdict"])
     return out
-
-
-def samples_per_cpu_s(figs: dict[str, Any], cores: int) -> float | None:
-    """Delivered samples per CPU second of a loader's timed rounds (its process and workers), None without CPU time.
-
-    On a machine shared with other work the wall-clock rates swing with the others' load, the
-    CPU each sample costs much less: this is what the rate becomes on a quiet machine for a
-    loader that keeps its cores busy.
-    """
-    used = figs["cpu_util"] / 100 * cores * figs["wall_s"]
-    return figs["samples"] / used if used > 0 else None
 
 
 def _print(res: dict[str, Any]) -> None:

@@ -10,8 +10,8 @@ would see. A busy-wait would instead take a core from the loader, which a GPU jo
 Samples/s counts delivered samples only: a loader that pads its last batch says how many it
 delivered (``delivered``, e.g. feedfast's ``stats()["delivered"]``); other batches count
 their rows. CPU time and peak memory are those of the processes a run is given
-(``processes``: this one and the children it owns, see :class:`Ownership`), so that two
-loaders measured in one process are not charged for each other's workers.
+(``processes``; by default this one and all its children). A comparison times one loader
+at a time, each built and closed within its round (:mod:`feedfast.baseline.timing`).
 """
 
 from __future__ import annotations
@@ -71,27 +71,6 @@ def batch_samples(batch: Any) -> int:
     return int(first.shape[0])
 
 
-class Ownership:
-    """Which child processes belong to which loader, when several are measured in one process.
-
-    A child belongs to the loader that was running when it was first seen (a DataLoader's
-    workers start inside its first ``next()``); children that exist when the Ownership is made
-    belong to nobody.
-    """
-
-    def __init__(self) -> None:
-        self.me = psutil.Process()
-        self._owner: dict[int, str | None] = {c.pid: None for c in self.me.children(recursive=True)}
-
-    def processes(self, owner: str) -> list[psutil.Process]:
-        """This process and the live children of ``owner``, claiming for it the children not seen before."""
-        mine = [self.me]
-        for child in self.me.children(recursive=True):
-            if self._owner.setdefault(child.pid, owner) == owner:
-                mine.append(child)
-        return mine
-
-
 def all_processes() -> list[psutil.Process]:
     """This process and all its children: the default scope of a run."""
     me = psutil.Process()
@@ -112,7 +91,8 @@ def timed_run(batches: Iterable[Any], plan: RunPlan, *, started: float, delivere
 
     Returns:
         The figures (``samples_per_s``, ``batches``, ``samples``, ``wall_s``,
-        ``time_to_first_batch_s``, ``cpu_util``, ``peak_rss_mb``, ``stall_fraction``,
+        ``time_to_first_batch_s``, ``cpu_s`` (CPU seconds of ``processes`` over the timed batches),
+        ``cpu_util``, ``peak_rss_mb``, ``stall_fraction``,
         ``wait_ms_per_batch``, ``batch_ms``, ``gpu_util``, ``gpu_status``) and the stopped meter.
     """
     from tqdm import tqdm
@@ -156,7 +136,7 @@ def _figures(meter: StallMeter, n: int, samples: int, wall: float, cpu_s: float,
     cores = psutil.cpu_count() or 1
     return {
         "samples_per_s": samples / wall if wall > 0 else 0.0, "batches": n, "samples": samples, "wall_s": wall,
-        "batch_ms": wall / n * 1e3 if n else None, "time_to_first_batch_s": ttfb,
+        "cpu_s": cpu_s, "batch_ms": wall / n * 1e3 if n else None, "time_to_first_batch_s": ttfb,
         "cpu_util": round(cpu_s / wall / cores * 100, 1) if wall > 0 else 0.0,
         "peak_rss_mb": round(peak_bytes / 2**20, 1),
         "stall_fraction": summary["stall_fraction"], "verdict": summary["verdict"],
@@ -206,7 +186,7 @@ def combine_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One loader's figures over several rounds of :func:`timed_run`.
 
     ``samples_per_s`` is the median of the rounds' (``round_samples_per_s`` lists them);
-    counts and times add up; CPU and GPU use and the stall are weighted by each round's wall
+    counts and times (CPU seconds too) add up; CPU and GPU use and the stall are weighted by each round's wall
     time, the wait per batch by its batches; memory is the peak; time to first batch is the
     first round's.
     """
@@ -218,6 +198,7 @@ def combine_runs(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "samples_per_s": statistics.median(r["samples_per_s"] for r in runs),
         "round_samples_per_s": [r["samples_per_s"] for r in runs], "rounds": len(runs),
         "batches": batches, "samples": sum(r["samples"] for r in runs), "wall_s": wall,
+        "cpu_s": sum(r["cpu_s"] for r in runs),
         "batch_ms": wall / batches * 1e3 if batches else None, "time_to_first_batch_s": runs[0]["time_to_first_batch_s"],
         "cpu_util": round(_weighted(runs, "cpu_util", "wall_s") or 0.0, 1),
         "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
