@@ -15,8 +15,9 @@
  *
  *   data: the JPEG file's bytes (any buffer).
  *   denom: DCT scaling 1, 2, 4 or 8 (Pillow's draft); the coordinates are in the scaled image.
- *   left, top, right, bottom: the region wanted, clamped to the image; left may move left to an
- *       iMCU boundary and the width grow (jpeg_crop_scanline), so the region returned holds it.
+ *   left, top, right, bottom: the region wanted, clamped to the image (one pixel at least); left
+ *       may move left to an iMCU boundary and the width grow (jpeg_crop_scanline), so the region
+ *       returned holds it.
  *   gray: decode to one channel (JCS_GRAYSCALE), else four (RGBX, X undefined).
  *   Returns the pixels (bytes: `height` rows of width * channels, then one row of slack) and the
  *       region they cover.
@@ -92,11 +93,11 @@ decode_region(PyObject *self, PyObject *args)
     }
     struct jpeg_decompress_struct cinfo;
     ErrorManager err;
+    memset(&cinfo, 0, sizeof cinfo); /* jpeg_destroy_decompress is then safe whatever failed */
     memset(&err, 0, sizeof err);
     cinfo.err = jpeg_std_error(&err.pub);
     err.pub.error_exit = error_exit;
     err.pub.emit_message = emit_message;
-    jpeg_create_decompress(&cinfo);
 
     /* volatile: read after a longjmp */
     PyObject *volatile pixels = NULL;
@@ -105,6 +106,7 @@ decode_region(PyObject *self, PyObject *args)
     const int channels = gray ? 1 : 4;
 
     if (setjmp(err.jump) == 0) {
+        jpeg_create_decompress(&cinfo); /* inside: it may fail (memory) through error_exit */
         jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
         jpeg_read_header(&cinfo, TRUE);
         cinfo.scale_num = 1;
@@ -112,8 +114,12 @@ decode_region(PyObject *self, PyObject *args)
         cinfo.out_color_space = gray ? JCS_GRAYSCALE : JCS_EXT_RGBX;
         jpeg_start_decompress(&cinfo);
         JDIMENSION w = cinfo.output_width, h = cinfo.output_height;
-        JDIMENSION x1 = clamp(right, w), y1 = clamp(bottom, h);
-        JDIMENSION xs = clamp(left, x1 ? x1 - 1 : 0), ys = clamp(top, y1 ? y1 - 1 : 0);
+        JDIMENSION x1 = clamp(right, w), y1 = clamp(bottom, h); /* at least one pixel: w, h >= 1 */
+        if (x1 == 0)
+            x1 = 1;
+        if (y1 == 0)
+            y1 = 1;
+        JDIMENSION xs = clamp(left, x1 - 1), ys = clamp(top, y1 - 1);
         JDIMENSION cw = x1 - xs;
         if (xs > 0 || cw < w)
             jpeg_crop_scanline(&cinfo, &xs, &cw);
