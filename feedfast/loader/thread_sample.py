@@ -220,7 +220,7 @@ def _materialize(views: dict[str, View], opened: dict[int, tuple[Any, PilStep, b
         target = "L" if step.params["color"] == "gray" else "RGB"
         origin = (0, 0)
         region = None
-        if img.mode == target:  # a JPEG: only the region the views read, where the extension is built
+        if img.mode == target:  # a JPEG where the extension is built: only the region the views read
             scaled = (-(-width // factor), -(-height // factor))
             region = decode_region(img, raw, factor, region_needed(mine.values(), float(factor), scaled))
         try:
