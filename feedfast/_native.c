@@ -24,6 +24,10 @@
  *   Raises ValueError with libjpeg's message on an error or a warning (corrupt data, a
  *   premature end inside the region, an unsupported colour space): the caller decides.
  *
+ * jpeg_header(data) -> (width, height, components, colour space): the frame header libjpeg reads
+ *   (jpeg_read_header), in a few microseconds; ValueError with libjpeg's message when it cannot.
+ *   Colour space: libjpeg's J_COLOR_SPACE (1 grey, 2 RGB, 3 YCbCr, 4 CMYK, 5 YCCK).
+ *
  * normalize_into(pixels, out, mean, inv, chw): normalize's arithmetic in one pass.
  *
  *   pixels: uint8 H x W x C, any strides (a reversed view for a flip, RGBX with its fourth byte
@@ -260,10 +264,41 @@ fail_dst:
     return NULL;
 }
 
+static PyObject *
+jpeg_header(PyObject *self, PyObject *args)
+{
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data))
+        return NULL;
+    struct jpeg_decompress_struct cinfo;
+    ErrorManager err;
+    memset(&cinfo, 0, sizeof cinfo);
+    memset(&err, 0, sizeof err);
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = error_exit;
+    err.pub.emit_message = emit_message;
+    PyObject *result = NULL;
+    if (setjmp(err.jump) == 0) {
+        jpeg_create_decompress(&cinfo);
+        jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+        jpeg_read_header(&cinfo, TRUE);
+        if (!err.failed)
+            result = Py_BuildValue("(IIii)", (unsigned int)cinfo.image_width, (unsigned int)cinfo.image_height,
+                                   cinfo.num_components, (int)cinfo.jpeg_color_space);
+    }
+    jpeg_destroy_decompress(&cinfo);
+    PyBuffer_Release(&data);
+    if (result == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, err.message[0] ? err.message : "not a JPEG header");
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"decode_region", decode_region, METH_VARARGS,
      "decode_region(data, denom, left, top, right, bottom, gray) -> (pixels, left, top, width, height)\n\n"
      "Decode only a region of a JPEG (libjpeg-turbo's skip and crop of scanlines), without the GIL."},
+    {"jpeg_header", jpeg_header, METH_VARARGS,
+     "jpeg_header(data) -> (width, height, components, colour space)\n\nThe JPEG's frame header, read by libjpeg."},
     {"normalize_into", normalize_into, METH_VARARGS,
      "normalize_into(pixels, out, mean, inv, chw) -> None\n\n"
      "out = (pixels - mean) * inv in float32, HWC uint8 in, CHW (chw) or HWC float32 out, without the GIL."},
@@ -271,7 +306,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_native", "The threaded CPU path's hot loops: JPEG region decoding, normalize.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_native", "The threaded CPU path's hot loops: JPEG headers and region decoding, normalize.", -1, methods,
 };
 
 PyMODINIT_FUNC

@@ -341,7 +341,11 @@ def test_a_successful_run_over_the_hostile_corpus_prints_nothing_but_its_own_out
     assert proc.stderr == ""  # no DALI [ERROR] lines, no libpng or PIL warnings
     logged = "\n".join(json.loads(said))
     assert "[libtiff_decoder]" in logged and "libpng error: IDAT: CRC error" in logged  # DALI's, under raise
-    assert "Corrupt EXIF data" in logged  # PIL's, on the threads backend
+    from feedfast.loader import native
+
+    # PIL's, on the threads backend, where Pillow reads the JPEG's markers; feedfast's extension reads the header in C
+    # and never parses that EXIF, so there is no warning to route
+    assert ("Corrupt EXIF data" in logged) != native.built()
 
 
 def test_dali_check_refuses_too_many_pixels_from_the_header() -> None:

@@ -156,3 +156,31 @@ def test_damaged_files_and_any_box_give_pixels_or_value_error_never_a_crash() ->
         assert len(pixels) == width * (1 if gray else 4) * (height + 1) and width >= 1 and height >= 1
         decoded += 1
     assert 500 < decoded < 2000
+
+
+@pytest.mark.parametrize("save", [{}, {"progressive": True}, {"gray": True}, {"subsampling": 0}])
+def test_the_header_read_in_c_gives_pillows_size_and_mode(save: dict[str, Any]) -> None:
+    raw = _jpeg(211, 97, **save)
+    header = pil_fast.jpeg_header(raw)
+    img = Image.open(io.BytesIO(raw))
+    assert header is not None and (header.size, header.mode) == (img.size, img.mode)
+
+
+def test_what_the_header_reader_does_not_take_is_left_to_pillow() -> None:
+    buf = io.BytesIO()
+    make_image(np.random.default_rng(1), 64, 48).save(buf, format="PNG")
+    raw = _jpeg(40, 30)
+    assert pil_fast.jpeg_header(_jpeg(cmyk=True)) is None
+    assert pil_fast.jpeg_header(buf.getvalue()) is None
+    assert pil_fast.jpeg_header(raw[:40]) is None  # cut inside the header
+    assert pil_fast.jpeg_header(b"") is None
+
+
+def test_the_header_reader_keeps_pillows_decompression_bomb_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = _jpeg(100, 100)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 6000)
+    with pytest.warns(Image.DecompressionBombWarning):
+        assert pil_fast.jpeg_header(raw) is not None
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 4000)
+    with pytest.raises(Image.DecompressionBombError):
+        pil_fast.jpeg_header(raw)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import random
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -59,8 +61,52 @@ def load_rows(img: Any, rows: int) -> bool:
     return img.crop((0, rows - 1, width, rows)).tobytes() != mark
 
 
+_JPEG_MODES = {(1, 1): "L", (3, 2): "RGB", (3, 3): "RGB"}
+"""(components, libjpeg colour space) -> the mode Pillow opens a JPEG in, for the modes region decoding takes."""
+
+
+@dataclass(frozen=True)
+class JpegHeader:
+    """What Pillow's ``Image.open`` tells of a JPEG that :func:`decode_region` can take, read by libjpeg."""
+
+    size: tuple[int, int]
+    mode: str
+    format: str = "JPEG"
+
+
+def jpeg_header(raw: bytes) -> JpegHeader | None:
+    """The JPEG's size and mode from its frame header, in microseconds where Pillow's ``open`` takes tens.
+
+    None where region decoding would not apply (not built, not a JPEG, CMYK, a header libjpeg
+    cannot read): the caller then opens the file with Pillow, which says what is wrong. Pillow's
+    decompression-bomb limit applies as in ``Image.open`` (an error above twice the limit, a
+    warning above it).
+    """
+    from PIL import Image
+
+    if native.ext is None or raw[:3] != b"\xff\xd8\xff":
+        return None
+    try:
+        width, height, components, space = native.ext.jpeg_header(raw)
+    except ValueError:
+        return None
+    mode = _JPEG_MODES.get((components, space))
+    if mode is None or width < 1 or height < 1:
+        return None
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and width * height > limit:
+        if width * height > 2 * limit:
+            raise Image.DecompressionBombError(f"Image size ({width * height} pixels) exceeds limit of {2 * limit} "
+                                               "pixels, could be decompression bomb DOS attack.")
+        warnings.warn(f"Image size ({width * height} pixels) exceeds limit of {limit} pixels, could be decompression "
+                      "bomb DOS attack.", Image.DecompressionBombWarning, stacklevel=2)
+    return JpegHeader((width, height), mode)
+
+
 def decode_region(img: Any, raw: bytes, denom: int, box: tuple[int, int, int, int]) -> tuple[Any, int, int] | None:
     """The pixels of ``box`` (left, top, right, bottom, in the image scaled by ``1 / denom``) of the JPEG ``raw``.
+
+    ``img`` is Pillow's opened image or the :class:`JpegHeader` of ``raw``.
 
     Returns an image of the box (clamped to the image) and its origin in the scaled image:
     ``(image, left, top)``; its pixels equal Pillow's full decode (``img.draft`` at the same

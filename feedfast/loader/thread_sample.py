@@ -38,7 +38,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from feedfast.compile.pil import PilProgram, PilStep
-from feedfast.loader.pil_fast import REGION_FORMATS, decode_region, exported_pixels, load_rows
+from feedfast.loader.pil_fast import REGION_FORMATS, JpegHeader, decode_region, exported_pixels, jpeg_header, load_rows
 from feedfast.loader.pil_warnings import routed
 from feedfast.ops.base import as_hw
 from feedfast.ops.generic import DecodeFailure
@@ -125,6 +125,17 @@ def _open(step: PilStep, raw: bytes) -> Any:
         raise _decode_failure(step, exc, raw) from None
 
 
+def _header(step: PilStep, raw: bytes) -> Any:
+    """A JPEG's :class:`~feedfast.loader.pil_fast.JpegHeader` where region decoding takes it, else Pillow's image."""
+    from PIL import Image
+
+    try:
+        header = jpeg_header(raw)
+    except Image.DecompressionBombError as exc:
+        raise _decode_failure(step, exc, raw) from None
+    return header if header is not None else _open(step, raw)
+
+
 def _geometry(step: PilStep, view: View, rng: random.Random) -> View:
     p = step.params
     width, height = view.size
@@ -171,10 +182,10 @@ def _fast_values(program: PilProgram, raw: Sequence[bytes], rng: random.Random) 
         if step.op == "read":
             values[step.id] = raw[step.id]
         elif step.op == "decode":
-            img = _open(step, value)
+            img = _header(step, value)
             opened[step.id] = (img, step, value)
-            values[step.id] = View(step.id, (0.0, 0.0, float(img.width), float(img.height)), img.size,
-                                   (0, 0, img.width, img.height))
+            width, height = img.size
+            values[step.id] = View(step.id, (0.0, 0.0, float(width), float(height)), img.size, (0, 0, width, height))
         elif step.op in GEOMETRY:
             values[step.id] = _geometry(step, value, rng)
         elif step.op == "flip":
@@ -228,6 +239,8 @@ def _materialize(views: dict[str, View], opened: dict[int, tuple[Any, PilStep, b
                 decoded, origin = region[0], (region[1], region[2])
                 scale = float(factor)
             else:
+                if isinstance(img, JpegHeader):  # the region decoder refused it: Pillow decodes, or says why
+                    img = _open(step, raw)
                 scale = 1.0
                 if factor > 1 and img.format in REGION_FORMATS:
                     drafted = img.draft(img.mode, (width // factor, height // factor))
