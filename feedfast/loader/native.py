@@ -1,8 +1,8 @@
 """feedfast's C extension (``feedfast/_native.c``), where it was built: the threaded path's hot loops.
 
-Its functions run without the GIL: a JPEG's header and region decoding (used through
-:func:`feedfast.loader.pil_fast.jpeg_header` and :func:`~feedfast.loader.pil_fast.decode_region`)
-and ``normalize`` in one pass (:func:`normalize_into`). The extension is optional: an install without libjpeg-turbo's headers
+It reads a JPEG's header (microseconds) and decodes a region of it (used through
+:func:`feedfast.loader.pil_fast.jpeg_header` and :func:`~feedfast.loader.pil_fast.decode_region`),
+and runs ``normalize`` in one pass (:func:`normalize_into`); decoding and normalize release the GIL. The extension is optional: an install without libjpeg-turbo's headers
 goes on without it, and the threaded path then runs those steps in Pillow and NumPy, with the
 same pixels and the same floats (``tests/test_native.py``).
 """
