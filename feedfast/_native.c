@@ -1,4 +1,4 @@
-/* feedfast._native: the threaded CPU path's two hot loops in C, without the GIL.
+/* feedfast._native: the threaded CPU path's hot spots in C (decoding and normalize without the GIL).
  *
  * decode_region: decode only a region of a JPEG, with libjpeg-turbo.
  *
@@ -9,7 +9,7 @@
  * below the region are never read. Pixels inside the region equal a full decode's (libjpeg's
  * default islow IDCT and fancy upsampling, as Pillow uses), except in the region's outermost
  * ring, where the upsampler lacks its neighbours: callers ask for a margin around what they read
- * (tests/test_jpeg.py checks both).
+ * (tests/test_native.py checks both).
  *
  * decode_region(data, denom, left, top, right, bottom, gray) -> (pixels, left, top, width, height)
  *
@@ -35,7 +35,7 @@
  *       each. out = ((float)pixel - mean) * inv, rounded as NumPy rounds the same two float32
  *       operations (the build keeps the compiler from fusing them), so equal bit for bit.
  *
- * Built with -ljpeg against libjpeg-turbo's headers (1.5.1 or later); pyproject.toml marks the
+ * Built with -ljpeg against libjpeg-turbo's headers (1.5.1 or later); setup.py marks the
  * extension optional, and feedfast runs these in Pillow and NumPy where it did not build.
  */
 #define PY_SSIZE_T_CLEAN
@@ -47,7 +47,7 @@
 #include <jpeglib.h>
 
 #ifndef LIBJPEG_TURBO_VERSION
-#error "feedfast._jpeg needs libjpeg-turbo's jpeglib.h (jpeg_crop_scanline, jpeg_skip_scanlines)"
+#error "feedfast._native needs libjpeg-turbo's jpeglib.h (jpeg_crop_scanline, jpeg_skip_scanlines)"
 #endif
 
 typedef struct {
@@ -127,8 +127,10 @@ decode_region(PyObject *self, PyObject *args)
         JDIMENSION cw = x1 - xs;
         if (xs > 0 || cw < w)
             jpeg_crop_scanline(&cinfo, &xs, &cw);
-        if (ys > 0)
-            jpeg_skip_scanlines(&cinfo, ys);
+        if (ys > 0 && (jpeg_skip_scanlines(&cinfo, ys) != ys || cinfo.output_scanline != ys) && !err.failed) {
+            strcpy(err.message, "too few rows skipped");
+            err.failed = 1;
+        }
         x0 = xs, width = cw, y0 = ys, rows = y1 - ys;
         if (!err.failed) {
             PyEval_RestoreThread(saved);
