@@ -33,12 +33,6 @@ class RowUnavailable(RuntimeError):
     """A row cannot run here (a package it needs is missing); the message says how to get it."""
 
 
-def _forever(make: Callable[[], Any]) -> Iterator[Any]:
-    loader = make()
-    while True:
-        yield from loader
-
-
 def _feedfast(shards: list[str], batch: int, workers: int, **options: Any) -> Iterator[Any]:
     """A feedfast loader's batches, epoch after epoch, as the CLI's comparison times them
     (:func:`feedfast.baseline.contenders.feedfast_contender`): ``delivered()`` leaves its padding
@@ -70,13 +64,14 @@ def torch_recipe(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
     map-style dataset over the shards, torchvision's RandomResizedCrop, flip, PILToTensor, ConvertImageDtype,
     Normalize, a torch DataLoader with ``workers`` persistent worker processes."""
     from feedfast.baseline.torch_recipe import make_torch_loader
+    from feedfast.cli.measure import forever
     from feedfast.errors import UserError
 
     try:
         loader = make_torch_loader(shards, batch_size=batch, num_workers=workers)
     except UserError as exc:  # no torchvision
         raise RowUnavailable(str(exc)) from exc
-    return _forever(lambda: loader)
+    return forever(loader)
 
 
 def spdl_pipeline(shards: list[str], batch: int, workers: int) -> Iterator[Any]:

@@ -12,11 +12,12 @@ wraps, epoch after epoch, and has the ``delivered()`` and ``close()`` that the r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from feedfast.baseline.from_spec import BaselineSettings, settings_from_spec
+from feedfast.cli.measure import forever
 from feedfast.errors import UserError
 
 BASELINES = ("torch", "dali")
@@ -54,7 +55,7 @@ def feedfast_contender(loader: Any, *, closed: Callable[[Any], None] | None = No
     Closing it stops the loader's background work (a threads-backend loader starts its next
     epoch ahead), then calls ``closed(loader)``, e.g. to read its final ``stats()``.
     """
-    batches = _forever(loader)
+    batches = forever(loader)
 
     def close() -> None:
         batches.close()
@@ -101,11 +102,6 @@ def make_baseline(name: str, loader: Any) -> Contender:
     return build(loader, settings)
 
 
-def _forever(loader: Any) -> Generator[Any, None, None]:
-    while True:
-        yield from loader
-
-
 def _torch(loader: Any, settings: BaselineSettings) -> Contender:
     from feedfast.baseline.torch_recipe import make_torch_loader
 
@@ -115,7 +111,7 @@ def _torch(loader: Any, settings: BaselineSettings) -> Contender:
         num_workers=loader.threads, train=r.train, size=r.size, resize=r.resize, scale=r.scale, ratio=r.ratio,
         flip_p=r.flip_p, mean=r.mean, std=r.std, seed=settings.seed, shuffle=settings.shuffle,
         image_ext=settings.image_ext, label_ext=settings.label_ext)
-    batches = _forever(torch_loader)
+    batches = forever(torch_loader)
     import torchvision  # imported by make_torch_loader, through feedfast.baseline.vision
 
     def close() -> None:
@@ -151,7 +147,7 @@ def _dali(loader: Any, settings: BaselineSettings) -> Contender:
         list(loader.shards.paths), list(loader.shards.index_paths), recipe=r, batch_size=loader.spec.batch_size,
         threads=loader.threads, device_id=device_id, seed=settings.seed, shuffle=settings.shuffle,
         image_ext=settings.image_ext, label_ext=settings.label_ext)
-    batches = _forever(dali_loader)
+    batches = forever(dali_loader)
     ops = ("decoders.image_random_crop, resize" if r.train else "decoders.image, resize(resize_shorter)")
     where = "mixed decode, GPU ops" if device_id is not None else "CPU"
     recipe = (f"hand-written DALI ({where}, {loader.threads} threads): readers.webdataset with feedfast's indexes, "

@@ -20,7 +20,7 @@ import io
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,8 +59,8 @@ class RunPlan:
         return batches >= self.count
 
 
-def forever(loader: Iterable[Any]) -> Iterator[Any]:
-    """Batches of ``loader``, epoch after epoch."""
+def forever(loader: Iterable[Any]) -> Generator[Any, None, None]:
+    """Batches of ``loader``, epoch after epoch (a generator: ``close()`` ends it)."""
     while True:
         yield from loader
 
