@@ -1,9 +1,14 @@
-"""Shared test helpers: tiny shards and specs."""
+"""Shared test helpers: tiny shards and specs, and ranks in spawned processes."""
 
 from __future__ import annotations
 
+import json
+import multiprocessing as mp
+import socket
+import sys
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from feedfast.sources.synth import synth_shards
 
@@ -164,3 +169,51 @@ class FakeGpu:
         for e in self.events:
             if upto is None or e.id < upto:
                 e.done = True
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 (for gloo's rendezvous or a launcher's master port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rank_report(out: str | Path, rank: int, body: Callable[[], Any]) -> None:
+    """In a spawned rank: ``body()``'s result as JSON in ``out/rank{rank}.json``, or its traceback in ``.error``."""
+    try:
+        Path(out, f"rank{rank}.json").write_text(json.dumps(body()))
+    except BaseException:
+        Path(out, f"rank{rank}.error").write_text(traceback.format_exc())
+        raise
+
+
+def spawn_ranks(target: Callable[..., None], world: int, out: Path, args: Callable[[int], tuple[Any, ...]], *,
+                timeout_s: float) -> list[Any]:
+    """``target(*args(rank))`` for each rank in a fresh spawned process; each rank's :func:`rank_report` JSON.
+
+    Fails (does not hang) when a rank is still running after ``timeout_s``, reported an error
+    or exited non-zero; a rank still running is killed.
+    """
+    if str(ROOT) not in sys.path:  # the children import the test module by name
+        sys.path.insert(0, str(ROOT))
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=target, args=args(r)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(timeout_s)
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        errors = {r: (out / f"rank{r}.error").read_text() for r in range(world) if (out / f"rank{r}.error").exists()}
+        assert not hung, f"ranks {hung} of {world} still running after {timeout_s} s; errors: {errors}"
+        assert not errors, f"ranks failed: {errors}"
+        assert [p.exitcode for p in procs] == [0] * world
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]

@@ -4,10 +4,8 @@ and a state taken mid-epoch resumes each rank's remaining batches."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import sys
-import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,11 +14,9 @@ import pytest
 
 from feedfast.sources.assign import plan_epoch
 from feedfast.sources.index import scan_tar
-from tests.helpers import SMALL_SPEC, make_shards
+from tests.helpers import ROOT, SMALL_SPEC, free_port, make_shards, rank_report, spawn_ranks
 from tests.rangeserver import RangeServer
-from tests.test_dist import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
 SPEC = {**SMALL_SPEC, "shuffle": {"buffer": 64, "shards": True, "block": 8, "window": 2}}
 POLICIES = ("partial", "drop")
@@ -32,46 +28,47 @@ def _run_rank(rank: int, port: int, urls: list[str], out: str) -> None:
     """One rank: two epochs per policy, then a resume from the state after the first batch of epoch 0."""
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
+    rank_report(out, rank, lambda: _rank_results(rank, port, urls))
+
+
+def _rank_results(rank: int, port: int, urls: list[str]) -> dict[str, Any]:
+    """What one rank saw per policy: each epoch's keys, padding and steps gathered, and the resumed batches."""
+    import torch
+    import torch.distributed as dist
+
+    import feedfast
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    results: dict[str, Any] = {}
     try:
-        import torch
-        import torch.distributed as dist
-
-        import feedfast
-
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-        results: dict[str, Any] = {}
-        try:
-            for policy in POLICIES:
-                loader = feedfast.DataLoader(SPEC, shards=urls, batch_size=3, shuffle=True, num_workers=1,
-                                             last_batch=policy, seed=5, backend="dali")
-                epochs, state = [], None
-                for e in range(2):
-                    keys, pads, sizes = [], [], []
-                    for i, (images, _) in enumerate(loader):
-                        sizes.append(int(images.shape[0]))
-                        keys.append([k for _, k in loader.last_origins[: loader.last_valid]])
-                        pads += [k for _, k in loader.last_origins[loader.last_valid:]]
-                        if e == 0 and i == 0:
-                            state = json.loads(json.dumps(loader.state_dict()))
-                    steps = torch.tensor([len(sizes)], dtype=torch.int64)
-                    gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(WORLD)]
-                    dist.all_gather(gathered, steps)
-                    epochs.append({"keys": keys, "pads": pads, "sizes": sizes, "len": len(loader),
-                                   "gathered": [int(g.item()) for g in gathered], "partition": loader._partition,
-                                   "shard_sizes": list(loader.shards.sizes)})
-                loader.close()
-                resumed = feedfast.DataLoader(SPEC, shards=urls, batch_size=3, shuffle=True, num_workers=1,
-                                              last_batch=policy, seed=5, backend="dali")
-                resumed.load_state_dict(state)  # type: ignore[arg-type]
-                rest = [[k for _, k in resumed.last_origins[: resumed.last_valid]] for _ in resumed]
-                resumed.close()
-                results[policy] = {"epochs": epochs, "resumed": rest}
-        finally:
-            dist.destroy_process_group()
-        Path(out, f"rank{rank}.json").write_text(json.dumps(results))
-    except BaseException:
-        Path(out, f"rank{rank}.error").write_text(traceback.format_exc())
-        raise
+        for policy in POLICIES:
+            loader = feedfast.DataLoader(SPEC, shards=urls, batch_size=3, shuffle=True, num_workers=1,
+                                         last_batch=policy, seed=5, backend="dali")
+            epochs, state = [], None
+            for e in range(2):
+                keys, pads, sizes = [], [], []
+                for i, (images, _) in enumerate(loader):
+                    sizes.append(int(images.shape[0]))
+                    keys.append([k for _, k in loader.last_origins[: loader.last_valid]])
+                    pads += [k for _, k in loader.last_origins[loader.last_valid:]]
+                    if e == 0 and i == 0:
+                        state = json.loads(json.dumps(loader.state_dict()))
+                steps = torch.tensor([len(sizes)], dtype=torch.int64)
+                gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(WORLD)]
+                dist.all_gather(gathered, steps)
+                epochs.append({"keys": keys, "pads": pads, "sizes": sizes, "len": len(loader),
+                               "gathered": [int(g.item()) for g in gathered], "partition": loader._partition,
+                               "shard_sizes": list(loader.shards.sizes)})
+            loader.close()
+            resumed = feedfast.DataLoader(SPEC, shards=urls, batch_size=3, shuffle=True, num_workers=1,
+                                          last_batch=policy, seed=5, backend="dali")
+            resumed.load_state_dict(state)  # type: ignore[arg-type]
+            rest = [[k for _, k in resumed.last_origins[: resumed.last_valid]] for _ in resumed]
+            resumed.close()
+            results[policy] = {"epochs": epochs, "resumed": rest}
+    finally:
+        dist.destroy_process_group()
+    return results
 
 
 def test_two_ranks_over_http_block_shuffled_see_every_sample_once_with_equal_steps(tmp_path: Path) -> None:
@@ -79,26 +76,11 @@ def test_two_ranks_over_http_block_shuffled_see_every_sample_once_with_equal_ste
     for idx in (tmp_path / "shards").glob("*.idx"):
         idx.unlink()  # remote shards come without index files: each rank scans them over http
     everything = Counter(s.key for p in shards for s in scan_tar(p))
-    ctx = mp.get_context("spawn")
     port = free_port()
     with RangeServer(tmp_path / "shards") as srv:  # this process only waits: the server threads have its GIL
         urls = [f"{srv.url}/{Path(p).name}" for p in shards]
-        procs = [ctx.Process(target=_run_rank, args=(r, port, urls, str(tmp_path))) for r in range(WORLD)]
-        for p in procs:
-            p.start()
-        try:
-            for p in procs:
-                p.join(JOIN_TIMEOUT_S)
-            errors = {r: (tmp_path / f"rank{r}.error").read_text() for r in range(WORLD)
-                      if (tmp_path / f"rank{r}.error").exists()}
-            assert not any(p.is_alive() for p in procs), f"ranks still running after {JOIN_TIMEOUT_S} s; {errors}"
-            assert not errors, f"ranks failed: {errors}"
-        finally:
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-                    p.join(5)
-    runs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+        runs = spawn_ranks(_run_rank, WORLD, tmp_path, lambda r: (r, port, urls, str(tmp_path)),
+                           timeout_s=JOIN_TIMEOUT_S)
     for policy in POLICIES:
         orders = []
         for e in range(2):

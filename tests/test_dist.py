@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import multiprocessing as mp
 import os
-import socket
 import sys
-import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,19 +12,12 @@ import pytest
 
 from feedfast.sources.assign import plan_epoch
 from feedfast.sources.index import scan_tar
-from tests.helpers import SMALL_SPEC, make_shards
+from tests.helpers import ROOT, SMALL_SPEC, free_port, make_shards, rank_report, spawn_ranks
 
-ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("partial", "pad", "drop")
 EPOCHS = 2
 JOIN_TIMEOUT_S = 120
 pytestmark = pytest.mark.slow  # two spawns of 2 and 3 processes that import DALI and torch
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _run_rank(rank: int, world: int, port: int, datasets: dict[str, list[str]], out: str) -> None:
@@ -36,74 +25,56 @@ def _run_rank(rank: int, world: int, port: int, datasets: dict[str, list[str]], 
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
     os.environ.update(RANK="0", WORLD_SIZE="1")  # wrong on purpose: torch.distributed must win
+    rank_report(out, rank, lambda: _rank_results(rank, world, port, datasets))
+
+
+def _rank_results(rank: int, world: int, port: int, datasets: dict[str, list[str]]) -> dict[str, Any]:
+    """What one rank saw, per dataset and policy: each epoch's batches, samples, padding and the steps gathered."""
+    import torch
+    import torch.distributed as dist
+
+    import feedfast
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    results: dict[str, Any] = {}
     try:
-        import torch
-        import torch.distributed as dist
-
-        import feedfast
-
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-        results: dict[str, Any] = {}
-        try:
-            for name, shards in datasets.items():
-                for policy in POLICIES:
-                    loader = feedfast.DataLoader(SMALL_SPEC, shards=shards, batch_size=4, shuffle=True,
-                                                 num_workers=1, last_batch=policy, seed=7)
-                    epochs = []
-                    for _ in range(EPOCHS):
-                        epoch, length, before = loader.epoch, len(loader), loader.stats()
-                        real, pads, sizes, batches = [], [], [], 0
-                        for images, labels in loader:
-                            batches += 1
-                            sizes.append(int(images.shape[0]))
-                            assert int(labels.shape[0]) == len(loader.last_origins)
-                            origins = [[Path(s).name, k] for s, k in loader.last_origins]
-                            real += origins[: loader.last_valid]
-                            pads += origins[loader.last_valid:]
-                        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-                        dist.all_gather(counts, torch.tensor([batches], dtype=torch.int64))
-                        after = loader.stats()
-                        epochs.append({
-                            "epoch": epoch, "len": length, "batches": batches, "sizes": sizes, "real": real,
-                            "pads": pads, "gathered": [int(c.item()) for c in counts],
-                            "padded": after["padded"] - before["padded"],
-                            "dropped": after["dropped"] - before["dropped"],
-                            "sizes_per_shard": list(loader.shards.sizes), "rank": loader.rank,
-                            "world": loader.world,
-                        })
-                    loader.close()
-                    results[f"{name}/{policy}"] = epochs
-        finally:
-            dist.destroy_process_group()
-        Path(out, f"rank{rank}.json").write_text(json.dumps(results))
-    except BaseException:
-        Path(out, f"rank{rank}.error").write_text(traceback.format_exc())
-        raise
+        for name, shards in datasets.items():
+            for policy in POLICIES:
+                loader = feedfast.DataLoader(SMALL_SPEC, shards=shards, batch_size=4, shuffle=True,
+                                             num_workers=1, last_batch=policy, seed=7)
+                epochs = []
+                for _ in range(EPOCHS):
+                    epoch, length, before = loader.epoch, len(loader), loader.stats()
+                    real, pads, sizes, batches = [], [], [], 0
+                    for images, labels in loader:
+                        batches += 1
+                        sizes.append(int(images.shape[0]))
+                        assert int(labels.shape[0]) == len(loader.last_origins)
+                        origins = [[Path(s).name, k] for s, k in loader.last_origins]
+                        real += origins[: loader.last_valid]
+                        pads += origins[loader.last_valid:]
+                    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+                    dist.all_gather(counts, torch.tensor([batches], dtype=torch.int64))
+                    after = loader.stats()
+                    epochs.append({
+                        "epoch": epoch, "len": length, "batches": batches, "sizes": sizes, "real": real,
+                        "pads": pads, "gathered": [int(c.item()) for c in counts],
+                        "padded": after["padded"] - before["padded"],
+                        "dropped": after["dropped"] - before["dropped"],
+                        "sizes_per_shard": list(loader.shards.sizes), "rank": loader.rank,
+                        "world": loader.world,
+                    })
+                loader.close()
+                results[f"{name}/{policy}"] = epochs
+    finally:
+        dist.destroy_process_group()
+    return results
 
 
 def _spawn(world: int, datasets: dict[str, list[str]], out: Path) -> list[dict[str, Any]]:
     """Run ``world`` ranks in fresh processes; fail (not hang) past the join timeout."""
-    ctx = mp.get_context("spawn")
     port = free_port()
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    procs = [ctx.Process(target=_run_rank, args=(r, world, port, datasets, str(out))) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(JOIN_TIMEOUT_S)
-        hung = [r for r, p in enumerate(procs) if p.is_alive()]
-        errors = {r: (out / f"rank{r}.error").read_text() for r in range(world) if (out / f"rank{r}.error").exists()}
-        assert not hung, f"ranks {hung} of {world} still running after {JOIN_TIMEOUT_S} s; errors: {errors}"
-        assert not errors, f"ranks failed: {errors}"
-        assert [p.exitcode for p in procs] == [0] * world
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    return spawn_ranks(_run_rank, world, out, lambda r: (r, world, port, datasets, str(out)), timeout_s=JOIN_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

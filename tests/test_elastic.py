@@ -10,71 +10,55 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import SMALL_SPEC
+from tests.helpers import ROOT, SMALL_SPEC, rank_report, spawn_ranks
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # spawns of processes that import torch and DALI
 
 
-def _phase(config_path: str) -> None:
+def _phase(rank: int, world: int, batch: int, workers: int, stop: int | None, state: dict[str, Any] | None,
+           shards: list[str], out: str) -> None:
     """One rank: iterate (stopping after ``stop`` steps, or to the epoch's end), record keys and pixel hashes."""
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
-    config = json.loads(Path(config_path).read_text())
-    try:
-        import feedfast
+    rank_report(out, rank, lambda: _record(rank, world, batch, workers, stop, state, shards))
 
-        loader = feedfast.DataLoader(SMALL_SPEC, shards=config["shards"], batch_size=config["batch"], shuffle=True,
-                                     rank=config["rank"], world_size=config["world"], num_workers=config["workers"],
-                                     sample_info=True)
-        if config["state"] is not None:
-            loader.load_state_dict(config["state"])
-        steps, state = [], None
-        for images, _, info in loader:
-            valid = info.valid.tolist()
-            steps.append({"keys": [k for k, ok in zip(info.keys, valid) if ok],
-                          "hashes": [hashlib.sha1(images[i].numpy().tobytes()).hexdigest()
-                                     for i, ok in enumerate(valid) if ok]})
-            if config["stop"] is not None and len(steps) == config["stop"]:
-                state = info.state
-                break
-        loader.close()
-        Path(config["out"]).write_text(json.dumps({"steps": steps, "state": state, "len": len(loader)}))
-    except BaseException:  # noqa: BLE001 - reported to the parent through the file
-        Path(config["out"]).write_text(json.dumps({"error": traceback.format_exc()}))
+
+def _record(rank: int, world: int, batch: int, workers: int, stop: int | None, state: dict[str, Any] | None,
+            shards: list[str]) -> dict[str, Any]:
+    """The rank's steps (valid keys and pixel hashes), the state where it stopped, the loader's length."""
+    import feedfast
+
+    loader = feedfast.DataLoader(SMALL_SPEC, shards=shards, batch_size=batch, shuffle=True, rank=rank,
+                                 world_size=world, num_workers=workers, sample_info=True)
+    if state is not None:
+        loader.load_state_dict(state)
+    steps, taken = [], None
+    for images, _, info in loader:
+        valid = info.valid.tolist()
+        steps.append({"keys": [k for k, ok in zip(info.keys, valid) if ok],
+                      "hashes": [hashlib.sha1(images[i].numpy().tobytes()).hexdigest()
+                                 for i, ok in enumerate(valid) if ok]})
+        if stop is not None and len(steps) == stop:
+            taken = info.state
+            break
+    loader.close()
+    return {"steps": steps, "state": taken, "len": len(loader)}
 
 
 def _run(tmp: Path, shards: list[str], *, world: int, batch: int, workers: int = 2, stop: int | None = None,
          state: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """One phase on ``world`` spawned ranks; each rank's record."""
-    ctx = mp.get_context("spawn")
-    procs, outs = [], []
-    for rank in range(world):
-        out = tmp / f"w{world}-b{batch}-n{workers}-s{stop}-{id(state)}-r{rank}.json"
-        config = tmp / (out.name + ".in")
-        config.write_text(json.dumps({"shards": shards, "rank": rank, "world": world, "batch": batch,
-                                      "workers": workers, "stop": stop, "state": state, "out": str(out)}))
-        procs.append(ctx.Process(target=_phase, args=(str(config),)))
-        outs.append(out)
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=180)
-    for p, o in zip(procs, outs):
-        assert o.exists(), f"rank process ended with exit code {p.exitcode} and wrote nothing"
-    records = [json.loads(o.read_text()) for o in outs]
-    for r in records:
-        assert "error" not in r, r.get("error")
-    return records
+    out = tmp / f"w{world}-b{batch}-n{workers}-s{stop}-{id(state)}"
+    out.mkdir(exist_ok=True)
+    return spawn_ranks(_phase, world, out, lambda r: (r, world, batch, workers, stop, state, shards, str(out)),
+                       timeout_s=180)
 
 
 def _sequence(records: list[dict[str, Any]]) -> list[str]:

@@ -6,13 +6,14 @@ import importlib.util
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -38,12 +39,6 @@ def _run(args: list[str], cache: Path, *, timeout: float, cwd: Path = ROOT, path
 
 def _losses(out: str) -> list[float]:
     return [float(v) for v in re.findall(r"step \d+/\d+ loss (\S+)", out)]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_train_resnet_on_the_demo_set_checkpoints_the_loader_and_resumes(cache: Path, tmp_path: Path) -> None:
@@ -78,7 +73,7 @@ def test_train_resnet_with_torch_compile(cache: Path) -> None:
 
 def test_ddp_on_two_gloo_ranks_gives_equal_batch_counts(cache: Path, shards: list[str]) -> None:
     out = _run(["-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-                f"--master_port={_free_port()}", str(EXAMPLES / "ddp.py"), "--shards", ",".join(shards),
+                f"--master_port={free_port()}", str(EXAMPLES / "ddp.py"), "--shards", ",".join(shards),
                 "--batch-size", "4", "--image-size", "32", "--workers", "1", "--device", "cpu",
                 "--num-classes", "10"], cache, timeout=180)
     per_epoch = dict(re.findall(r"rank (\d)/2: (\d+) batches per epoch", out))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import SMALL_SPEC, make_shards
+from tests.helpers import SMALL_SPEC, free_port, make_shards
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "tests" / "lightning_job.py"
@@ -37,13 +36,7 @@ def lightning_env(cache: Path) -> dict[str, str]:
     """The environment of a Lightning subprocess: this checkout's feedfast, the shim, one cache."""
     path = os.pathsep.join(p for p in (str(SHIM), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return dict(os.environ, FEEDFAST_CACHE=str(cache), PYTHONPATH=path, PYTHONUNBUFFERED="1",
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 
 
 def _run(args: list[str], env: dict[str, str], *, timeout: float = 150) -> None:
@@ -106,7 +99,7 @@ def test_mid_epoch_checkpoint_resumes_under_two_ddp_processes(job_args: list[str
     """
     def torchrun() -> list[str]:
         return ["-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-                f"--master_port={_free_port()}"]
+                f"--master_port={free_port()}"]
 
     ddp = [*job_args, "--devices", "2"]
     _check_resume(ddp, tmp_path, save_at=2, steps_per_epoch=5, ranks=2, first=torchrun(), then=torchrun())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,12 +12,7 @@ import torch.multiprocessing as mp
 
 from feedfast.meter import ManualClock, StallMeter
 from feedfast.meter.dist import aggregate, straggler
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.helpers import free_port
 
 
 def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
