@@ -39,8 +39,7 @@ from feedfast.sources.dataset import ShardSet
 from feedfast.sources.rows import rank_rows
 from feedfast.sources.stream import StreamEpoch
 from feedfast.sources.validate import DEFAULT_MAX_PIXELS
-
-BACKENDS = ("auto", "dali", "threads", "pil")
+from feedfast.spec.runtime import BACKENDS
 
 
 class EpochSource(Protocol):

@@ -14,7 +14,7 @@ state names the backend it was taken with (see :mod:`feedfast.loader.backends`).
       backend: threads # auto, dali, threads or pil
     tune:
       enabled: true    # DataLoader(tune=True)
-      budget: 0.1      # share of the first epoch the search may take (batches, at least 6)
+      budget: 0.1      # share of the first epoch the search may take (batches, at least 8)
 
 ``feedfast tune`` prints its decision as a ``loader`` section to paste.
 """
@@ -28,6 +28,7 @@ from typing import Any
 from feedfast.errors import SpecError
 
 BACKENDS = ("auto", "dali", "threads", "pil")
+"""The loader's backends (:mod:`feedfast.loader.backends`), for the spec, the DataLoader and the CLI."""
 
 
 @dataclass(frozen=True)
