@@ -139,16 +139,17 @@ def _assign(node: Any, step: str | int, value: Any, path: str, file: str) -> Non
 
 def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
     """Validate raw spec data and build the typed Spec."""
-    from feedfast.spec.runtime import parse_loader, parse_tune
     from feedfast.spec.sections import (
         parse_batch,
         parse_check_seconds,
         parse_components,
         parse_decoder,
         parse_fields,
+        parse_loader,
         parse_outputs,
         parse_scalar,
         parse_shuffle,
+        parse_tune,
     )
 
     for key in raw:
@@ -168,7 +169,8 @@ def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
         batch_size=size, last_batch=last,
         device=parse_scalar(raw, "device", str, "auto", file, choices=m.DEVICES),
         seed=parse_scalar(raw, "seed", int, 0, file), shuffle_buffer=buffer,
-        shuffle_shards=shards, shuffle_block=block, shuffle_window=window, decoder=parse_decoder(raw.get("decoder"), file), version=version, file=file,
+        shuffle_shards=shards, shuffle_block=block, shuffle_window=window,
+        decoder=parse_decoder(raw.get("decoder"), file), version=version, file=file,
         loader=parse_loader(raw.get("loader"), file), tune=parse_tune(raw.get("tune"), file),
     )
 

@@ -1,4 +1,4 @@
-"""Validation of each section of a spec: source, pipeline, outputs, batch, shuffle, decoder."""
+"""Validation of each section of a spec: source, pipeline, outputs, batch, shuffle, decoder, loader, tune."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from feedfast.ops.base import Signature, SignatureError
 from feedfast.ops.registry import OPS, suggest
 from feedfast.spec import model as m
 from feedfast.spec.params import coerce
+from feedfast.spec.runtime import BACKENDS, LoaderSettings, TuneSettings
 
 DEFAULT_COMPONENTS = {
     "image": {"ext": "jpg;jpeg;png", "kind": "image"},
@@ -222,3 +223,38 @@ def parse_decoder(v: Any, file: str) -> m.DecoderSettings:
                             value=d[p.name], allowed=p.allowed(),
                             fix=f"remove the key for the default, {p.default!r}") from None
     return m.DecoderSettings(**values)
+
+
+def _count(v: Any, key: str, file: str, low: int, high: int) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        raise SpecError("bad value", file=file, key=key, value=v, allowed=f"an integer from {low} to {high}",
+                        fix="remove the key for the default")
+    return v
+
+
+def parse_loader(v: Any, file: str) -> LoaderSettings:
+    """The ``loader`` section (every key optional)."""
+    d = _mapping(v, "loader", file, "{threads: 2, prefetch: 2}")
+    _no_unknown(d, ("threads", "prefetch", "backend"), "loader", file)
+    backend = d.get("backend")
+    if backend is not None and backend not in BACKENDS:
+        raise SpecError("bad value", file=file, key="loader.backend", value=backend,
+                        allowed="one of " + ", ".join(BACKENDS), fix="remove the key for 'auto'")
+    return LoaderSettings(threads=_count(d.get("threads"), "loader.threads", file, 1, 1024),
+                          prefetch=_count(d.get("prefetch"), "loader.prefetch", file, 1, 64), backend=backend)
+
+
+def parse_tune(v: Any, file: str) -> TuneSettings:
+    """The ``tune`` section (``enabled`` false and ``budget`` 0.1 by default)."""
+    d = _mapping(v, "tune", file, "{enabled: true, budget: 0.1}")
+    _no_unknown(d, ("enabled", "budget"), "tune", file)
+    enabled = d.get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise SpecError("bad value", file=file, key="tune.enabled", value=enabled, allowed="true or false")
+    budget = d.get("budget", 0.1)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
+        raise SpecError("bad value", file=file, key="tune.budget", value=budget,
+                        allowed="a share of the first epoch in (0, 1]", fix="e.g. 0.1 (the default)")
+    return TuneSettings(enabled=enabled, budget=float(budget))
