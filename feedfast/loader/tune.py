@@ -295,10 +295,14 @@ class Tuner:
         tried = {(t.threads, t.prefetch) for t in self.trials}
         return [c for c in self._grid() if c not in tried]
 
-    def _next_trial(self) -> None:
+    def _keep_best(self) -> None:
+        """The last trial becomes the best where it beats it."""
         last = self.trials[-1]
         if last is not self.best and last.beats(self.best):
             self.best = last
+
+    def _next_trial(self) -> None:
+        self._keep_best()
         self.model = CostModel(Knobs(self.best.threads, self.best.prefetch), self.best.figures, self.cores)
         best_period = self.best.figures.period
         ranked = sorted((self.model.predict(n, p), n, p) for n, p in self._candidates())
@@ -319,9 +323,7 @@ class Tuner:
         self.knobs.set(threads=n, prefetch=p)
 
     def _finish(self, why: str) -> None:
-        last = self.trials[-1]
-        if last is not self.best and last.beats(self.best):
-            self.best = last
+        self._keep_best()
         self.knobs.set(threads=self.best.threads, prefetch=self.best.prefetch)
         kept = "kept" if self.best is self.trials[0] else "chosen"
         self.reason = f"threads={self.best.threads}, prefetch={self.best.prefetch} {kept}: {why}"
