@@ -39,39 +39,20 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import photos  # noqa: E402
-import torch  # noqa: E402
 
 import feedfast  # noqa: E402
 from feedfast import _env  # noqa: E402
+from feedfast.cli.tune import small_cnn_step  # noqa: E402
 
 SPEC = HERE.parent / "pipelines" / "imagenet-train.yaml"
 
 
-def small_cnn() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """A small real model: two strided convolutions and a pooled linear head over 1,000 classes (about 2.5 GFLOP
-    a step of 64 at 224 px with its backward pass: 250 ms on one core here)."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.ReLU(),
-        torch.nn.Conv2d(8, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 1000))
-    return model, torch.optim.SGD(model.parameters(), lr=0.01)
-
-
 def make_step(kind: str) -> Callable[[Any], None]:
-    """The loop's step for a batch ``(images, labels)``."""
+    """The loop's step for a batch ``(images, labels)``: ``sleepN`` (N ms) or ``model`` (the CLI's small CNN)."""
     if kind.startswith("sleep"):
         seconds = float(kind[len("sleep"):]) / 1e3
         return lambda batch: time.sleep(seconds)
-    model, opt = small_cnn()
-    torch.set_num_threads(1)  # the step's work on the loop's thread (torch's OpenMP team made it swing 10x)
-
-    def train(batch: Any) -> None:
-        x, y = batch[0], batch[1]
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-    return train
+    return small_cnn_step()
 
 
 def configs(cores: int) -> dict[str, dict[str, Any]]:

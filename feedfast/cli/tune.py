@@ -58,6 +58,17 @@ def _step(args: argparse.Namespace) -> Callable[[Any], None]:
     if args.model is None:
         seconds = args.step_ms / 1e3
         return lambda batch: time.sleep(seconds)
+    return small_cnn_step()
+
+
+def small_cnn_step() -> Callable[[Any], None]:
+    """A training step of a small real model on the CPU, on the calling thread, for a batch ``(images, labels)``.
+
+    Two strided convolutions and a pooled linear head over 1,000 classes (about 2.5 GFLOP a
+    step of 64 at 224 px with its backward pass), SGD, seeded. torch runs it on one intra-op
+    thread: the loop's thread, as a GPU loop's thread launching kernels (torch's OpenMP team
+    made the step swing tenfold with the machine's load). ``benchmarks/tune.py`` uses it too.
+    """
     import torch
 
     torch.manual_seed(0)
@@ -66,7 +77,7 @@ def _step(args: argparse.Namespace) -> Callable[[Any], None]:
         torch.nn.Conv2d(8, 16, 3, stride=2, padding=1), torch.nn.ReLU(),
         torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 1000))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    torch.set_num_threads(1)  # the step's work on the loop's thread, as a GPU loop's thread launching kernels
+    torch.set_num_threads(1)
 
     def train(batch: Any) -> None:
         x, y = batch[0], batch[1]
