@@ -308,7 +308,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_native", "The threaded CPU path's hot loops: JPEG headers and region decoding, normalize.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_native",
+    "The threaded CPU path's hot loops: JPEG headers and region decoding, normalize.", -1, methods,
 };
 
 PyMODINIT_FUNC

@@ -2,9 +2,10 @@
 
 It reads a JPEG's header (microseconds) and decodes a region of it (used through
 :func:`feedfast.loader.pil_fast.jpeg_header` and :func:`~feedfast.loader.pil_fast.decode_region`),
-and runs ``normalize`` in one pass (:func:`normalize_into`); decoding and normalize release the GIL. The extension is optional: an install without libjpeg-turbo's headers
-goes on without it, and the threaded path then runs those steps in Pillow and NumPy, with the
-same pixels and the same floats (``tests/test_native.py``).
+and runs ``normalize`` in one pass (:func:`normalize_into`); decoding and normalize release
+the GIL. The extension is optional: an install without libjpeg-turbo's headers goes on
+without it, and the threaded path then runs those steps in Pillow and NumPy, with the same
+pixels and the same floats (``tests/test_native.py``).
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 :func:`jpeg_header` reads a JPEG's size and mode and :func:`decode_region` decodes a region of
 it with feedfast's own extension (:mod:`feedfast.loader.native`: libjpeg-turbo's skip and crop
 of scanlines, the libjpeg Pillow uses); where it is not built, or for other images,
-:func:`load_rows` decodes with Pillow down to the lowest row a crop reads. :func:`exported_pixels` reads pixels without a copy. They lean on
-Pillow's plugin-level interfaces (the ``tile`` list ``ImageFile.load`` decodes) and its Arrow C
-data export (Pillow 12 and later), and fall back to the plain calls where those do not apply;
+:func:`load_rows` decodes with Pillow down to the lowest row a crop reads.
+:func:`exported_pixels` reads pixels without a copy. They lean on Pillow's plugin-level
+interfaces (the ``tile`` list ``ImageFile.load`` decodes) and its Arrow C data export (Pillow
+12 and later), and fall back to the plain calls where those do not apply;
 ``tests/test_native.py`` and ``tests/test_thread_epoch.py`` check them against the plain calls.
 """
 

@@ -44,7 +44,8 @@ def shard_set_digest(paths: Sequence[str], sizes: Sequence[int]) -> str:
 def spec_digest(spec_dict: dict[str, Any]) -> str:
     """A short digest of a spec's plain data (``Spec.to_dict()``) without its batch size (compared apart) and
     its run-time sections (``loader``, ``tune``: they do not change the data)."""
-    data = {**{k: v for k, v in spec_dict.items() if k not in ("loader", "tune")}, "batch": {k: v for k, v in spec_dict.get("batch", {}).items() if k != "size"}}
+    data = {k: v for k, v in spec_dict.items() if k not in ("loader", "tune")}
+    data["batch"] = {k: v for k, v in spec_dict.get("batch", {}).items() if k != "size"}
     return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -55,8 +55,9 @@ class StreamEpoch:
     ``workers`` threads read ``ahead`` steps ahead of the step DALI asks for.
     """
 
-    def __init__(self, shards: Any, ep: EpochPlan, exts: Sequence[set[str] | frozenset[str]], *, rank: int, world: int, batch_size: int,
-                 shuffle_window: int, seed: int, epoch: int, workers: int = 2, ahead: int = 4) -> None:
+    def __init__(self, shards: Any, ep: EpochPlan, exts: Sequence[set[str] | frozenset[str]], *, rank: int,
+                 world: int, batch_size: int, shuffle_window: int, seed: int, epoch: int, workers: int = 2,
+                 ahead: int = 4) -> None:
         if ep.partition == "global":  # local shards under shuffle: the global order, read sample by sample
             rows = global_rows(shards.paths, shards.index_paths, shards.sizes, exts, rank=rank, world=world,
                                batch_size=batch_size, seed=seed, epoch=epoch, shuffle=True, consumed=ep.consumed)
