@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from feedfast.sources.assign import rank_range
+from feedfast.spec.model import SHUFFLE_BLOCK, SHUFFLE_WINDOW
 
 
 def epoch_order(total: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -76,8 +77,8 @@ class BlockShuffle:
             (``block / window`` windows of many shards) are held in memory at once.
     """
 
-    block: int = 16384
-    window: int = 32
+    block: int = SHUFFLE_BLOCK
+    window: int = SHUFFLE_WINDOW
 
 
 def _rng(*parts: object) -> np.random.Generator:

@@ -17,6 +17,8 @@ COMPONENT_KINDS = ("image", "label", "json", "npy", "bytes")
 MISSING_POLICIES = ("error", "skip", "empty")
 ON_ERROR_POLICIES = ("raise", "skip")
 CHECK_SECONDS = 2.0  # default ``source.check_seconds``: see feedfast.sources.checkworker
+SHUFFLE_BLOCK = 16384  # default ``shuffle.block`` and ``shuffle.window``: see feedfast.sources.order.block_order
+SHUFFLE_WINDOW = 32
 LAST_BATCH_POLICIES = ("partial", "pad", "drop")
 DEVICES = ("auto", "cpu", "gpu")
 
@@ -139,8 +141,8 @@ class Spec:
     seed: int = 0
     shuffle_buffer: int = 0
     shuffle_shards: bool = False
-    shuffle_block: int = 16384
-    shuffle_window: int = 32
+    shuffle_block: int = SHUFFLE_BLOCK
+    shuffle_window: int = SHUFFLE_WINDOW
     decoder: DecoderSettings = field(default_factory=DecoderSettings)
     loader: LoaderSettings = field(default_factory=LoaderSettings)
     tune: TuneSettings = field(default_factory=TuneSettings)

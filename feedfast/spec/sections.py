@@ -182,10 +182,10 @@ def parse_batch(v: Any, file: str) -> tuple[int, m.LastBatch]:
 def parse_shuffle(v: Any, file: str) -> tuple[int, bool, int, int]:
     """The ``shuffle`` section: sample buffer size, per-epoch shard order, and the block shuffle's
     ``block`` and ``window`` (samples; see :func:`feedfast.sources.order.block_order`)."""
-    block_default, window_default = m.Spec.shuffle_block, m.Spec.shuffle_window  # the dataclass's defaults
+    block_default, window_default = m.SHUFFLE_BLOCK, m.SHUFFLE_WINDOW
     if isinstance(v, bool):
         return (1024 if v else 0), v, block_default, window_default
-    s = _mapping(v, "shuffle", file, "{buffer: 1024, shards: true, block: 16384, window: 32}")
+    s = _mapping(v, "shuffle", file, f"{{buffer: 1024, shards: true, block: {block_default}, window: {window_default}}}")
     _no_unknown(s, ("buffer", "shards", "block", "window"), "shuffle", file)
     buf, shards = s.get("buffer", 0), s.get("shards", False)
     if not isinstance(buf, int) or isinstance(buf, bool) or buf < 0:
