@@ -13,11 +13,12 @@ import pytest
 import feedfast
 from feedfast.errors import SpecError, UserError
 from feedfast.sources.assign import partition_for, plan_epoch, rank_range, step_positions
+from feedfast.sources.dataset import ShardSet
 from feedfast.sources.feeder import BatchFeeder
 from feedfast.sources.index import load_index, scan_tar
 from feedfast.sources.order import BlockShuffle, block_order, shard_windows
 from feedfast.sources.remote import Transfer
-from feedfast.sources.rows import block_rows
+from feedfast.sources.rows import epoch_rows
 from feedfast.spec.load import load_spec
 from tests.helpers import SMALL_SPEC, keys_of_epoch, make_shards, unindexed_shards
 from tests.rangeserver import RangeServer
@@ -113,8 +114,10 @@ def test_the_spec_keys_are_validated_with_the_key_path_value_and_fix() -> None:
 def test_the_feed_reads_each_window_once_and_holds_about_a_block(tmp_path: Path) -> None:
     shards = make_shards(tmp_path, samples=60, per_shard=10)
     idx = tuple(str(load_index(p, tmp_path)[0]) for p in shards)
-    rows = block_rows(tuple(shards), idx, (10,) * 6, [{"jpg"}, {"cls"}], rank=0, world=1,
-                      shuffle=BlockShuffle(12, 3), seed=0, epoch=0)
+    sset = ShardSet(tuple(shards), idx, (10,) * 6, cache_dir=str(tmp_path))
+    ep = plan_epoch([10] * 6, batch_size=4, rank=0, world=1, last_batch="partial", partition="block")
+    rows = epoch_rows(sset, [{"jpg"}, {"cls"}], ep, rank=0, world=1, seed=0, epoch=0, shuffle=True,
+                      block=BlockShuffle(12, 3))
     assert rows.window is not None
     steps = 15
     feeder = BatchFeeder(tuple(shards), ("file",) * 6, rows, lambda s: step_positions(s, 4, 60), steps=steps,
@@ -126,10 +129,11 @@ def test_the_feed_reads_each_window_once_and_holds_about_a_block(tmp_path: Path)
     try:
         for step in range(steps):
             _, labels = feeder(step)
-            for r, got in zip(step_positions(step, 4, 60), labels):  # the bytes of the row's label member
-                with open(shards[int(rows.shard[r])], "rb") as f:
-                    f.seek(int(rows.offsets[r, 1]))
-                    assert bytes(got) == f.read(int(rows.sizes[r, 1]))
+            where = rows.take(step_positions(step, 4, 60))
+            for i, got in enumerate(labels):  # the bytes of the row's label member
+                with open(shards[int(where.shard[i])], "rb") as f:
+                    f.seek(int(where.offsets[i, 1]))
+                    assert bytes(got) == f.read(int(where.sizes[i, 1]))
             held.append(feeder._windows.held())
     finally:
         feeder.close()

@@ -310,8 +310,10 @@ def test_pixels_against_torchvision_resized_crop_with_the_same_boxes(shards: lis
     from feedfast.baseline.vision import transforms
     from feedfast.compile.pil import compile_pil
     from feedfast.errors import UserError
-    from feedfast.loader.pil_epoch import rank_samples
+    from feedfast.loader.draws import batch_draws
+    from feedfast.loader.pil_epoch import members_of
     from feedfast.ops.pil_ops import random_resized_crop_params
+    from feedfast.sources.rows import epoch_rows
 
     try:
         functional = transforms().functional
@@ -325,14 +327,14 @@ def test_pixels_against_torchvision_resized_crop_with_the_same_boxes(shards: lis
     ours = torch.cat([b.fields["image"] for b in _run(spec, shards)])
     sset = open_shards(shards, spec, _env.cache_dir())
     ep = plan_epoch(list(sset.sizes), batch_size=8, rank=0, world=1, last_batch="partial")
-    refs = rank_samples(compile_pil(spec), sset, ep, rank=0, world=1, shuffle=False, seed=spec.seed, epoch=0)
+    rows = epoch_rows(sset, compile_pil(spec).exts, ep, rank=0, world=1, shuffle=False, seed=spec.seed, epoch=0)
+    where = rows.take(np.arange(len(rows)))
     expected = []
-    for ref in refs:
-        offset, size = ref.members[0]  # type: ignore[misc]
-        with open(sset.paths[ref.shard], "rb") as f:
+    for i, rng in enumerate(batch_draws(seed=spec.seed, epoch=0, samples=where.samples)):
+        offset, size = members_of(where, i)[0]  # type: ignore[misc]
+        with open(sset.paths[int(where.shard[i])], "rb") as f:
             f.seek(offset)
             img = Image.open(io.BytesIO(f.read(size))).convert("RGB")
-        rng = random.Random(f"feedfast-pil/{spec.seed}/0/{ref.position}")
         top, left, h, w = random_resized_crop_params(img.width, img.height, (0.08, 1.0), (3 / 4, 4 / 3), rng)
         crop = functional.resized_crop(img, top, left, h, w, [32, 32], functional.InterpolationMode.BILINEAR)
         expected.append(torch.from_numpy(np.asarray(crop).copy()))

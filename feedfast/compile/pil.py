@@ -17,13 +17,12 @@ either way.
 from __future__ import annotations
 
 import io
-import random
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from feedfast.compile.plan import build_plan
 from feedfast.errors import BackendError
-from feedfast.ops.base import Signature
+from feedfast.ops.base import Rng, Signature
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.registry import OPS
 from feedfast.spec.model import Spec
@@ -70,7 +69,7 @@ class PilProgram:
     signatures: dict[str, Signature]
     file: str
 
-    def run(self, raw: Sequence[bytes], rng: random.Random) -> dict[str, Any]:
+    def run(self, raw: Sequence[bytes], rng: Rng) -> dict[str, Any]:
         """One sample's output values by field, from its components' bytes (in ``components`` order).
 
         Raises:
@@ -79,7 +78,7 @@ class PilProgram:
         values = self.trace(raw, rng)
         return {name: values[sid] for name, sid in self.outputs.items()}
 
-    def trace(self, raw: Sequence[bytes], rng: random.Random) -> list[Any]:
+    def trace(self, raw: Sequence[bytes], rng: Rng) -> list[Any]:
         """Every step's value for one sample (what :meth:`run` picks the outputs from)."""
         values: list[Any] = [None] * len(self.steps)
         for step in self.steps:
@@ -118,7 +117,7 @@ def compile_pil(spec: Spec) -> PilProgram:
 _PIL_ERRORS: tuple[type[BaseException], ...] = (OSError, SyntaxError, ValueError, EOFError)
 
 
-def _apply(step: PilStep, value: Any, rng: random.Random) -> Any:
+def _apply(step: PilStep, value: Any, rng: Rng) -> Any:
     emitter = OPS[step.op].pil
     if step.op != "decode":
         return emitter(value, step.params, rng)  # type: ignore[misc]

@@ -27,6 +27,8 @@ import threading
 from functools import partial
 from typing import Callable, Iterator, Protocol
 
+import numpy as np
+
 from feedfast.compile.plan import Plan
 from feedfast.errors import UserError
 from feedfast.loader import nativelog, rescue
@@ -36,7 +38,7 @@ from feedfast.loader.knobs import Knobs
 from feedfast.loader.prefetch import PinnedRing
 from feedfast.sources.assign import EpochPlan
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.rows import rank_rows
+from feedfast.sources.rows import epoch_rows
 from feedfast.sources.stream import StreamEpoch
 from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 from feedfast.spec.runtime import BACKENDS
@@ -156,11 +158,12 @@ class DaliSource:
         feed, which names its samples); a shuffle buffer would widen it, so the buffer is added.
         """
         shards = self.shards_for(epoch)
-        rows = rank_rows(shards.paths, shards.index_paths, shards.sizes, ep.shard_order, self.plan.component_exts(),
-                         rank=self.rank, world=self.world, window=0, seed=self.seed, epoch=epoch)
+        rows = epoch_rows(shards, self.plan.component_exts(), ep, rank=self.rank, world=self.world, seed=self.seed,
+                          epoch=epoch, shuffle=False)
         lo = max(0, step * self.batch_size - self.plan.spec.shuffle_buffer)
-        hi = (step + depth + 1) * self.batch_size + self.plan.spec.shuffle_buffer
-        return [(shards.paths[int(rows.shard[i])], rows.keys[i]) for i in range(lo, min(hi, len(rows.keys)))]
+        hi = min(len(rows), (step + depth + 1) * self.batch_size + self.plan.spec.shuffle_buffer)
+        where = rows.take(np.arange(lo, hi))
+        return [(shards.paths[s], k) for s, k in zip(where.shard.tolist(), rows.index.keys(where.samples))]
 
     def _build(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None,
                first_step: int = 0) -> EpochPipe:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import re
 from typing import Any
 
@@ -10,6 +9,7 @@ import numpy as np
 import torch
 
 from feedfast.errors import BackendError, SampleError
+from feedfast.ops.base import Rng
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.registry import OPS
 from feedfast.sources.index import split_name, unescape_name
@@ -72,7 +72,7 @@ def host_chain(plan_nodes: list[Any], node_id: int) -> tuple[str, list[Any]]:
     return str(plan_nodes[nid].params["component"]), chain
 
 
-def run_host_ops(chain: list[Any], raw: Any, n: int, rng: random.Random,
+def run_host_ops(chain: list[Any], raw: Any, n: int, rng: Rng,
                  where: list[tuple[str, str]]) -> list[Any]:
     """Apply host ops (see :func:`host_chain`) to ``n`` raw samples."""
     values: list[Any] = []

@@ -12,13 +12,13 @@ batch. With 7 samples on 1 rank in batches of 2, ``pad`` yields ``[s0 s1] [s2 s3
 
 What differs from DALI, by design:
 
-- shuffling (``shuffle.buffer > 0``) is a full shuffle of the rank's range by
-  ``random.Random(f"{seed}/{epoch}/{rank}")`` rather than DALI's buffer shuffle; the
-  guarantees are the same: every sample exactly once per epoch, deterministic for
-  (seed, epoch, rank), and padding repeats the last sample of the shuffled order;
-- augmentation draws from a ``random.Random`` per sample, seeded by (seed, epoch, the
-  sample's position in the epoch's concatenated order): results do not depend on the
-  number of workers or ranks, and a padded copy equals its original exactly;
+- shuffled, the epoch reads the global order over every shard (``ep.partition == "global"``);
+  outside it (``shards``), a permutation of the rank's range fixed by (seed, epoch, rank)
+  rather than DALI's buffer shuffle; the guarantees are the same: every sample exactly once
+  per epoch, deterministic, and padding repeats the last sample of the shuffled order;
+- augmentation draws from a counter-based generator keyed by (seed, epoch, the sample's
+  canonical number) (:mod:`~feedfast.loader.draws`): results do not depend on the number of
+  workers or ranks, and a padded copy equals its original exactly;
 - a component with several matching members takes the first in tar order (as DALI's reader
   does); a missing one under ``missing: empty`` arrives as ``b""``.
 
@@ -37,10 +37,9 @@ from __future__ import annotations
 
 import gc
 import logging
-import random
 import traceback
 from dataclasses import dataclass
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -49,59 +48,39 @@ from feedfast.compile.pil import PilProgram, compile_pil
 from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, SampleError, ShardError
 from feedfast.loader import convert
+from feedfast.loader.draws import SampleDraws, batch_draws
 from feedfast.loader.epoch import Batch
 from feedfast.loader.pil_warnings import routed
 from feedfast.ops.base import Signature
 from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, step_positions
+from feedfast.sources.columnar import RowBatch
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.rows import global_rows, rank_rows
+from feedfast.sources.rows import Rows, epoch_rows
 from feedfast.sources.shardfiles import ShardFiles
 
 log = logging.getLogger("feedfast.pil")
 
 
-class SampleRef(NamedTuple):
-    """Where one sample's bytes are: shard, key, (offset, size) per component, epoch position."""
-
-    shard: int
-    key: str
-    members: tuple[tuple[int, int] | None, ...]
-    position: int
-
-
-def rank_samples(program: PilProgram, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, shuffle: bool,
-                 seed: int, epoch: int) -> list[SampleRef]:
-    """This rank's samples in the order it reads them.
-
-    Under ``ep.partition == "global"`` (``shuffle=True``), the rank's share of the epoch's global
-    order (:func:`~feedfast.sources.rows.global_rows`); else its contiguous range, fully shuffled
-    when ``shuffle``.
-    """
-    if ep.partition == "global":
-        rows = global_rows(shards.paths, shards.index_paths, shards.sizes, program.exts, rank=rank, world=world,
-                           batch_size=ep.batch_size, seed=seed, epoch=epoch, shuffle=shuffle, consumed=ep.consumed)
-    else:
-        rows = rank_rows(shards.paths, shards.index_paths, shards.sizes, ep.shard_order, program.exts,
-                         rank=rank, world=world, window=0, seed=seed, epoch=epoch)
-    order = list(range(len(rows.keys)))
-    if shuffle and ep.partition != "global":
-        random.Random(f"{seed}/{epoch}/{rank}").shuffle(order)
-    return [SampleRef(int(rows.shard[j]), rows.keys[j],
-                      tuple(None if size < 0 else (int(off), int(size))
-                            for off, size in zip(rows.offsets[j], rows.sizes[j])),
-                      int(rows.position[j])) for j in order]
-
-
 def epoch_samples(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, seed: int,
-                  epoch: int) -> tuple[PilProgram, list[SampleRef]]:
-    """The plan's PIL program and this rank's samples of the epoch, checked against the epoch plan."""
+                  epoch: int) -> tuple[PilProgram, Rows]:
+    """The plan's PIL program and this rank's rows of the epoch, checked against the epoch plan.
+
+    Under ``ep.partition == "global"`` (a shuffled epoch), the rank's share of the epoch's global
+    order; else its contiguous range, permuted inside the range when the spec shuffles
+    (:func:`~feedfast.sources.rows.epoch_rows`).
+    """
     program = compile_pil(plan.spec)
-    order = rank_samples(program, shards, ep, rank=rank, world=world, shuffle=plan.spec.shuffle_buffer > 0,
-                         seed=seed, epoch=epoch)
-    if len(order) != ep.rank_samples:
-        raise BackendError(f"rank {rank} has {len(order)} samples but its epoch plan expects {ep.rank_samples}")
-    return program, order
+    rows = epoch_rows(shards, program.exts, ep, rank=rank, world=world, seed=seed, epoch=epoch,
+                      shuffle=plan.spec.shuffle_buffer > 0)
+    if len(rows) != ep.rank_samples:
+        raise BackendError(f"rank {rank} has {len(rows)} samples but its epoch plan expects {ep.rank_samples}")
+    return program, rows
+
+
+def members_of(batch: RowBatch, i: int) -> list[tuple[int, int] | None]:
+    """Row ``i``'s (offset, size) per component, None where the sample has no such member."""
+    return [None if size < 0 else (off, size) for off, size in zip(batch.offsets[i].tolist(), batch.sizes[i].tolist())]
 
 
 @dataclass(frozen=True)
@@ -125,9 +104,9 @@ class _Failure:
 class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """Map-style dataset of one rank's epoch: item ``i`` is the whole batch of step ``start + i``."""
 
-    def __init__(self, program: PilProgram, paths: tuple[str, ...], samples: list[SampleRef], ep: EpochPlan, *,
+    def __init__(self, program: PilProgram, paths: tuple[str, ...], rows: Rows, ep: EpochPlan, *,
                  batch_size: int, seed: int, epoch: int, start: int) -> None:
-        self.program, self.paths, self.samples, self.ep = program, paths, samples, ep
+        self.program, self.paths, self.rows, self.ep = program, paths, rows, ep
         self.batch_size, self.seed, self.epoch, self.start = batch_size, seed, epoch, start
         self.files = ShardFiles(paths)  # pickled as paths: each worker process opens its own
 
@@ -136,31 +115,35 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
     def __getitem__(self, i: int) -> Batch | _Failure:
         step = self.start + i
-        refs = [self.samples[j] for j in step_positions(step, self.batch_size, self.ep.rank_samples, self.ep.batch_sizes[step])]
+        rows = step_positions(step, self.batch_size, self.ep.rank_samples, self.ep.batch_sizes[step])
+        batch = self.rows.take(rows)
+        keys = self.rows.index.keys(batch.samples)
+        draws = batch_draws(seed=self.seed, epoch=self.epoch, samples=batch.samples)
         per_sample = []
-        for ref in refs:
-            out = self._sample(ref)
+        for i, key in enumerate(keys):
+            out = self._sample(batch, i, key, draws[i])
             if isinstance(out, _Failure):
                 return out
             per_sample.append(out)
         fields = {name: _collate([s[name] for s in per_sample], sig) for name, sig in self.program.signatures.items()}
-        return Batch(fields, [(self.paths[r.shard], r.key) for r in refs], self.ep.valid[step])
+        return Batch(fields, [(self.paths[s], k) for s, k in zip(batch.shard.tolist(), keys)], self.ep.valid[step])
 
-    def _sample(self, ref: SampleRef) -> dict[str, Any] | _Failure:
-        shard = self.paths[ref.shard]
+    def _sample(self, batch: RowBatch, i: int, key: str, draws: SampleDraws) -> dict[str, Any] | _Failure:
+        number = int(batch.shard[i])
+        shard = self.paths[number]
         try:
-            raw = [b"" if m is None else self.files.read(ref.shard, *m) for m in ref.members]
+            raw = [b"" if m is None else self.files.read(number, *m) for m in members_of(batch, i)]
         except ShardError as exc:
             return _Failure("shard", str(exc))
         try:
-            with routed((shard, ref.key)):
-                out = self.program.run(raw, random.Random(f"feedfast-pil/{self.seed}/{self.epoch}/{ref.position}"))
+            with routed((shard, key)):
+                out = self.program.run(raw, draws)
         except DecodeFailure as exc:
-            return _Failure("sample", "the PIL backend could not process a sample", shard, ref.key, str(exc))
+            return _Failure("sample", "the PIL backend could not process a sample", shard, key, str(exc))
         except Exception as exc:  # noqa: BLE001 - whatever a decoder or plugin raises names the sample
-            log.debug("shard %r, sample %r:\n%s", shard, ref.key, traceback.format_exc())
+            log.debug("shard %r, sample %r:\n%s", shard, key, traceback.format_exc())
             text = (str(exc).strip().splitlines() or [""])[0][:200]
-            return _Failure("sample", "the PIL backend could not process a sample", shard, ref.key,
+            return _Failure("sample", "the PIL backend could not process a sample", shard, key,
                             f"{type(exc).__name__}: {text}")
         return out
 
@@ -225,8 +208,8 @@ def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
         SampleError: a sample could not be decoded; names the shard and key.
         ShardError: a shard or its index cannot be read.
     """
-    program, order = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
-    data = EpochBatches(program, shards.paths, order, ep, batch_size=batch_size, seed=seed, epoch=epoch, start=start)
+    program, rows = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
+    data = EpochBatches(program, shards.paths, rows, ep, batch_size=batch_size, seed=seed, epoch=epoch, start=start)
     loader = torch.utils.data.DataLoader(
         data, batch_size=None, shuffle=False, num_workers=workers, collate_fn=_identity,
         prefetch_factor=prefetch_factor if workers > 0 else None,

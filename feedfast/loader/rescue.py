@@ -147,8 +147,11 @@ def rescue_keys(stream: StreamEpoch, keys: list[Where], components: list[int], p
         SampleError: one of them is no longer rescued (the shard changed).
     """
     wanted = {where for where in keys if where not in patches.images}
-    rows = [r for r, (s, k) in enumerate(zip(stream.rows.shard, stream.rows.keys))
-            if (stream.names[int(s)], k) in wanted]
+    rows: list[int] = []
+    for first in range(0, len(stream.rows) if wanted else 0, 8192):  # one pass over the rank's keys
+        where = stream.rows.take(np.arange(first, min(len(stream.rows), first + 8192)))
+        rows += [first + i for i, (s, k) in enumerate(zip(where.shard.tolist(), stream.rows.index.keys(where.samples)))
+                 if (stream.names[s], k) in wanted]
     steps = sorted({r // stream.batch_size for r in rows})
     for step in steps:
         examine(stream, range(step, step + 1), components, patches, max_pixels=max_pixels, seconds=seconds)

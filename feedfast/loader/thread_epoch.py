@@ -1,10 +1,10 @@
 """One epoch of one rank on the CPU in threads: PIL (pillow-simd) decode and resize, no processes.
 
 It yields what :func:`~feedfast.loader.pil_epoch.run_pil_epoch` yields, sample for sample:
-the same samples per step (:func:`~feedfast.loader.pil_epoch.rank_samples`, padding that
+the same samples per step (:func:`~feedfast.loader.pil_epoch.epoch_samples`, padding that
 repeats the rank's last sample), the same :class:`~feedfast.loader.epoch.Batch` objects, the
-same per-sample ``random.Random(f"feedfast-pil/{seed}/{epoch}/{position}")`` and so the same
-crop boxes and flips, and the same :class:`~feedfast.errors.SampleError` naming shard and key.
+same per-sample draws (:mod:`~feedfast.loader.draws`, keyed by seed, epoch and sample) and so
+the same crop boxes and flips, and the same :class:`~feedfast.errors.SampleError` naming shard and key.
 Pixels agree with the ``pil`` backend within the tolerances stated in
 ``tests/test_thread_epoch.py``: equal where no reduced-size decoding applies, a grey level or
 two on average where it does (see :mod:`feedfast.loader.thread_sample`). One difference in
@@ -31,7 +31,6 @@ threads (:func:`fast_path_supported` says which way a plan goes).
 from __future__ import annotations
 
 import math
-import random
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -45,13 +44,16 @@ from feedfast.compile.pil import PilProgram, compile_pil
 from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, FeedfastError, SampleError
 from feedfast.loader import convert, native
+from feedfast.loader.draws import SampleDraws, batch_draws
 from feedfast.loader.epoch import Batch
 from feedfast.loader.knobs import Knobs, LivePool
-from feedfast.loader.pil_epoch import SampleRef, epoch_samples
+from feedfast.loader.pil_epoch import epoch_samples, members_of
 from feedfast.loader.thread_sample import NeedsFallback, fast_program, fast_values, program_values
 from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, step_positions
+from feedfast.sources.columnar import RowBatch
 from feedfast.sources.dataset import ShardSet
+from feedfast.sources.rows import Rows
 from feedfast.sources.shardfiles import ShardFiles
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -125,7 +127,9 @@ class _Job:
     """One batch in the making: its outputs, filled chunk by chunk by the pool's threads."""
 
     step: int
-    refs: list[SampleRef]
+    rows: RowBatch
+    keys: list[str]
+    draws: list[SampleDraws]
     valid: int
     outputs: dict[str, Any]
     pending: int
@@ -148,9 +152,9 @@ class _Job:
 class _Epoch:
     """The epoch's samples, files, pool work and batch assembly."""
 
-    def __init__(self, plan: Plan, program: PilProgram, paths: tuple[str, ...], samples: list[SampleRef],
+    def __init__(self, plan: Plan, program: PilProgram, paths: tuple[str, ...], rows: Rows,
                  ep: EpochPlan, *, batch_size: int, knobs: Knobs, seed: int, epoch: int) -> None:
-        self.program, self.paths, self.samples, self.ep = program, paths, samples, ep
+        self.program, self.paths, self.rows, self.ep = program, paths, rows, ep
         self.batch_size, self.seed, self.epoch = batch_size, seed, epoch
         self.fields = _fields(plan, program)
         self.fast = fast_program(program)
@@ -164,9 +168,8 @@ class _Epoch:
         self._local = threading.local()
 
     def submit(self, pool: LivePool, step: int) -> _Job:
-        refs = [self.samples[j] for j in step_positions(step, self.batch_size, self.ep.rank_samples,
-                                                         self.ep.batch_sizes[step])]
-        n = len(refs)
+        batch = self.rows.take(step_positions(step, self.batch_size, self.ep.rank_samples, self.ep.batch_sizes[step]))
+        n = len(batch.samples)
         outputs: dict[str, Any] = {}
         for f in self.fields:
             dims = [d for d in f.hwc if d is not None]
@@ -180,7 +183,9 @@ class _Epoch:
                 outputs[f.name] = self.buffers.take(shape, _DTYPES[f.normalize["dtype"]])
         chunk = max(1, math.ceil(self.batch_size / (2 * self.knobs.threads)))
         starts = range(0, n, chunk)
-        job = _Job(step, refs, self.ep.valid[step], outputs, len(starts))
+        keys = self.rows.index.keys(batch.samples)
+        draws = batch_draws(seed=self.seed, epoch=self.epoch, samples=batch.samples)
+        job = _Job(step, batch, keys, draws, self.ep.valid[step], outputs, len(starts))
         for a in starts:
             pool.submit(self._run_chunk, job, a, min(n, a + chunk))
         return job
@@ -198,7 +203,7 @@ class _Epoch:
                 value = torch.stack([torch.from_numpy(np.ascontiguousarray(v)) for v in value])
                 value = _normalized(value, f.normalize) if f.normalize else value
             fields[f.name] = value
-        return Batch(fields, [(self.paths[r.shard], r.key) for r in job.refs], job.valid)
+        return Batch(fields, [(self.paths[s], k) for s, k in zip(job.rows.shard.tolist(), job.keys)], job.valid)
 
     def _run_chunk(self, job: _Job, a: int, b: int) -> None:
         error: BaseException | None = None
@@ -215,7 +220,7 @@ class _Epoch:
         for i in range(a, b):
             if job.cancelled or job.error is not None:
                 return
-            values = self._sample(job.refs[i])
+            values = self._sample(job, i)
             for f in self.fields:
                 value = values[f.name]
                 if f.name not in arrays:
@@ -249,25 +254,25 @@ class _Epoch:
             buf = self._local.scratch = np.empty(shape, dtype=np.float32)
         return buf
 
-    def _sample(self, ref: SampleRef) -> dict[str, Any]:
-        shard = self.paths[ref.shard]
-        seed = f"feedfast-pil/{self.seed}/{self.epoch}/{ref.position}"
+    def _sample(self, job: _Job, i: int) -> dict[str, Any]:
+        number, key = int(job.rows.shard[i]), job.keys[i]
+        shard = self.paths[number]
         try:
-            raw = [b"" if m is None else self.files.read(ref.shard, *m) for m in ref.members]
-            named = (shard, ref.key)  # PIL's warnings go to logging naming the sample
+            raw = [b"" if m is None else self.files.read(number, *m) for m in members_of(job.rows, i)]
+            named = (shard, key)  # PIL's warnings go to logging naming the sample
             if self.fast:
                 try:
-                    return fast_values(self.program, raw, random.Random(seed), sample=named)
+                    return fast_values(self.program, raw, job.draws[i].replay(), sample=named)
                 except NeedsFallback:
-                    pass  # this sample takes the PIL program, from the same random state
-            return program_values(self.program, raw, random.Random(seed), sample=named)
+                    pass  # this sample takes the PIL program, from the same draws
+            return program_values(self.program, raw, job.draws[i].replay(), sample=named)
         except DecodeFailure as exc:
-            raise SampleError("the threaded CPU backend could not process a sample", shard=shard, key=ref.key,
+            raise SampleError("the threaded CPU backend could not process a sample", shard=shard, key=key,
                               reason=str(exc)) from None
         except FeedfastError:
             raise
         except Exception as exc:
-            raise BackendError(f"threaded CPU backend failed on shard {shard!r}, sample {ref.key!r}: "
+            raise BackendError(f"threaded CPU backend failed on shard {shard!r}, sample {key!r}: "
                                f"{type(exc).__name__}: {exc}") from exc
 
     def close(self) -> None:
@@ -317,9 +322,9 @@ def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, 
         SampleError: a sample could not be decoded; names the shard and key.
         ShardError: a shard or its index cannot be read.
     """
-    program, order = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
+    program, rows = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
     knobs = knobs or Knobs(threads=workers or _env.usable_cores(), prefetch=max(1, prefetch_factor))
-    work = _Epoch(plan, program, shards.paths, order, ep, batch_size=batch_size, knobs=knobs, seed=seed, epoch=epoch)
+    work = _Epoch(plan, program, shards.paths, rows, ep, batch_size=batch_size, knobs=knobs, seed=seed, epoch=epoch)
     pool = LivePool(knobs, name="feedfast-cpu")
     jobs: deque[_Job] = deque()
     submitted = start

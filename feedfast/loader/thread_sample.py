@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import io
 import math
-import random
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -40,7 +39,7 @@ import numpy as np
 from feedfast.compile.pil import PilProgram, PilStep
 from feedfast.loader.pil_fast import REGION_FORMATS, JpegHeader, decode_region, exported_pixels, jpeg_header, load_rows
 from feedfast.loader.pil_warnings import routed
-from feedfast.ops.base import as_hw
+from feedfast.ops.base import Rng, as_hw
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.geometry import _pil_interp
 from feedfast.ops.pil_ops import random_resized_crop_params
@@ -136,7 +135,7 @@ def _header(step: PilStep, raw: bytes) -> Any:
     return header if header is not None else _open(step, raw)
 
 
-def _geometry(step: PilStep, view: View, rng: random.Random) -> View:
+def _geometry(step: PilStep, view: View, rng: Rng) -> View:
     p = step.params
     width, height = view.size
     if step.op == "random_resized_crop":
@@ -160,7 +159,7 @@ def _geometry(step: PilStep, view: View, rng: random.Random) -> View:
     return view.crop(int(round((width - tw) / 2.0)), int(round((height - th) / 2.0)), tw, th)
 
 
-def fast_values(program: PilProgram, raw: Sequence[bytes], rng: random.Random,
+def fast_values(program: PilProgram, raw: Sequence[bytes], rng: Rng,
                 sample: tuple[str, str] | None = None) -> dict[str, Any]:
     """One sample's outputs: HWC uint8 arrays (flips as views) for image and normalize fields, host values.
 
@@ -174,7 +173,7 @@ def fast_values(program: PilProgram, raw: Sequence[bytes], rng: random.Random,
         return _fast_values(program, raw, rng)
 
 
-def _fast_values(program: PilProgram, raw: Sequence[bytes], rng: random.Random) -> dict[str, Any]:
+def _fast_values(program: PilProgram, raw: Sequence[bytes], rng: Rng) -> dict[str, Any]:
     values: list[Any] = [None] * len(program.steps)
     opened: dict[int, tuple[Any, PilStep, bytes]] = {}
     for step in program.steps:
@@ -201,7 +200,7 @@ def _fast_values(program: PilProgram, raw: Sequence[bytes], rng: random.Random) 
     return {name: pixels.get(name, values[sid]) for name, sid in program.outputs.items()}
 
 
-def _host(step: PilStep, value: Any, rng: random.Random) -> Any:
+def _host(step: PilStep, value: Any, rng: Rng) -> Any:
     try:
         return OPS[step.op].pil(value, step.params, rng)  # type: ignore[misc]
     except DecodeFailure as exc:
@@ -305,7 +304,7 @@ def _pixels(img: Any, view: View, scale: float, origin: tuple[int, int] = (0, 0)
     return arr
 
 
-def program_values(program: PilProgram, raw: Sequence[bytes], rng: random.Random,
+def program_values(program: PilProgram, raw: Sequence[bytes], rng: Rng,
                    sample: tuple[str, str] | None = None) -> dict[str, Any]:
     """One sample's outputs through the PIL program, shaped as :func:`fast_values` gives them.
 

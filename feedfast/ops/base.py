@@ -8,9 +8,26 @@ all read it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Protocol, Sequence
 
 Kind = Literal["encoded", "image", "tensor", "label", "json", "bytes", "array"]
+
+
+class Rng(Protocol):
+    """What augmentation ops draw from: a ``random.Random``, or a sample's counter-based draws
+    (:class:`feedfast.loader.draws.SampleDraws`)."""
+
+    def random(self) -> float:
+        """Uniform in [0, 1)."""
+        ...
+
+    def uniform(self, a: float, b: float) -> float:
+        """Uniform in [a, b]."""
+        ...
+
+    def randint(self, a: int, b: int) -> int:
+        """An integer in [a, b]."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from feedfast.ops import _dali as d
-from feedfast.ops.base import OpDef, Param, Signature, SignatureError, positive_range, require, same_image
+from feedfast.ops.base import OpDef, Param, Rng, Signature, SignatureError, positive_range, require, same_image
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -37,7 +36,7 @@ def _normalize_dali(ctx: Any, p: dict[str, Any], x: Any, mirror: Any = 0) -> Any
     )
 
 
-def _normalize_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+def _normalize_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     import numpy as np
     import torch
 
@@ -123,7 +122,7 @@ def _jitter_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     return d.fn().color_twist(x, device=ctx.device, brightness=b, contrast=c, saturation=s, hue=h)
 
 
-def _jitter_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+def _jitter_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     from PIL import ImageEnhance
 
     if rng.random() >= p["probability"]:
@@ -168,7 +167,7 @@ def _gray_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     return d.fn().hsv(x, device=ctx.device, saturation=keep)
 
 
-def _gray_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+def _gray_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     if rng.random() < p["probability"]:
         return img.convert("L").convert("RGB")
     return img
@@ -196,7 +195,7 @@ def _blur_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     return fn.cast(mixed, dtype=t.UINT8)
 
 
-def _blur_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+def _blur_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     from PIL import ImageFilter
 
     if rng.random() >= p["probability"]:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import io
 import json
-import random
 from typing import Any
 
-from feedfast.ops.base import OpDef, Param, Signature, SignatureError, require
+from feedfast.ops.base import OpDef, Param, Rng, Signature, SignatureError, require
 
 _RAW = ("bytes", "encoded")
 
@@ -25,7 +24,7 @@ def _label_infer(sig: Signature, p: dict[str, Any]) -> Signature:
     return Signature("label", (), "int64", "", "host")
 
 
-def _label_host(raw: bytes, p: dict[str, Any], rng: random.Random) -> int:
+def _label_host(raw: bytes, p: dict[str, Any], rng: Rng) -> int:
     text = raw.decode("ascii", errors="replace").strip()
     try:
         return int(text) - p["offset"]
@@ -50,7 +49,7 @@ def _json_infer(sig: Signature, p: dict[str, Any]) -> Signature:
     return Signature("json", (), "object", "", "host")
 
 
-def _json_host(raw: bytes, p: dict[str, Any], rng: random.Random) -> Any:
+def _json_host(raw: bytes, p: dict[str, Any], rng: Rng) -> Any:
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # RecursionError: hostile nesting ([[[[...)
@@ -83,7 +82,7 @@ def _npy_infer(sig: Signature, p: dict[str, Any]) -> Signature:
     return Signature("array", (), "any" if p["dtype"] == "keep" else p["dtype"], "", "host")
 
 
-def _npy_host(raw: bytes, p: dict[str, Any], rng: random.Random) -> Any:
+def _npy_host(raw: bytes, p: dict[str, Any], rng: Rng) -> Any:
     import numpy as np
 
     try:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from feedfast.ops import _dali as d
-from feedfast.ops.base import OpDef, Param, Signature, as_hw, positive_range, require, same_image
+from feedfast.ops.base import OpDef, Param, Rng, Signature, as_hw, positive_range, require, same_image
 
 _INTERP = Param("interpolation", "str", "linear", "resampling filter", choices=d.INTERPOLATIONS)
 _SIZE = Param("size", "size", 224, "output size: an integer (square) or [height, width]", low=1, high=16384)
@@ -24,7 +23,7 @@ def _decode_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     return d.fn().decoders.image(x, device=ctx.decoder_device, output_type=out, **ctx.decoder_args)
 
 
-def _decode_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+def _decode_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     from feedfast.sources.decoders import to_8bit
 
     return to_8bit(img).convert("L" if p["color"] == "gray" else "RGB")  # 16-bit scaled to 8, as DALI does
@@ -59,7 +58,7 @@ def _rrc_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     )
 
 
-def _rrc_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+def _rrc_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     from feedfast.ops import pil_ops
 
     return pil_ops.random_resized_crop(
@@ -109,7 +108,7 @@ def _resize_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     return d.fn().resize(x, device=ctx.device, **kw)
 
 
-def _resize_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+def _resize_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     from feedfast.ops import pil_ops
 
     if isinstance(p["size"], int):
@@ -136,7 +135,7 @@ def _center_crop_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
                        out_of_bounds_policy="pad")
 
 
-def _center_crop_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+def _center_crop_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     from feedfast.ops import pil_ops
 
     return pil_ops.center_crop(img, p["size"])
@@ -161,7 +160,7 @@ def _random_crop_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     )
 
 
-def _random_crop_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+def _random_crop_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     h, w = as_hw(p["size"])
     left = int(round(rng.random() * max(img.width - w, 0)))
     top = int(round(rng.random() * max(img.height - h, 0)))
@@ -184,7 +183,7 @@ def _flip_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     return d.fn().flip(x, device=ctx.device, horizontal=d.coin(p["horizontal"]), vertical=d.coin(p["vertical"]))
 
 
-def _flip_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+def _flip_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     from PIL import Image
 
     if rng.random() < p["horizontal"]:
@@ -217,7 +216,7 @@ def _rotate_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     )
 
 
-def _rotate_pil(img: Any, p: dict[str, Any], rng: random.Random) -> Any:
+def _rotate_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     lo, hi = p["angle"]
     fill = int(p["fill"])
     return img.rotate(rng.uniform(lo, hi), resample=_pil_interp(p["interpolation"]),

@@ -10,7 +10,6 @@ against torchvision run torchvision itself (:mod:`feedfast.baseline.torch_recipe
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,6 +17,7 @@ import torch
 from PIL import Image
 
 from feedfast.errors import UserError
+from feedfast.ops.base import Rng
 
 _MAX_ATTEMPTS = 10
 """torchvision's RandomResizedCrop tries this many random boxes before its fallback."""
@@ -39,7 +39,7 @@ def random_resized_crop_params(
     height: int,
     scale: Sequence[float],
     ratio: Sequence[float],
-    rng: random.Random,
+    rng: Rng,
 ) -> tuple[int, int, int, int]:
     """Pick a random crop box the way ``torchvision.transforms.RandomResizedCrop.get_params`` does.
 
@@ -93,7 +93,7 @@ def random_resized_crop(
     scale: Sequence[float] = (0.08, 1.0),
     ratio: Sequence[float] = (3.0 / 4.0, 4.0 / 3.0),
     *,
-    rng: random.Random,
+    rng: Rng,
     interpolation: Image.Resampling = Image.BILINEAR,
 ) -> Image.Image:
     """Crop a random box (see :func:`random_resized_crop_params`) and resize it to ``size``.

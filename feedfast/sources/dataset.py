@@ -60,6 +60,8 @@ class ShardSet:
         transfer: timeout and retries for remote reads.
         shuffle: the block shuffle's sizes when epochs are shuffled (the spec's ``shuffle``
             section), None when they are not; remote shards are read in that order.
+        cache_dir: feedfast's cache folder, where the dataset's columnar index lives
+            (:mod:`.columnar`); empty: the default one.
     """
 
     paths: tuple[str, ...]
@@ -72,6 +74,7 @@ class ShardSet:
     cache: ShardCache | None = None
     transfer: Transfer = DEFAULT_TRANSFER
     shuffle: BlockShuffle | None = None
+    cache_dir: str = ""
 
     @property
     def read_kinds(self) -> tuple[str, ...]:
@@ -212,4 +215,4 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
     shuffle = BlockShuffle(spec.shuffle_block, spec.shuffle_window) if spec.shuffled else None
     return ShardSet(tuple(paths), tuple(idxs), tuple(sizes), tuple(skipped), tuple(converted), raw,
                     kinds=tuple(kinds) if remote else (), cache=cache if "cache" in kinds else None, transfer=transfer,
-                    shuffle=shuffle)
+                    shuffle=shuffle, cache_dir=str(cache_dir))

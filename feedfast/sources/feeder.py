@@ -39,7 +39,7 @@ class BatchFeeder:
     Args:
         names: shard names (paths or URLs), by shard number.
         kinds: how each shard is read: ``file``, ``http`` or ``cache``.
-        rows: the rank's samples in reading order (see :class:`feedfast.sources.stream.Rows`).
+        rows: the rank's samples in reading order (:class:`feedfast.sources.rows.Rows`).
         step_rows: maps a step to its row numbers (padding included).
         steps: steps in the epoch; later steps raise ``StopIteration``.
         cache, transfer: the shard cache and the remote settings.
@@ -49,7 +49,8 @@ class BatchFeeder:
     def __init__(self, names: tuple[str, ...], kinds: tuple[str, ...], rows: Any, step_rows: Any, *, steps: int,
                  cache: ShardCache | None, transfer: Transfer, workers: int = 2, ahead: int = 4) -> None:
         self.names, self.kinds = names, kinds
-        self.shard, self.offsets, self.sizes = rows.shard, rows.offsets, rows.sizes
+        self.rows = rows
+        self.components = int(rows.index.offsets.shape[1])
         self.step_rows, self.steps = step_rows, steps
         self.cache, self.transfer = cache, transfer
         self.ahead = ahead
@@ -87,19 +88,19 @@ class BatchFeeder:
         """The samples of step ``step``, read now (in the calling thread)."""
         rows = self.step_rows(step)
         got = self._windows.rows(rows) if self._windows.active else self._fetch(sorted(set(rows)))
-        return [[got[r, c] for r in rows] for c in range(self.sizes.shape[1])]
+        return [[got[r, c] for r in rows] for c in range(self.components)]
 
     def _fetch(self, rows: list[int]) -> dict[tuple[int, int], np.ndarray]:
         empty = np.empty(0, dtype=np.uint8)
         got: dict[tuple[int, int], np.ndarray] = {}
         spans: dict[int, list[Span]] = {}
-        for r in rows:
-            for c in range(self.sizes.shape[1]):
-                size = int(self.sizes[r, c])
+        where = self.rows.take(rows)
+        for r, shard, offsets, sizes in zip(rows, where.shard.tolist(), where.offsets.tolist(), where.sizes.tolist()):
+            for c, (offset, size) in enumerate(zip(offsets, sizes)):
                 if size <= 0:
                     got[r, c] = empty
                 else:
-                    spans.setdefault(int(self.shard[r]), []).append((int(self.offsets[r, c]), size, r, c))
+                    spans.setdefault(shard, []).append((offset, size, r, c))
         for shard, items in spans.items():
             for run in runs(sorted(items), MAX_GAP if self.kinds[shard] != "file" else LOCAL_GAP):
                 start, end = run[0][0], max(o + s for o, s, _, _ in run)

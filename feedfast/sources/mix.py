@@ -103,7 +103,7 @@ def mixed_epoch(sets: Sequence[ShardSet], mix: Mix, *, seed: int, epoch: int, ca
     return ShardSet(tuple(paths), tuple(idxs), tuple(sizes),
                     skipped=tuple(x for s in sets for x in s.skipped),
                     converted=tuple(x for s in sets for x in s.converted),
-                    raw_bytes=sum(s.raw_bytes for s in sets))
+                    raw_bytes=sum(s.raw_bytes for s in sets), cache_dir=str(cache_dir))
 
 
 def open_dataset(shards: Any, spec: Any, cache_dir: Path, **open_kw: Any) -> tuple[tuple[Mix, list[ShardSet]] | None, ShardSet | None]:

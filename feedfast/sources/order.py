@@ -2,11 +2,14 @@
 
 With ``shuffle=True`` an epoch reads every sample of the dataset (all shards, in their
 canonical concatenation: shard 0's indexed samples, then shard 1's, ...) in the order of a
-uniform random permutation fixed by (seed, epoch): :func:`epoch_order`. Class-sorted shards
-give batches that are statistically those of torch's ``RandomSampler``, which a shard shuffle
-plus a buffer shuffle cannot (DALI #3088).
+random permutation fixed by (seed, epoch): :func:`epoch_permutation`, a function from position
+to sample number evaluated per batch (:mod:`feedfast.sources.permute`), so an epoch's order
+costs no memory whatever the dataset's size. Class-sorted shards give batches that are
+statistically those of torch's ``RandomSampler``, which a shard shuffle plus a buffer shuffle
+cannot (DALI #3088).
 
-The order is dealt out in global batches (:func:`rank_positions`): global step ``s`` takes
+The order is dealt out in global batches (:func:`rank_positions`, or row by row
+:func:`rank_position_of`): global step ``s`` takes
 the next ``world * batch`` samples of the order, rank ``r`` the ``r``-th run of ``batch`` of
 them. The last, incomplete global batch is split as evenly as possible (ranks ``r`` get
 ``rank_range(rest, r, world)``), and the last-batch policy then pads or drops as for any
@@ -29,20 +32,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from feedfast.sources.assign import rank_range
+from feedfast.sources.permute import Permutation, key_for
 from feedfast.spec.model import SHUFFLE_BLOCK, SHUFFLE_WINDOW
 
 
-def epoch_order(total: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """The epoch's order of sample numbers ``0..total-1``: a uniform permutation, or the identity.
+def epoch_permutation(total: int, *, seed: int, epoch: int, shuffle: bool) -> Permutation | None:
+    """The epoch's order as a function (position -> sample number), or None for the identity.
 
-    Deterministic for (seed, epoch) on every machine (numpy's PCG64 from a SHA-256 of both).
-    Memory: 8 bytes a sample (80 MB for ten million).
+    A bijection of ``0..total-1`` fixed by (seed, epoch), the same on every machine
+    (:mod:`feedfast.sources.permute`): O(1) memory, evaluated per batch.
     """
-    if not shuffle:
-        return np.arange(total, dtype=np.int64)
-    digest = hashlib.sha256(f"feedfast-order/{seed}/{epoch}".encode()).digest()
-    rng = np.random.Generator(np.random.PCG64(int.from_bytes(digest[:16], "little")))
-    return rng.permutation(total).astype(np.int64)
+    return Permutation(total, key_for("feedfast-order", seed, epoch)) if shuffle else None
+
+
+def epoch_order(total: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The whole epoch order as an array (8 bytes a sample: for tests and small sets; the loader
+    evaluates :func:`epoch_permutation` per batch instead)."""
+    positions = np.arange(total, dtype=np.int64)
+    perm = epoch_permutation(total, seed=seed, epoch=epoch, shuffle=shuffle)
+    return positions if perm is None else perm(positions)
 
 
 def rank_counts(total: int, *, world: int, batch_size: int) -> list[int]:
@@ -65,6 +73,20 @@ def rank_positions(total: int, *, rank: int, world: int, batch_size: int) -> np.
     a, b = rank_range(rest, rank, world)
     tail = full * step + np.arange(a, b, dtype=np.int64)
     return np.concatenate([body, tail])
+
+
+def rank_position_of(rows: np.ndarray, total: int, *, rank: int, world: int, batch_size: int) -> np.ndarray:
+    """``rank_positions(total, ...)[rows]`` without the array: the order positions of a rank's rows.
+
+    >>> rank_position_of(np.array([0, 2, 4]), 10, rank=1, world=2, batch_size=2).tolist()
+    [2, 6, 9]
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    step = world * batch_size
+    full, rest = divmod(total, step)
+    a, _ = rank_range(rest, rank, world)
+    body = (rows // batch_size) * step + rank * batch_size + rows % batch_size
+    return np.where(rows < full * batch_size, body, full * step + a + (rows - full * batch_size))
 
 
 @dataclass(frozen=True)

@@ -1,138 +1,201 @@
-"""A rank's samples of one epoch, read from the shards' indexes: where each one's bytes are.
+"""A rank's samples of one epoch in reading order, as a function of the row: no per-sample list.
 
-The samples are the shards' (filtered) indexes concatenated in the epoch's ``shard_order``,
-and a rank reads its contiguous range of them (:func:`~feedfast.sources.assign.rank_range`),
-as DALI's reader does; or, shuffled, its share of the global order (:func:`global_rows`) or
-of the block shuffle (:func:`block_rows`). The stream transport and the PIL backend read
-samples this way.
+Row ``r`` of a rank's epoch is the rank's ``r``-th sample in reading order (padding repeats
+the last row, :func:`~feedfast.sources.assign.step_positions`). :class:`Rows` maps rows to
+canonical sample numbers (the dataset's shards concatenated, shard 0's indexed samples
+first) by a function of the epoch, and the dataset's columnar index
+(:mod:`~feedfast.sources.columnar`) maps those to shards, offsets, sizes and keys. Which
+function, by the epoch plan's partition (:func:`~feedfast.sources.assign.partition_for`):
+
+- ``global``: the epoch's permutation of every sample (:func:`~feedfast.sources.order.epoch_permutation`)
+  dealt out in global batches (:func:`~feedfast.sources.order.rank_position_of`);
+- ``shards``: the rank's contiguous range of the shards concatenated in the epoch's
+  ``shard_order`` (DALI's split), permuted inside the range when shuffled (the ``pil`` and
+  ``threads`` backends outside the global order), or in windows (the stream transport);
+- ``block``: the block shuffle of windows (:func:`~feedfast.sources.order.block_order`), held
+  as arrays (remote shards; O(the rank's samples), 16 bytes a sample).
+
+Rows are evaluated a chunk at a time and the last chunks kept, so a batch costs a fraction of
+a microsecond a sample; nothing grows with the dataset but what ``block`` and windows hold.
 """
 
 from __future__ import annotations
 
 import random
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import lru_cache
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-from feedfast.sources.assign import rank_range
-from feedfast.sources.index import first_member, read_index
-from feedfast.sources.order import BlockShuffle, block_order
+from feedfast.sources.assign import EpochPlan, rank_range
+from feedfast.sources.columnar import ColumnarIndex, RowBatch, dataset_index
+from feedfast.sources.order import BlockShuffle, block_order, epoch_permutation, rank_counts, rank_position_of
+from feedfast.sources.permute import Permutation, key_for
+
+CHUNK = 8192
+"""Rows evaluated at once (a permutation costs about 0.3 us a row in chunks of this size)."""
 
 
-@dataclass(frozen=True)
 class Rows:
-    """A rank's samples in reading order.
+    """A rank's samples of an epoch in reading order.
 
-    Attributes:
-        shard: each row's shard number (into the ShardSet).
-        keys: each row's sample key.
-        offsets, sizes: (offset, size) per row and component; size -1: no such member.
-        position: each row's place in the epoch's concatenation of all shards.
-        window: each row's window of consecutive samples, read together (windowed or block shuffle;
-            None: rows are read per step).
+    Args:
+        index: the dataset's columnar index.
+        count: rows in the epoch (the rank's samples).
+        sample_of: rows (int64 array) -> canonical sample numbers.
+        window: each row's window of consecutive samples read together (windowed or block shuffle),
+            None when rows are read per step.
     """
 
-    shard: np.ndarray
-    keys: list[str]
-    offsets: np.ndarray
-    sizes: np.ndarray
-    position: np.ndarray
-    window: np.ndarray | None = None
+    def __init__(self, index: ColumnarIndex, count: int, sample_of: Callable[[np.ndarray], np.ndarray],
+                 window: np.ndarray | None = None) -> None:
+        self.index, self.count, self._sample_of, self.window = index, count, sample_of, window
+        self._chunks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
 
-    def take(self, perm: list[int], window: np.ndarray | None = None) -> "Rows":
-        """The rows reordered by ``perm``."""
-        return Rows(self.shard[perm], [self.keys[j] for j in perm], self.offsets[perm], self.sizes[perm],
-                    self.position[perm], window)
+    def __len__(self) -> int:
+        return self.count
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return Rows, (self.index, self.count, self._sample_of, self.window)  # without the lock and chunks
+
+    def samples(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The canonical sample numbers of ``rows``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        first, last = int(rows.min()) // CHUNK, int(rows.max()) // CHUNK
+        if last - first > 4:  # rows spread over the epoch: evaluate them directly
+            return self._sample_of(rows)
+        out = np.empty(rows.shape, dtype=np.int64)
+        for c in range(first, last + 1):
+            inside = (rows // CHUNK) == c
+            if inside.any():
+                out[inside] = self._chunk(c)[rows[inside] - c * CHUNK]
+        return out
+
+    def _chunk(self, c: int) -> np.ndarray:
+        with self._lock:
+            found = self._chunks.get(c)
+            if found is not None:
+                self._chunks.move_to_end(c)
+                return found
+        values = self._sample_of(np.arange(c * CHUNK, min(self.count, (c + 1) * CHUNK), dtype=np.int64))
+        with self._lock:
+            self._chunks[c] = values
+            while len(self._chunks) > 4:
+                self._chunks.popitem(last=False)
+        return values
+
+    def take(self, rows: Sequence[int] | np.ndarray) -> RowBatch:
+        """Where the samples of ``rows`` are: sample numbers, shards, offsets and sizes, as arrays."""
+        return self.index.take(self.samples(rows))
+
+    def keys(self, rows: Sequence[int] | np.ndarray) -> list[str]:
+        """The sample keys of ``rows``."""
+        return self.index.keys(self.samples(rows))
 
 
-def _shard_rows(index_path: str, name: str, count: int,
-                exts: Sequence[set[str] | frozenset[str]]) -> tuple[list[str], np.ndarray, np.ndarray]:
-    samples = read_index(index_path, name, count)
-    offsets = np.zeros((count, len(exts)), dtype=np.int64)
-    sizes = np.full((count, len(exts)), -1, dtype=np.int64)
-    for i, s in enumerate(samples):
-        for c, wanted in enumerate(exts):
-            m = first_member(s, wanted)
-            if m is not None:
-                offsets[i, c], sizes[i, c] = m.offset, m.size
-    return [s.key for s in samples], offsets, sizes
+def epoch_rows(shards: object, exts: Sequence[set[str] | frozenset[str]], ep: EpochPlan, *, rank: int, world: int,
+               seed: int, epoch: int, shuffle: bool, window: int = 0,
+               block: BlockShuffle | None = None) -> Rows:
+    """This rank's rows of the epoch ``ep`` plans (see the module docstring).
 
-
-def rank_rows(names: tuple[str, ...], index_paths: tuple[str, ...], counts: tuple[int, ...], order: tuple[int, ...],
-              exts: Sequence[set[str] | frozenset[str]], *, rank: int, world: int, window: int, seed: int,
-              epoch: int) -> Rows:
-    """This rank's samples of the epoch, reading only the indexes of shards its range touches.
-
-    ``window > 0`` shuffles them in windows (:func:`window_shuffle`) with
-    ``random.Random(f"{seed}/{epoch}/{rank}")``; 0 keeps the concatenation order.
+    Args:
+        shards: the dataset (a :class:`~feedfast.sources.dataset.ShardSet`: ``paths``,
+            ``index_paths``, ``sizes``, ``cache_dir``).
+        exts: each component's extensions.
+        ep: the rank's epoch plan (its partition, shard order, samples consumed before a resume).
+        shuffle: whether the epoch is shuffled (``global``: a permutation, not the identity;
+            ``shards``: the rank's range permuted).
+        window: under ``shards``, shuffle the range in windows of this many samples (stream transport).
+        block: the block shuffle's sizes, for ``block``.
     """
-    lo, hi = rank_range(sum(counts[i] for i in order), rank, world)
-    shard, keys, offs, sizes = [], [], [], []
-    pos = 0
-    for i in order:
-        a, b = max(lo, pos), min(hi, pos + counts[i])
-        if a < b:
-            k, o, s = _shard_rows(index_paths[i], names[i], counts[i], exts)
-            shard.append(np.full(b - a, i, dtype=np.int32))
-            keys += k[a - pos: b - pos]
-            offs.append(o[a - pos: b - pos])
-            sizes.append(s[a - pos: b - pos])
-        pos += counts[i]
-    rows = Rows(np.concatenate(shard), keys, np.concatenate(offs), np.concatenate(sizes), np.arange(lo, hi))
-    if window <= 0:
-        return rows
-    perm, win = window_shuffle(len(keys), window, random.Random(f"{seed}/{epoch}/{rank}"))
-    return rows.take(perm, np.asarray(win))
+    paths, index_paths, sizes = shards.paths, shards.index_paths, shards.sizes  # type: ignore[attr-defined]
+    cache = getattr(shards, "cache_dir", "") or _default_cache()
+    index = dataset_index(paths, index_paths, sizes, exts, Path(cache))
+    total = int(sum(sizes))
+    if ep.partition == "global":
+        remaining = total - ep.consumed
+        count = rank_counts(remaining, world=world, batch_size=ep.batch_size)[rank]
+        return Rows(index, count, _GlobalOrder(total, remaining, ep, rank=rank, world=world, seed=seed, epoch=epoch,
+                                               shuffle=shuffle))
+    if ep.partition == "block":
+        mine, windows = block_order(sizes, rank=rank, world=world, shuffle=block or BlockShuffle(), seed=seed,
+                                    epoch=epoch)
+        return Rows(index, len(mine), _Table(mine), windows)
+    lo, hi = rank_range(total, rank, world)
+    ranged = _RangeOrder(sizes, ep.shard_order, lo)
+    if window > 0:
+        perm, win = window_shuffle(hi - lo, window, random.Random(f"{seed}/{epoch}/{rank}"))
+        return Rows(index, hi - lo, _Table(ranged(np.asarray(perm, dtype=np.int64))), np.asarray(win))
+    if shuffle:
+        return Rows(index, hi - lo, _Then(Permutation(hi - lo, key_for("feedfast-range", seed, epoch, rank)), ranged))
+    return Rows(index, hi - lo, ranged)
 
 
-def global_rows(names: tuple[str, ...], index_paths: tuple[str, ...], counts: tuple[int, ...],
-                exts: Sequence[set[str] | frozenset[str]], *, rank: int, world: int, batch_size: int, seed: int,
-                epoch: int, shuffle: bool, consumed: int = 0) -> Rows:
-    """This rank's samples of the epoch in the global order (:mod:`feedfast.sources.order`).
+def _default_cache() -> str:
+    from feedfast import _env
 
-    The order permutes every sample of every shard, so every shard's index is read. Each
-    row's ``position`` is its number in the canonical concatenation of the shards (the same
-    at any world size: per-sample randomness keyed by it does not depend on the rank).
-    ``consumed`` leaves out the order's first samples (taken before an elastic resume).
-    """
-    from feedfast.sources.order import epoch_order, rank_positions
-
-    total = sum(counts)
-    order = epoch_order(total, seed=seed, epoch=epoch, shuffle=shuffle)[consumed:]
-    mine = order[rank_positions(total - consumed, rank=rank, world=world, batch_size=batch_size)]
-    shard, keys, offs, sizes = _all_rows(names, index_paths, counts, tuple(tuple(sorted(e)) for e in exts))
-    return Rows(shard[mine], [keys[i] for i in mine.tolist()], offs[mine], sizes[mine], mine)
+    return str(_env.cache_dir())
 
 
-def block_rows(names: tuple[str, ...], index_paths: tuple[str, ...], counts: tuple[int, ...],
-               exts: Sequence[set[str] | frozenset[str]], *, rank: int, world: int, shuffle: BlockShuffle, seed: int,
-               epoch: int) -> Rows:
-    """This rank's samples of a block-shuffled epoch (:func:`~feedfast.sources.order.block_order`).
+class _GlobalOrder:
+    """Rows of the global order: the rank's order positions, past ``consumed``, through the permutation."""
 
-    ``window`` holds each row's window of consecutive samples (one shard's), the unit the
-    stream transport reads in one request; ``position`` is the row's canonical number.
-    """
-    mine, windows = block_order(counts, rank=rank, world=world, shuffle=shuffle, seed=seed, epoch=epoch)
-    shard, keys, offs, sizes = _all_rows(names, index_paths, counts, tuple(tuple(sorted(e)) for e in exts))
-    return Rows(shard[mine], [keys[i] for i in mine.tolist()], offs[mine], sizes[mine], mine, windows)
+    def __init__(self, total: int, remaining: int, ep: EpochPlan, *, rank: int, world: int, seed: int, epoch: int,
+                 shuffle: bool) -> None:
+        self.remaining, self.consumed, self.batch_size = remaining, ep.consumed, ep.batch_size
+        self.rank, self.world = rank, world
+        self.perm = epoch_permutation(total, seed=seed, epoch=epoch, shuffle=shuffle)
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        positions = self.consumed + rank_position_of(rows, self.remaining, rank=self.rank, world=self.world,
+                                                     batch_size=self.batch_size)
+        return positions if self.perm is None else self.perm(positions)
 
 
-@lru_cache(maxsize=4)
-def _all_rows(names: tuple[str, ...], index_paths: tuple[str, ...], counts: tuple[int, ...],
-              exts: tuple[tuple[str, ...], ...]) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
-    """Every sample of the shards in canonical order: shard numbers, keys, offsets, sizes (cached across epochs)."""
-    wanted = [set(e) for e in exts]
-    shard, keys, offs, sizes = [np.zeros(0, dtype=np.int32)], [], [np.zeros((0, len(exts)), dtype=np.int64)], []
-    sizes.append(offs[0])
-    for i, (name, index_path, count) in enumerate(zip(names, index_paths, counts)):
-        k, o, s = _shard_rows(index_path, name, count, wanted)
-        shard.append(np.full(count, i, dtype=np.int32))
-        keys += k
-        offs.append(o)
-        sizes.append(s)
-    return np.concatenate(shard), keys, np.concatenate(offs), np.concatenate(sizes)
+class _RangeOrder:
+    """Rows of a contiguous range starting at ``lo`` of the shards concatenated in ``order``."""
+
+    def __init__(self, sizes: Sequence[int], order: Sequence[int], lo: int) -> None:
+        counts = np.asarray(sizes, dtype=np.int64)
+        self.lo = lo
+        self.identity = list(order) == list(range(len(counts)))
+        self.order = np.asarray(order, dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(counts)])[:-1]  # canonical first sample of each shard
+        self.ends = np.cumsum(counts[self.order])  # end of each shard in the epoch's concatenation
+        self.begins = self.ends - counts[self.order]
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        at = self.lo + np.asarray(rows, dtype=np.int64)
+        if self.identity:
+            return at
+        j = np.searchsorted(self.ends, at, side="right")
+        return self.starts[self.order[j]] + at - self.begins[j]
+
+
+class _Table:
+    """Rows looked up in an array (orders that are materialized)."""
+
+    def __init__(self, table: np.ndarray) -> None:
+        self.table = table
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        return self.table[rows]
+
+
+class _Then:
+    """``second(first(rows))``."""
+
+    def __init__(self, first: Callable[[np.ndarray], np.ndarray], second: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.first, self.second = first, second
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        return self.second(self.first(rows))
 
 
 def window_shuffle(n: int, window: int, rng: random.Random) -> tuple[list[int], list[int]]:

@@ -22,7 +22,7 @@ loader cuts it to ``EpochPlan.batch_sizes[j]``. With 9 samples on 2 ranks in bat
 unshuffled, rank 0 (samples 0-3) yields ``[0 1] [2 3] [3 3]`` with 2, 2, 0 valid. Every
 sample of the rank's share is read exactly once per epoch, deterministic for (seed, epoch,
 rank, world), resumable at any step: the feed answers for a step, whatever came before.
-(A windowed shuffle of the rank's contiguous range, ``rank_rows(window=...)``, remains for
+(A windowed shuffle of the rank's contiguous range, ``epoch_rows(window=...)``, remains for
 comparison: its batches hold a few classes on class-sorted shards.)
 
 The random operators after the source get the seeds they get after DALI's reader (see
@@ -44,8 +44,7 @@ from typing import Any, Sequence
 from feedfast.errors import ShardError
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.feeder import BatchFeeder
-from feedfast.sources.order import BlockShuffle
-from feedfast.sources.rows import block_rows, global_rows, rank_rows
+from feedfast.sources.rows import epoch_rows
 from feedfast.sources.validate import probe_image
 
 
@@ -58,26 +57,22 @@ class StreamEpoch:
     def __init__(self, shards: Any, ep: EpochPlan, exts: Sequence[set[str] | frozenset[str]], *, rank: int,
                  world: int, batch_size: int, shuffle_window: int, seed: int, epoch: int, workers: int = 2,
                  ahead: int = 4) -> None:
-        if ep.partition == "global":  # local shards under shuffle: the global order, read sample by sample
-            rows = global_rows(shards.paths, shards.index_paths, shards.sizes, exts, rank=rank, world=world,
-                               batch_size=batch_size, seed=seed, epoch=epoch, shuffle=True, consumed=ep.consumed)
-        elif ep.partition == "block":  # remote shards under shuffle: windows of many shards interleaved
-            rows = block_rows(shards.paths, shards.index_paths, shards.sizes, exts, rank=rank, world=world,
-                              shuffle=shards.shuffle or BlockShuffle(), seed=seed, epoch=epoch)
-        else:
-            rows = rank_rows(shards.paths, shards.index_paths, shards.sizes, ep.shard_order, exts, rank=rank,
-                             world=world, window=shuffle_window, seed=seed, epoch=epoch)
-        if len(rows.keys) != ep.rank_samples:
-            raise ShardError(f"rank {rank} has {len(rows.keys)} samples but its epoch plan expects {ep.rank_samples}")
+        # global: local shards under shuffle, read sample by sample; block: remote shards under shuffle,
+        # windows of many shards interleaved; shards: unshuffled (or windows of the rank's range)
+        rows = epoch_rows(shards, exts, ep, rank=rank, world=world, seed=seed, epoch=epoch,
+                          shuffle=ep.partition != "shards", window=shuffle_window if ep.partition == "shards" else 0,
+                          block=shards.shuffle)
+        if len(rows) != ep.rank_samples:
+            raise ShardError(f"rank {rank} has {len(rows)} samples but its epoch plan expects {ep.rank_samples}")
         self.names, self.rows, self.batch_size, self.exts = shards.paths, rows, batch_size, exts
         self.feeder = BatchFeeder(shards.paths, shards.read_kinds, rows,
-                                  partial(step_positions, batch_size=batch_size, count=len(rows.keys)), steps=ep.steps,
+                                  partial(step_positions, batch_size=batch_size, count=len(rows)), steps=ep.steps,
                                   cache=shards.cache, transfer=shards.transfer, workers=workers, ahead=ahead)
 
     def origins(self, step: int, size: int) -> list[tuple[str, str]]:
         """(shard, key) of the first ``size`` samples of step ``step``."""
-        rows = step_positions(step, self.batch_size, len(self.rows.keys))[:size]
-        return [(self.names[int(self.rows.shard[r])], self.rows.keys[r]) for r in rows]
+        batch = self.rows.take(step_positions(step, self.batch_size, len(self.rows))[:size])
+        return [(self.names[s], k) for s, k in zip(batch.shard.tolist(), self.rows.index.keys(batch.samples))]
 
     def bad_sample(self, step: int, image_exts: list[set[str]], max_pixels: int) -> tuple[str, str, str] | None:
         """The first sample of step ``step`` whose image DALI cannot decode, as (shard, key, reason).
@@ -87,10 +82,10 @@ class StreamEpoch:
         """
         comps = [c for c, exts in enumerate(self.exts) if exts in image_exts]
         arrays = self.feeder.batch(step)
-        rows = step_positions(step, self.batch_size, len(self.rows.keys))
-        for i, r in enumerate(rows):
+        origins = self.origins(step, self.batch_size)
+        for i, (shard, key) in enumerate(origins):
             for c in comps:
                 v = probe_image(arrays[c][i].tobytes(), max_pixels=max_pixels)
                 if v.status != "ok":
-                    return self.names[int(self.rows.shard[r])], self.rows.keys[r], v.reason
+                    return shard, key, v.reason
         return None
