@@ -1,13 +1,20 @@
-"""A rank's samples: the windowed shuffle."""
+"""A rank's samples of an epoch: rows as functions of the epoch's order, and the windowed shuffle."""
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feedfast.sources.rows import window_shuffle
+from feedfast.sources.assign import plan_epoch, rank_range
+from feedfast.sources.dataset import ShardSet
+from feedfast.sources.index import load_index
+from feedfast.sources.order import epoch_order, rank_positions
+from feedfast.sources.rows import _RangeOrder, epoch_rows, window_shuffle
+from tests.helpers import make_shards
 
 
 @given(n=st.integers(0, 500), window=st.integers(1, 64), seed=st.integers(0, 10))
@@ -27,3 +34,58 @@ def test_window_shuffle_is_deterministic_and_mixes() -> None:
     assert a == window_shuffle(100, 10, random.Random("s/0/0"))
     assert a != window_shuffle(100, 10, random.Random("s/1/0"))
     assert a[0] != list(range(100))
+
+
+
+EXTS = [{"jpg"}, {"cls"}]
+
+
+@pytest.fixture(scope="module")
+def sset(tmp_path_factory: pytest.TempPathFactory) -> ShardSet:
+    root = tmp_path_factory.mktemp("rows")
+    shards = make_shards(root, samples=23, per_shard=5)
+    idx = tuple(str(load_index(p, root)[0]) for p in shards)
+    return ShardSet(tuple(shards), idx, (5, 5, 5, 5, 3), cache_dir=str(root / "cache"))
+
+
+@pytest.mark.parametrize(("world", "batch", "consumed"), [(1, 4, 0), (2, 3, 0), (3, 2, 7), (4, 5, 4)])
+def test_global_rows_are_the_permutation_dealt_in_global_batches(sset: ShardSet, world: int, batch: int,
+                                                                 consumed: int) -> None:
+    order = epoch_order(23, seed=3, epoch=1, shuffle=True)[consumed:]
+    seen = []
+    for rank in range(world):
+        ep = plan_epoch(list(sset.sizes), batch_size=batch, rank=rank, world=world, last_batch="partial",
+                        partition="global", consumed=consumed)
+        rows = epoch_rows(sset, EXTS, ep, rank=rank, world=world, seed=3, epoch=1, shuffle=True)
+        assert len(rows) == ep.rank_samples
+        got = rows.samples(np.arange(len(rows)))
+        assert got.tolist() == order[rank_positions(23 - consumed, rank=rank, world=world, batch_size=batch)].tolist()
+        seen += got.tolist()
+    assert sorted(seen) == sorted(order.tolist())  # every sample once, after those consumed
+
+
+def test_unshuffled_rows_are_the_ranks_range_and_shuffled_a_permutation_of_it(sset: ShardSet) -> None:
+    for rank in range(2):
+        ep = plan_epoch(list(sset.sizes), batch_size=4, rank=rank, world=2, last_batch="partial")
+        lo, hi = rank_range(23, rank, 2)
+        plain = epoch_rows(sset, EXTS, ep, rank=rank, world=2, seed=0, epoch=0, shuffle=False)
+        assert plain.samples(np.arange(len(plain))).tolist() == list(range(lo, hi))
+        mixed = epoch_rows(sset, EXTS, ep, rank=rank, world=2, seed=0, epoch=0, shuffle=True)
+        got = mixed.samples(np.arange(len(mixed))).tolist()
+        assert sorted(got) == list(range(lo, hi)) and got != list(range(lo, hi))
+        assert mixed.keys([0]) == plain.keys([got[0] - lo])
+
+
+def test_a_range_over_shards_in_another_order_maps_back_to_canonical_numbers() -> None:
+    sizes, order = [5, 5, 5, 5, 3], [3, 0, 4, 1, 2]
+    concatenated = [n for s in order for n in range(sum(sizes[:s]), sum(sizes[:s]) + sizes[s])]
+    assert _RangeOrder(sizes, order, 4)(np.arange(15)).tolist() == concatenated[4:19]
+
+
+def test_rows_far_apart_and_in_any_order_agree_with_the_chunked_ones(sset: ShardSet) -> None:
+    ep = plan_epoch(list(sset.sizes), batch_size=4, rank=0, world=1, last_batch="partial", partition="global")
+    rows = epoch_rows(sset, EXTS, ep, rank=0, world=1, seed=9, epoch=0, shuffle=True)
+    whole = rows.samples(np.arange(23))
+    assert rows.samples([22, 0, 5]).tolist() == whole[[22, 0, 5]].tolist()
+    where = rows.take([1, 2])
+    assert where.samples.tolist() == whole[[1, 2]].tolist() and where.shard.tolist() == (whole[[1, 2]] // 5).tolist()

@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Sequence
 
 from feedfast.errors import SampleError, ShardError
+from feedfast.sources import snapshot
 from feedfast.sources.assign import partition_for
 from feedfast.sources.cache import ShardCache
-from feedfast.sources.checked import check_shard
+from feedfast.sources.checked import CHECK_RULES, check_shard
 from feedfast.sources.index import Sample, first_member, load_index, subset_index
 from feedfast.sources.order import BlockShuffle
 from feedfast.sources.remote import DEFAULT_TRANSFER, Transfer, url_kind
@@ -162,6 +163,17 @@ def _check_kinds(paths: list[str], kinds: list[str]) -> None:
                          f"({stream[0]!r}) in one dataset: use s3/gs shards alone, or http(s)/pipe: ones")
 
 
+def _record_name(resolved: list[str], spec: Spec, policy: str, max_pixels: int) -> str | None:
+    """The name of the record of opening these shards with these settings (:mod:`.snapshot`); None
+    when any shard is remote (remote shards are not recorded)."""
+    if any(url_kind(p) != "file" for p in resolved):
+        return None
+    settings = {"components": [[c.name, c.ext, c.kind] for c in spec.components.values()], "missing": spec.missing,
+                "on_error": policy, "max_pixels": max_pixels, "check_seconds": spec.check_seconds,
+                "check_rules": CHECK_RULES}
+    return snapshot.digest(resolved, settings)
+
+
 def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], spec: Spec,
                 cache_dir: Path, *, on_error: str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS,
                 cache_limit: int | None = None, transfer: Transfer = DEFAULT_TRANSFER) -> ShardSet:
@@ -179,11 +191,18 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
     policy = on_error or spec.on_error
     image_exts = [_exts(c.ext) for c in spec.components.values() if c.kind == "image"]
     cache = ShardCache(str(cache_dir / "shards"), cache_limit, transfer)
+    shuffle = BlockShuffle(spec.shuffle_block, spec.shuffle_window) if spec.shuffled else None
+    resolved = resolve_shards(shards)
+    record = _record_name(resolved, spec, policy, max_pixels)
+    found = snapshot.load(cache_dir, record) if record else None
+    if found is not None:  # local shards opened before with these settings: O(shards)
+        return ShardSet(found.paths, found.index_paths, found.sizes, found.skipped, found.converted, found.raw_bytes,
+                        transfer=transfer, shuffle=shuffle, cache_dir=str(cache_dir))
     paths, idxs, sizes, kinds = [], [], [], []
     skipped: list[tuple[str, str, str]] = []
     converted: list[tuple[str, str, str]] = []
     raw = 0
-    for p in resolve_shards(shards):
+    for p in resolved:
         where = locate(p, cache_dir, cache, check_locally=policy == "skip")
         raw += where.nbytes
         kept = _complete(p, where.samples, spec, skipped)
@@ -212,7 +231,9 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
             kinds.append(kind)
     _check_kinds(paths, kinds)
     remote = any(k != "file" for k in kinds)
-    shuffle = BlockShuffle(spec.shuffle_block, spec.shuffle_window) if spec.shuffled else None
+    if record:
+        snapshot.save(cache_dir, record, snapshot.Opened(tuple(paths), tuple(idxs), tuple(sizes), tuple(skipped),
+                                                         tuple(converted), raw))
     return ShardSet(tuple(paths), tuple(idxs), tuple(sizes), tuple(skipped), tuple(converted), raw,
                     kinds=tuple(kinds) if remote else (), cache=cache if "cache" in kinds else None, transfer=transfer,
                     shuffle=shuffle, cache_dir=str(cache_dir))

@@ -1,0 +1,72 @@
+"""The dataset's columnar index: the same locations and keys as the text indexes, mapped, rebuilt when they change."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from feedfast.errors import ShardError
+from feedfast.sources import columnar
+from feedfast.sources.columnar import dataset_index
+from feedfast.sources.index import first_member, load_index, read_index
+from tests.helpers import make_shards
+
+EXTS = [frozenset({"jpg", "jpeg"}), frozenset({"cls"})]
+
+
+@pytest.fixture()
+def dataset(tmp_path: Path) -> tuple[list[str], list[str], list[int]]:
+    shards = make_shards(tmp_path / "data", samples=23, per_shard=5)
+    idx = [str(load_index(p, tmp_path)[0]) for p in shards]
+    return shards, idx, [len(read_index(i, p)) for p, i in zip(shards, idx)]
+
+
+def test_it_holds_what_the_text_indexes_say(dataset: tuple[list[str], list[str], list[int]], tmp_path: Path) -> None:
+    shards, idx, counts = dataset
+    index = dataset_index(shards, idx, counts, EXTS, tmp_path / "cache")
+    assert len(index) == sum(counts) == 23
+    expected = [(k, s) for k, (p, i) in enumerate(zip(shards, idx)) for s in read_index(i, p)]
+    where = index.take(np.arange(23))
+    for n, (shard, sample) in enumerate(expected):
+        assert int(where.shard[n]) == shard and index.key(n) == sample.key
+        for c, exts in enumerate(EXTS):
+            m = first_member(sample, exts)
+            assert m is not None and (int(where.offsets[n, c]), int(where.sizes[n, c])) == (m.offset, m.size)
+    assert index.keys([22, 0]) == [expected[22][1].key, expected[0][1].key]
+
+
+def test_it_is_built_once_mapped_and_pickled_by_path(dataset: tuple[list[str], list[str], list[int]],
+                                                       tmp_path: Path) -> None:
+    shards, idx, counts = dataset
+    a = dataset_index(shards, idx, counts, EXTS, tmp_path / "cache")
+    assert dataset_index(shards, idx, counts, EXTS, tmp_path / "cache") is a
+    assert isinstance(a.offsets, np.memmap)
+    assert len(list((tmp_path / "cache" / "columnar").iterdir())) == 1
+    b = pickle.loads(pickle.dumps(a))
+    assert len(pickle.dumps(a)) < 1000 and b.keys(range(23)) == a.keys(range(23))
+
+
+def test_a_component_missing_from_a_sample_has_size_minus_one(dataset: tuple[list[str], list[str], list[int]],
+                                                              tmp_path: Path) -> None:
+    shards, idx, counts = dataset
+    index = dataset_index(shards, idx, counts, [frozenset({"jpg"}), frozenset({"json"})], tmp_path / "cache")
+    assert (np.asarray(index.sizes[:, 1]) == -1).all() and (np.asarray(index.sizes[:, 0]) > 0).all()
+
+
+def test_a_rewritten_index_is_read_again_and_a_short_one_refused(dataset: tuple[list[str], list[str], list[int]],
+                                                                  tmp_path: Path) -> None:
+    shards, idx, counts = dataset
+    cache = tmp_path / "cache"
+    dataset_index(shards, idx, counts, EXTS, cache)
+    lines = Path(idx[0]).read_text().splitlines()
+    Path(idx[0]).write_text("\n".join([lines[0]] + lines[1:3]) + "\n")  # two of five samples
+    later = time.time() + 5
+    os.utime(idx[0], (later, later))
+    columnar._OPEN.clear()
+    with pytest.raises(ShardError, match=r"lists 2 samples, not 5"):
+        dataset_index(shards, idx, counts, EXTS, cache)
