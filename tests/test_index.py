@@ -237,3 +237,13 @@ def test_empty_shard(tmp_path: Path, kind: str) -> None:
     with pytest.raises(ShardError):
         load_index(shard, tmp_path / "cache")
     assert not default_index_path(shard).exists()
+
+
+def test_tar_cut_at_a_member_boundary(tmp_path: Path) -> None:
+    """tarfile reads such a tar as complete; its last samples would be lost without a word."""
+    shard = _cut_copy(tmp_path, lambda s: s[-2].members[-1].offset + 512)  # the end of a .cls member's data block
+    with pytest.raises(ShardError, match=r"cut\.tar.*no end-of-archive"):
+        scan_tar(shard)
+    with pytest.raises(ShardError, match=r"cut\.tar.*no end-of-archive"):
+        load_index(shard, tmp_path / "cache")
+    assert not default_index_path(shard).exists()

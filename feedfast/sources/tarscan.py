@@ -1,0 +1,296 @@
+"""A tar member scanner that reads headers straight from a memory map, as :mod:`tarfile` reads them.
+
+:func:`scan_members` gives the (name, data offset, size) of every regular file of a tar, in
+tar order, exactly as ``[(m.name, m.offset_data, m.size) for m in tarfile.open(path) if
+m.isreg()]`` does, about ten times faster: the file is memory-mapped (only the pages of
+headers are read when members are large), each 512-byte header is parsed once, and the
+checksums and number fields of all headers are verified together with NumPy.
+
+What it reads as :mod:`tarfile` does: ustar names with their ``prefix`` field, v7 directories
+(a regular-file type whose name ends in ``/``), PAX extended (``x``, ``X``) and global (``g``)
+headers' ``path`` and ``size`` records (``hdrcharset=BINARY`` included), GNU long names
+(``L``) and long links (``K``), base-256 number fields, the signed and unsigned checksums.
+A GNU sparse member (type ``S``, or ``GNU.sparse.*`` PAX records; ``tar --sparse``) is an
+error: its data is not one byte range, so no index can describe it (an index of tarfile's
+offset and size would read the wrong bytes).
+
+Damage is an error naming the shard and the offset (:class:`~feedfast.errors.ShardError`):
+a member whose data runs past the end of the file, a header cut short, a header whose
+checksum or number fields are wrong, an extension header with nothing valid after it, a
+negative size, and, unlike :mod:`tarfile`, a tar that ends without an end-of-archive block
+where the next header should be (a tar cut exactly at a member boundary; tarfile reads it
+as complete, and its last samples would be lost without a word). Bytes after the first
+end-of-archive block are not read, as tarfile does not read them.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import sys
+
+from feedfast.errors import ShardError
+from feedfast.sources.tarfields import first_bad_header, number
+
+BLOCK = 512
+ZERO_BLOCK = bytes(BLOCK)
+REGULAR = frozenset(b"0\x007S")  # tarfile.REGULAR_TYPES: isreg()
+SUPPORTED = frozenset(b"0\x00125647LKS")  # tarfile.SUPPORTED_TYPES: the data of other types is skipped
+GNU_TYPES = frozenset(b"LKS")  # these take no ustar prefix
+EXTENDED = frozenset(b"xX")  # PAX extended header (X: Solaris's)
+DIRECTORY = ord("5")
+VERIFY_BATCH = 4096  # headers verified together (2 MiB of them)
+_RECORD = re.compile(rb"(\d+) ([^=]+)=")
+_HDRCHARSET = re.compile(rb"\d+ hdrcharset=([^\n]+)\n")
+ENCODING = sys.getfilesystemencoding()  # tarfile's default encoding of names, with surrogate escapes
+Found = tuple[str, int, int]  # (member name, data offset, size)
+
+
+def scan_members(path: str) -> list[Found]:
+    """(name, data offset, size) of every regular file in the tar at ``path``, in tar order.
+
+    Raises:
+        ShardError: the file is missing, unreadable, not a tar, truncated or corrupt, or holds a
+            sparse member (see the module docstring); names the shard, and the offset where it
+            is damaged.
+    """
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                raise ShardError(f"shard is not a readable tar file: {path!r} (empty file)")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                return _Scan(view, size, path).run()
+    except FileNotFoundError as exc:
+        raise ShardError(f"shard not found: {path!r}") from exc
+    except PermissionError as exc:
+        raise ShardError(f"shard not readable: {path!r} ({exc.strerror})") from exc
+    except IsADirectoryError as exc:
+        raise ShardError(f"shard is a directory, not a tar file: {path!r}") from exc
+
+
+def padded(size: int) -> int:
+    """``size`` rounded up to whole blocks (tarfile's ``_block``; 0 for a negative size)."""
+    return max(0, -(-size // BLOCK) * BLOCK)
+
+
+def nts(field: bytes) -> str:
+    """A NUL-terminated field as text (tarfile's ``nts``, with tarfile's default encoding and errors)."""
+    end = field.find(0)
+    return (field if end < 0 else field[:end]).decode(ENCODING, "surrogateescape")
+
+
+class _Scan:
+    """One pass over a mapped tar: the headers' offsets and bytes, the members found, the PAX globals."""
+
+    def __init__(self, view: mmap.mmap, size: int, path: str) -> None:
+        self.view, self.size, self.path = view, size, path
+        self.offsets: list[int] = []
+        self.headers: list[bytes] = []
+        self.globals: dict[str, str] = {}
+
+    def run(self) -> list[Found]:
+        found: list[Found] = []
+        pos = 0
+        try:
+            while True:
+                pos = self._plain_files(pos, found)
+                step = self._member(pos)
+                if step is None:
+                    break
+                member, pos = step
+                if member is not None:
+                    found.append(member)
+        except _Damage as damage:
+            self._verify(upto=damage.offset)
+            raise self._error(damage) from None
+        self._verify(upto=pos)
+        return found
+
+    def _error(self, damage: _Damage) -> ShardError:
+        if isinstance(damage, _Sparse):
+            return ShardError(f"shard {self.path!r} holds a GNU sparse member at offset {damage.offset} ({damage.reason}): "
+                              "its data is not one byte range, so it cannot be indexed; write the tar without --sparse")
+        if damage.offset == 0:
+            return ShardError(f"shard is not a readable tar file: {self.path!r} ({damage.reason})")
+        return ShardError(f"shard is truncated or corrupt: {self.path!r}: at offset {damage.offset}: {damage.reason}")
+
+    def _verify(self, upto: int) -> None:
+        """Raise for the first header kept, at or before offset ``upto``, whose checksum or number fields are
+        wrong; then forget them (headers are verified a batch at a time, so memory stays small)."""
+        bad = first_bad_header(self.headers)
+        if bad is not None and self.offsets[bad] <= upto:
+            raise self._error(_Damage(self.offsets[bad], NOT_A_HEADER))
+        self.offsets.clear()
+        self.headers.clear()
+
+    def _keep(self, pos: int, block: bytes) -> None:
+        self.offsets.append(pos)
+        self.headers.append(block)
+        if len(self.headers) >= VERIFY_BATCH:
+            self._verify(upto=pos)
+
+    def _plain_files(self, pos: int, found: list[Found]) -> int:
+        """Read the run of plain headers from ``pos`` (regular files, ustar or GNU, no extension headers
+        before them, no PAX globals): the common case, in one loop. Returns where it stopped."""
+        if self.globals:
+            return pos
+        view, total, offsets, headers = self.view, self.size, self.offsets, self.headers
+        while True:
+            block = view[pos:pos + BLOCK]
+            if len(block) != BLOCK or block[156] != 0x30 or block[345]:  # "0": a regular file, no ustar prefix
+                return pos
+            field = block[124:136]
+            end = field.find(0)
+            try:
+                size = int(field if end < 0 else field[:end], 8)
+            except ValueError:
+                return pos
+            start = pos + BLOCK
+            if size < 0 or start + size > total:
+                return pos
+            end = block.find(0, 0, 100)
+            found.append((block[:100 if end < 0 else end].decode(ENCODING, "surrogateescape"), start, size))
+            offsets.append(pos)
+            headers.append(block)
+            if len(headers) >= VERIFY_BATCH:
+                self._verify(upto=pos)
+            pos = start + (size + BLOCK - 1) // BLOCK * BLOCK
+
+    def _header(self, pos: int, chained: bool) -> bytes | None:
+        """The 512 bytes of the header at ``pos``; None at the end-of-archive block."""
+        block = self.view[pos:pos + BLOCK]
+        if len(block) == BLOCK and block != ZERO_BLOCK:
+            self._keep(pos, block)
+            return block
+        what = "member header"
+        if chained:
+            raise _Damage(pos, f"no {what} after an extension header")
+        if len(block) == BLOCK:
+            return None
+        if pos >= self.size:
+            cut = "exactly at a member boundary" if pos == self.size else f"at byte {self.size}, inside padding"
+            raise _Damage(pos, f"the file ends {cut}, with no end-of-archive block after the last member: "
+                               "it was probably cut short")
+        raise _Damage(pos, f"a partial block of {len(block)} bytes where a {what} or the end-of-archive should be")
+
+    def _member(self, pos: int) -> tuple[Found | None, int] | None:
+        """The member whose headers start at ``pos`` (None if not a regular file) and the next offset;
+        None at the end of the archive. Extension headers (L, K, x, X, g) chain to the header they describe."""
+        chain: list[tuple[int, object]] = []
+        while True:
+            block = self._header(pos, chained=bool(chain))
+            if block is None:
+                return None
+            kind = block[156]
+            size = self._size(block, pos)
+            if kind in b"LKxXg":
+                data = self.view[pos + BLOCK:pos + BLOCK + padded(size)]
+                value = nts(data) if kind == ord("L") else None if kind == ord("K") else self._pax(data, kind, pos)
+                chain.append((kind, value))
+                pos += BLOCK + padded(size)
+                continue
+            if kind == ord("S"):
+                raise _Sparse(pos, "type S")
+            return self._builtin(block, kind, size, pos, chain)
+
+    def _size(self, block: bytes, pos: int) -> int:
+        try:
+            size = number(block[124:136])
+        except ValueError:
+            raise _Damage(pos, NOT_A_HEADER) from None
+        return size
+
+    def _builtin(self, block: bytes, kind: int, size: int, pos: int,
+                 chain: list[tuple[int, object]]) -> tuple[Found | None, int]:
+        """tarfile's frombuf and _proc_builtin, then the chained extension headers applied innermost first."""
+        raw = block[:100]
+        name = nts(raw)
+        if kind == 0 and name.endswith("/"):
+            kind = DIRECTORY
+        if kind == DIRECTORY:
+            name = name.rstrip("/")
+        if block[345] and kind not in GNU_TYPES:
+            name = nts(block[345:500]) + "/" + name
+        start = pos + BLOCK
+        skips = kind in REGULAR or kind not in SUPPORTED
+        name, size = self._apply(self.globals, name, size)
+        if kind == DIRECTORY:
+            name = name.rstrip("/")
+        end = start + (padded(size) if skips else 0)
+        for ext, value in reversed(chain):
+            if ext == ord("L"):
+                name = str(value)
+                name = name.removesuffix("/") if kind == DIRECTORY else name
+            elif ext in EXTENDED and isinstance(value, dict):
+                name, size = self._apply(value, name, size)
+                if "size" in value:
+                    end = start + (padded(size) if skips else 0)
+        if kind not in REGULAR:
+            return None, end
+        if size < 0:
+            raise _Damage(pos, f"member {name!r} has a negative size ({size})")
+        if start + size > self.size:
+            raise _Damage(pos, f"member {name!r} needs bytes up to {start + size} but the file has {self.size}")
+        return (name, start, size), end
+
+    @staticmethod
+    def _apply(pax: dict[str, str], name: str, size: int) -> tuple[str, int]:
+        """tarfile's _apply_pax_info, for the fields an index needs."""
+        if "path" in pax:
+            name = pax["path"].rstrip("/")
+        if "size" in pax:
+            try:
+                size = int(pax["size"])
+            except ValueError:
+                size = 0
+        return name, size
+
+    def _pax(self, data: bytes, kind: int, pos: int) -> dict[str, str]:
+        """The records of a PAX header, over the globals (a global header updates them in place)."""
+        pax = self.globals if kind == ord("g") else dict(self.globals)
+        found = _HDRCHARSET.search(data)
+        if found is not None:
+            try:
+                pax["hdrcharset"] = found.group(1).decode("utf-8")
+            except UnicodeDecodeError:  # tarfile lets this escape; it is damage like any other
+                raise _Damage(pos, "a PAX header whose hdrcharset record is not UTF-8") from None
+        names = ENCODING if pax.get("hdrcharset") == "BINARY" else "utf-8"
+        at = 0
+        while (record := _RECORD.match(data, at)) is not None:
+            length = int(record.group(1))
+            if length == 0:
+                raise _Damage(pos, "a PAX header with a zero-length record")
+            keyword = _decode(record.group(2), "utf-8", "utf-8")
+            if keyword.startswith("GNU.sparse."):
+                raise _Sparse(pos, f"PAX record {keyword}")
+            value = data[record.end(2) + 1:record.start(1) + length - 1]
+            pax[keyword] = _decode(value, names, ENCODING) if keyword in _NAME_FIELDS else \
+                _decode(value, "utf-8", "utf-8")
+            at += length
+        return pax
+
+
+_NAME_FIELDS = frozenset({"path", "linkpath", "uname", "gname"})  # tarfile.PAX_NAME_FIELDS
+NOT_A_HEADER = "a block that is not a valid tar header (wrong checksum or number fields) where a member header should be"
+
+
+def _decode(value: bytes, encoding: str, fallback: str) -> str:
+    """tarfile's _decode_pax_field: strict first, then the fallback encoding with surrogate escapes."""
+    try:
+        return value.decode(encoding, "strict")
+    except UnicodeDecodeError:
+        return value.decode(fallback, "surrogateescape")
+
+
+class _Damage(Exception):
+    """Where and why a tar cannot be read (made into a ShardError naming the shard)."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(reason)
+        self.offset, self.reason = offset, reason
+
+
+class _Sparse(_Damage):
+    """A GNU sparse member, which no index can describe."""
