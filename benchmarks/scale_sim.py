@@ -8,7 +8,11 @@ previous open would have left in the cache, generated as arrays: the opened-data
 offsets, sizes and keys of every sample). Then, in a fresh process per rank setting, it
 times ``feedfast.DataLoader(...)`` (construction) and the epoch plan (``epoch_plan()`` and the
 rows of the first, a middle and the last batch, with their keys), and reports the memory
-above ``import feedfast, torch`` (RSS, USS and PSS). No sample is decoded: the tars are empty.
+above the loader's imports (``feedfast``, torch, PIL, the threaded backend): private
+(anonymous) memory, and apart from it the pages of the mapped index resident in the process
+(clean page cache, shared by the ranks of a node: the kernel maps it in 2 MB folios, so a
+batch of samples spread over a 5 GB index maps hundreds of MB of it). No sample is decoded:
+the tars are empty.
 
 Usage: ``python benchmarks/scale_sim.py [--samples 100000000] [--shards 8000] [--data DIR] [--json out]``
 """
@@ -35,35 +39,31 @@ MEMBER = 1536  # bytes a sample takes in a tar: two headers and two padded paylo
 def write_dataset(data: Path, samples: int, shards: int) -> Path:
     """The sparse shards, their indexes and the cache records; returns the cache folder."""
     sys.path.insert(0, str(HERE.parent))
-    from feedfast.sources import columnar, snapshot
-    from feedfast.spec.load import load_spec
     from feedfast.compile.plan import build_plan
+    from feedfast.sources import columnar, snapshot
     from feedfast.sources.dataset import _record_name
+    from feedfast.spec.load import load_spec
 
     cache = data / "cache"
-    done = data / "done.json"
-    if done.is_file() and json.loads(done.read_text())["samples"] == samples:
-        return cache
     counts = np.full(shards, samples // shards, dtype=np.int64)
     counts[: samples % shards] += 1
     data.mkdir(parents=True, exist_ok=True)
-    paths, idxs = [], []
-    for i, n in enumerate(counts.tolist()):
-        tar, idx = data / f"sim-{i:06d}.tar", data / f"sim-{i:06d}.idx"
-        with open(tar, "wb") as f:
-            f.truncate(n * MEMBER + 1024)
-        idx.write_text(f"v1.2 {n}\n")
-        paths.append(str(tar))
-        idxs.append(str(idx))
+    paths = [str(data / f"sim-{i:06d}.tar") for i in range(shards)]
+    idxs = [p[: -len(".tar")] + ".idx" for p in paths]
+    for path, idx, n in zip(paths, idxs, counts.tolist()):
+        if not os.path.exists(idx):
+            with open(path, "wb") as f:
+                f.truncate(n * MEMBER + 1024)
+            Path(idx).write_text(f"v1.2 {n}\n")
     spec = load_spec(SPEC)
     record = _record_name(paths, spec, spec.on_error, _max_pixels())
     assert record is not None
     snapshot.save(cache, record, snapshot.Opened(tuple(paths), tuple(idxs), tuple(counts.tolist()), (), (),
                                                  int(counts.sum()) * MEMBER))
     exts = build_plan(spec, device="cpu", consumer="cpu").component_exts()
-    _write_columnar(cache / "columnar" / columnar._digest(paths, idxs, counts.tolist(), [sorted(e) for e in exts]),
-                    counts)
-    done.write_text(json.dumps({"samples": samples}))
+    folder = cache / "columnar" / columnar._digest(paths, idxs, counts.tolist(), [sorted(e) for e in exts])
+    if not (folder / "done").is_file():
+        _write_columnar(folder, counts)
     return cache
 
 
@@ -79,32 +79,37 @@ def _write_columnar(folder: Path, counts: np.ndarray, chunk: int = 1 << 22) -> N
     folder.mkdir(parents=True, exist_ok=True)
     starts = np.concatenate([[0], np.cumsum(counts)])
     np.save(folder / "starts.npy", starts)
-    offsets = np.lib.format.open_memmap(folder / "offsets.npy", mode="w+", dtype=np.int64, shape=(total, 2))
-    sizes = np.lib.format.open_memmap(folder / "sizes.npy", mode="w+", dtype=np.int64, shape=(total, 2))
-    ends = np.lib.format.open_memmap(folder / "key_ends.npy", mode="w+", dtype=np.int64, shape=(total,))
+    rows = np.lib.format.open_memmap(folder / "rows.npy", mode="w+", dtype=np.int64, shape=(total, 6))
     shard_of = np.repeat(np.arange(len(counts)), counts)
+    digits = 10 ** np.arange(9, -1, -1, dtype=np.int64)
     with open(folder / "keys.bin", "wb") as keys:
         for a in range(0, total, chunk):
             b = min(total, a + chunk)
             within = np.arange(a, b) - starts[shard_of[a:b]]
-            offsets[a:b, 0] = within * MEMBER + 512
-            offsets[a:b, 1] = within * MEMBER + 1536
-            sizes[a:b] = 512
-            ends[a:b] = np.arange(a + 1, b + 1) * 11
-            keys.write(np.char.mod("s%010d", np.arange(a, b)).astype("S11").tobytes())
-    for column in (offsets, sizes, ends):
-        column.flush()
+            rows[a:b, 0] = within * MEMBER + 512
+            rows[a:b, 1] = within * MEMBER + 1536
+            rows[a:b, 2:4] = 512
+            rows[a:b, 4] = np.arange(a, b) * 11
+            rows[a:b, 5] = 11
+            text = np.full((b - a, 11), ord("s"), dtype=np.uint8)  # keys s0000000000, s0000000001, ...
+            text[:, 1:] = ord("0") + (np.arange(a, b)[:, None] // digits) % 10
+            keys.write(text.tobytes())
+    rows.flush()
     (folder / "done").write_text("")
 
 
 CHILD = r"""
 import json, os, sys, time, resource
 import psutil, torch, feedfast, numpy as np
+import PIL.Image, feedfast.loader.thread_epoch  # what the loader imports: its memory is not the loader's
 from feedfast.sources.rows import epoch_rows
 proc = psutil.Process()
 def mem():
     m = proc.memory_full_info()
-    return {"rss": m.rss, "uss": m.uss, "pss": getattr(m, "pss", 0)}
+    status = dict(line.split(":", 1) for line in open("/proc/self/status") if line.startswith("Rss"))
+    kb = {k: int(v.split()[0]) * 1024 for k, v in status.items()}
+    return {"rss": m.rss, "uss": m.uss, "pss": getattr(m, "pss", 0), "anon": kb.get("RssAnon", 0),
+            "file": kb.get("RssFile", 0)}
 base = mem()
 t0, c0 = time.perf_counter(), time.process_time()
 loader = feedfast.DataLoader(json.loads(sys.argv[1]), shards=sys.argv[2], device="cpu", shuffle=True)
@@ -152,9 +157,11 @@ def main() -> None:
                                      ("epoch plan + 3 batches' rows, wall", "plan_s", "s", "< 5 s"),
                                      ("epoch plan + 3 batches' rows, CPU", "plan_cpu_s", "s", "")):
         print(f"{label:34} {one[key]:>11.3f}{unit} {eight[key]:>11.3f}{unit}  {target}")
-    for kind in ("rss", "uss", "pss"):
-        print(f"{'memory above import, ' + kind.upper():34} {one['mem'][kind] / 2**20:>10.1f}MB "  # type: ignore[index]
-              f"{eight['mem'][kind] / 2**20:>10.1f}MB  {'< 1 GB' if kind == 'rss' else ''}")  # type: ignore[index]
+    for kind, label, target in (("anon", "private (anonymous) memory", "< 1 GB"),
+                                ("file", "mapped files resident (the index)", "shared"),
+                                ("rss", "RSS", ""), ("pss", "PSS", "")):
+        print(f"{label + ' above import':34} {one['mem'][kind] / 2**20:>10.1f}MB "  # type: ignore[index]
+              f"{eight['mem'][kind] / 2**20:>10.1f}MB  {target}")  # type: ignore[index]
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"samples": args.samples, "shards": args.shards, **results}, indent=1))

@@ -50,7 +50,7 @@ class BatchFeeder:
                  cache: ShardCache | None, transfer: Transfer, workers: int = 2, ahead: int = 4) -> None:
         self.names, self.kinds = names, kinds
         self.rows = rows
-        self.components = int(rows.index.offsets.shape[1])
+        self.components = rows.index.components
         self.step_rows, self.steps = step_rows, steps
         self.cache, self.transfer = cache, transfer
         self.ahead = ahead
