@@ -1,4 +1,4 @@
-"""The ``feedfast`` command (bench, analyze, plan, shards, doctor).
+"""The ``feedfast`` command (bench, analyze, plan, shards, doctor, tune, watch).
 
 Exit 0 on success; 2 on a user error or a sample that cannot be read (one line naming
 shard, sample and reason); 1 on another failure (one line); 130 on Ctrl-C. Set
@@ -25,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    from feedfast.cli import analyze, bench, doctor, plan, shards, tune
+    from feedfast.cli import analyze, bench, doctor, plan, shards, tune, watch
 
     p = _Parser(prog="feedfast", description="Keep the GPU fed: DALI pipelines over WebDataset shards.",
                 epilog="run `feedfast COMMAND --help` for examples")
@@ -36,6 +36,7 @@ def parser() -> argparse.ArgumentParser:
     shards.add_parser(sub)
     doctor.add_parser(sub)
     tune.add_parser(sub)
+    watch.add_parser(sub)
     return p
 
 

@@ -1,0 +1,53 @@
+"""What ``feedfast watch``'s hook costs a training loop per step, in microseconds.
+
+The hook's work per ``next()`` is :func:`feedfast.meter.startup.sitecustomize.timed_next`:
+one wrapper call, the tracker's checks and the meter's two marks (two clock reads, the
+batch size found in the batch, the step record; with CUDA, two event records and a query).
+:func:`hook_overhead` times exactly that, on the same code the job runs, against a bare
+``next()`` over ready batches, as :func:`feedfast.meter.overhead.measure_overhead` does for
+``meter.wrap``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from feedfast.meter.attach import JobMeter, Tracker
+from feedfast.meter.events import EventFactory
+from feedfast.meter.overhead import _Shaped
+from feedfast.meter.startup.sitecustomize import timed_next
+
+
+class _Agent:
+    """The part of an Agent a tracker calls: a host-wait meter (or one on ``events``), no samplers, no file."""
+
+    def __init__(self, events: EventFactory | None) -> None:
+        self._events = events
+
+    def new_meter(self, tracker: Tracker) -> JobMeter:
+        return JobMeter(device="cpu", events=self._events, samplers=False)
+
+    def write(self, *, final: bool = True) -> None:
+        """Nothing to write."""
+
+
+def _loop_seconds(batches: list[Any], step: Callable[[Any], Any]) -> float:
+    iterator = iter(batches)
+    start = time.perf_counter()
+    for _ in range(len(batches)):
+        step(iterator)
+    return time.perf_counter() - start
+
+
+def hook_overhead(*, steps: int = 20_000, repeats: int = 5, events: EventFactory | None = None) -> float:
+    """Microseconds the hook adds to one ``next()``: best of ``repeats`` loops of ``steps`` each, hooked minus bare."""
+    batches: list[Any] = [(_Shaped((64, 3, 8, 8)), _Shaped((64,)))] * steps
+    bare = min(_loop_seconds(batches, next) for _ in range(repeats))
+    hooked = float("inf")
+    for _ in range(repeats):
+        tracker = Tracker(_Agent(events), "bench:0", "torch", {}, 0)  # type: ignore[arg-type]
+        hooked = min(hooked, _loop_seconds(batches, partial(timed_next, next, tracker)))
+    return max(0.0, (hooked - bare) / steps * 1e6)
