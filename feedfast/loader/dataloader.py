@@ -381,7 +381,8 @@ class DataLoader:
         """Counts so far: ``delivered``, ``skipped``, ``padded``, ``dropped``, ``batches``.
 
         ``skipped`` counts samples left out of the dataset once (missing components under
-        ``missing: skip``, undecodable images under ``on_error: skip``); ``converted``
+        ``missing: skip``; undecodable images, and labels, JSON or ``.npy`` components their
+        ops refuse, under ``on_error: skip``); ``converted``
         counts images re-encoded for DALI (they are delivered): found at construction, or
         when DALI's decoder failed a batch and PIL read them (:meth:`rescued_samples`).
         Samples read per epoch = delivered + dropped, with padding counted apart.

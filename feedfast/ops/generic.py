@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from typing import Any
 
 from feedfast.ops.base import OpDef, Param, Rng, Signature, SignatureError, require
@@ -24,12 +25,25 @@ def _label_infer(sig: Signature, p: dict[str, Any]) -> Signature:
     return Signature("label", (), "int64", "", "host")
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_PLAIN_INT = re.compile(rb"[ \t\r\n]*([+-]?)0*([0-9]+)[ \t\r\n]*\Z")
+
+
 def _label_host(raw: bytes, p: dict[str, Any], rng: Rng) -> int:
-    text = raw.decode("ascii", errors="replace").strip()
-    try:
-        return int(text) - p["offset"]
-    except ValueError:
-        raise DecodeFailure(f"label is not an integer: {raw[:40]!r}") from None
+    """A plain ASCII decimal integer, ASCII whitespace around it allowed; its value less ``offset`` within int64.
+
+    ``42.0``, ``0x2a``, ``4_2``, a BOM, a NUL, non-ASCII digits and an empty label are refused
+    (``int()`` alone would take ``4_2`` and overflow later, in the collate).
+    """
+    found = _PLAIN_INT.match(bytes(raw))
+    if found is None:
+        raise DecodeFailure(f"label is not a plain integer: {bytes(raw[:40])!r}")
+    sign, digits = found.groups()
+    value = int(sign + digits) - p["offset"] if len(digits) <= 19 else None  # 19 digits: int64's longest
+    if value is None or not INT64_MIN <= value <= INT64_MAX:
+        shifted = f" less offset {p['offset']}" if p["offset"] else ""
+        raise DecodeFailure(f"label{shifted} is outside int64: {bytes(raw[:40])!r}")
+    return value
 
 
 LABEL = OpDef(
@@ -87,9 +101,26 @@ def _npy_host(raw: bytes, p: dict[str, Any], rng: Rng) -> Any:
 
     try:
         arr = np.load(io.BytesIO(raw), allow_pickle=False)
-        return arr if p["dtype"] == "keep" else arr.astype(p["dtype"])
     except Exception as exc:  # noqa: BLE001 - hostile headers raise many classes (MemoryError, TypeError, ...)
         raise DecodeFailure(f"not a valid .npy array: {type(exc).__name__}: {str(exc)[:120]}") from None
+    return arr if p["dtype"] == "keep" else _cast(arr, np.dtype(p["dtype"]))
+
+
+def _cast(arr: Any, dtype: Any) -> Any:
+    """``arr`` as ``dtype``; to an integer type only when every value fits (NaN, inf and values out of
+    range would wrap silently), from a non-numeric array never."""
+    import numpy as np
+
+    if arr.dtype.kind not in "biuf":
+        raise DecodeFailure(f"a .npy array of {arr.dtype} cannot be cast to {dtype}")
+    if dtype.kind in "iu" and arr.dtype.kind in "iuf" and arr.size:
+        info = np.iinfo(dtype)
+        low, high = arr.min(), arr.max()
+        # from floats the top bound is max + 1 (a power of two, exact): float(2**63 - 1) rounds to 2**63
+        fits = low >= info.min and (high <= info.max if arr.dtype.kind != "f" else high < float(info.max) + 1)
+        if not (np.isfinite(low) and np.isfinite(high) and fits):
+            raise DecodeFailure(f"a .npy array with values from {low} to {high} does not fit {dtype}")
+    return arr.astype(dtype)
 
 
 NPY = OpDef(

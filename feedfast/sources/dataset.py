@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Sequence
 
 from feedfast.errors import SampleError, ShardError
-from feedfast.sources import snapshot
+from feedfast.sources import labelchecks, snapshot
 from feedfast.sources.assign import partition_for
 from feedfast.sources.cache import ShardCache
 from feedfast.sources.checked import CHECK_RULES, check_shard
@@ -52,7 +52,8 @@ class ShardSet:
         index_paths: the matching DALI index files (filtered when samples were left out).
         sizes: samples DALI reads from each shard.
         skipped: samples left out, as (shard, key, reason): missing components under
-            ``missing: skip``, undecodable images under ``on_error: skip``.
+            ``missing: skip``, undecodable images and refused labels, JSON or ``.npy`` components
+            (:mod:`.labelchecks`) under ``on_error: skip``.
         converted: samples re-encoded into side shards, as (shard, key, reason).
         raw_bytes: total size of the given shard files (of remote ones when known).
         kinds: how each shard is read: ``file``, ``http``, ``cache`` (a cached ``pipe:``
@@ -170,7 +171,7 @@ def _record_name(resolved: list[str], spec: Spec, policy: str, max_pixels: int) 
         return None
     settings = {"components": [[c.name, c.ext, c.kind] for c in spec.components.values()], "missing": spec.missing,
                 "on_error": policy, "max_pixels": max_pixels, "check_seconds": spec.check_seconds,
-                "check_rules": CHECK_RULES}
+                "check_rules": CHECK_RULES, "label_checks": labelchecks.rules(labelchecks.host_fields(spec))}
     return snapshot.digest(resolved, settings)
 
 
@@ -184,12 +185,15 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
     ``missing: empty`` (the component arrives empty). Image components are checked once
     and the verdicts cached (see :mod:`feedfast.sources.validate`): headers only under
     ``on_error: raise``, a full decode under ``on_error: skip``. DALI is given a
-    filtered index whenever samples are left out, so it never reads them. Remote shards
+    filtered index whenever samples are left out, so it never reads them. Under ``on_error: skip``
+    the fields made on the host (labels, JSON, ``.npy``) are run once per sample too, and the
+    samples they refuse are left out and listed (:mod:`.labelchecks`). Remote shards
     are indexed as the module docstring says; ``cache_limit`` bounds the shard cache
     (bytes, None: unlimited) and ``transfer`` sets remote timeouts and retries.
     """
     policy = on_error or spec.on_error
     image_exts = [_exts(c.ext) for c in spec.components.values() if c.kind == "image"]
+    label_fields = labelchecks.host_fields(spec) if policy == "skip" else []  # labels, JSON, .npy: labelchecks
     cache = ShardCache(str(cache_dir / "shards"), cache_limit, transfer)
     shuffle = BlockShuffle(spec.shuffle_block, spec.shuffle_window) if spec.shuffled else None
     resolved = resolve_shards(shards)
@@ -206,6 +210,8 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         where = locate(p, cache_dir, cache, check_locally=policy == "skip")
         raw += where.nbytes
         kept = _complete(p, where.samples, spec, skipped)
+        if label_fields and where.local:  # on_error: skip: samples whose label, JSON or .npy is refused left out
+            kept = labelchecks.drop_bad(p, where.local, kept, label_fields, cache_dir, skipped)
         side = None
         if image_exts and kept and where.local:
             check = check_shard(where.local, kept, image_exts, max_pixels=max_pixels, cache=cache_dir,
