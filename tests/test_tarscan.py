@@ -222,6 +222,15 @@ def test_every_cut_is_found(tmp_path: Path, fmt: str) -> None:
             assert scan_members(str(cut)) == members
 
 
+def test_a_cut_in_the_first_member_is_truncation(tmp_path: Path) -> None:
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w") as tar:
+        add(tar, "a.jpg", b"x" * 2000)
+    shard.write_bytes(shard.read_bytes()[:700])
+    with pytest.raises(ShardError, match=r"shard is truncated: .*s\.tar.*'a\.jpg' needs bytes up to 2512 but the file has 700"):
+        scan_members(str(shard))
+
+
 def test_cut_at_a_member_boundary_is_an_error(tmp_path: Path) -> None:
     shard = tmp_path / "s.tar"
     with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as tar:

@@ -1,4 +1,5 @@
-"""Tar header number fields and checksums, as :mod:`tarfile` reads them: one field, or every header at once.
+"""Tar header fields as :mod:`tarfile` reads them: numbers and checksums (one field, or every header at
+once), and PAX records.
 
 A number field is octal text ended by a NUL or spaces (``"0000644\\0"``) or, when its first
 byte is 0x80 (or 0xff, negative), a big-endian base-256 number in the remaining bytes (GNU
@@ -11,9 +12,13 @@ the headers of a tar together with NumPy, and the few fields not in the plain oc
 
 from __future__ import annotations
 
+import re
+import sys
 from typing import Sequence
 
 import numpy as np
+
+ENCODING = sys.getfilesystemencoding()  # tarfile's default encoding of names, with surrogate escapes
 
 BLOCK = 512
 # (start, end) of the number fields tarfile's frombuf reads but the checksum and the size (which the scanner reads
@@ -89,3 +94,40 @@ def _checksums_match(rows: np.ndarray) -> np.ndarray:
     for i in np.flatnonzero(~ok):
         ok[i] = stored[i] == unsigned[i] - 256 * int((rows[i, :148] >= 128).sum() + (rows[i, 156:] >= 128).sum())
     return ok
+
+
+_RECORD = re.compile(rb"(\d+) ([^=]+)=")
+_HDRCHARSET = re.compile(rb"\d+ hdrcharset=([^\n]+)\n")
+_NAME_FIELDS = frozenset({"path", "linkpath", "uname", "gname"})  # tarfile.PAX_NAME_FIELDS
+
+
+def pax_records(data: bytes, into: dict[str, str]) -> None:
+    """Read the records (``"%d %s=%s\\n"``) of a PAX header's data into ``into``, as tarfile's
+    ``_proc_pax`` does: ``hdrcharset`` first, names in UTF-8 (or the archive's encoding under
+    ``hdrcharset=BINARY``), a value that is not UTF-8 kept with surrogate escapes.
+
+    Raises:
+        ValueError: a record of length zero, or an ``hdrcharset`` record that is not UTF-8 (which
+            tarfile lets escape as a UnicodeDecodeError).
+    """
+    found = _HDRCHARSET.search(data)
+    if found is not None:
+        into["hdrcharset"] = found.group(1).decode("utf-8")
+    names = ENCODING if into.get("hdrcharset") == "BINARY" else "utf-8"
+    at = 0
+    while (record := _RECORD.match(data, at)) is not None:
+        length = int(record.group(1))
+        if length == 0:
+            raise ValueError("a record of length zero")
+        keyword = _decode(record.group(2), "utf-8", "utf-8")
+        value = data[record.end(2) + 1:record.start(1) + length - 1]
+        into[keyword] = _decode(value, names, ENCODING) if keyword in _NAME_FIELDS else _decode(value, "utf-8", "utf-8")
+        at += length
+
+
+def _decode(value: bytes, encoding: str, fallback: str) -> str:
+    """tarfile's _decode_pax_field: strict first, then the fallback encoding with surrogate escapes."""
+    try:
+        return value.decode(encoding, "strict")
+    except UnicodeDecodeError:
+        return value.decode(fallback, "surrogateescape")

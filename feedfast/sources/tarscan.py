@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import mmap
 import os
-import re
-import sys
 
 from feedfast.errors import ShardError
-from feedfast.sources.tarfields import first_bad_header, number
+from feedfast.sources.tarfields import ENCODING, first_bad_header, number, pax_records
 
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)
@@ -41,9 +39,6 @@ GNU_TYPES = frozenset(b"LKS")  # these take no ustar prefix
 EXTENDED = frozenset(b"xX")  # PAX extended header (X: Solaris's)
 DIRECTORY = ord("5")
 VERIFY_BATCH = 4096  # headers verified together (2 MiB of them)
-_RECORD = re.compile(rb"(\d+) ([^=]+)=")
-_HDRCHARSET = re.compile(rb"\d+ hdrcharset=([^\n]+)\n")
-ENCODING = sys.getfilesystemencoding()  # tarfile's default encoding of names, with surrogate escapes
 Found = tuple[str, int, int]  # (member name, data offset, size)
 
 
@@ -112,6 +107,8 @@ class _Scan:
         if isinstance(damage, _Sparse):
             return ShardError(f"shard {self.path!r} holds a GNU sparse member at offset {damage.offset} ({damage.reason}): "
                               "its data is not one byte range, so it cannot be indexed; write the tar without --sparse")
+        if isinstance(damage, _Truncated):
+            return ShardError(f"shard is truncated: {self.path!r}: {damage.reason}")
         if damage.offset == 0:
             return ShardError(f"shard is not a readable tar file: {self.path!r} ({damage.reason})")
         return ShardError(f"shard is truncated or corrupt: {self.path!r}: at offset {damage.offset}: {damage.reason}")
@@ -164,16 +161,16 @@ class _Scan:
         if len(block) == BLOCK and block != ZERO_BLOCK:
             self._keep(pos, block)
             return block
-        what = "member header"
         if chained:
-            raise _Damage(pos, f"no {what} after an extension header")
+            raise _Damage(pos, "no member header after an extension header")
         if len(block) == BLOCK:
             return None
         if pos >= self.size:
             cut = "exactly at a member boundary" if pos == self.size else f"at byte {self.size}, inside padding"
             raise _Damage(pos, f"the file ends {cut}, with no end-of-archive block after the last member: "
                                "it was probably cut short")
-        raise _Damage(pos, f"a partial block of {len(block)} bytes where a {what} or the end-of-archive should be")
+        raise _Damage(pos, f"a partial block of {len(block)} bytes where a member header or the end-of-archive "
+                           "should be")
 
     def _member(self, pos: int) -> tuple[Found | None, int] | None:
         """The member whose headers start at ``pos`` (None if not a regular file) and the next offset;
@@ -184,7 +181,10 @@ class _Scan:
             if block is None:
                 return None
             kind = block[156]
-            size = self._size(block, pos)
+            try:
+                size = number(block[124:136])
+            except ValueError:
+                raise _Damage(pos, NOT_A_HEADER) from None
             if kind in b"LKxXg":
                 data = self.view[pos + BLOCK:pos + BLOCK + padded(size)]
                 value = nts(data) if kind == ord("L") else None if kind == ord("K") else self._pax(data, kind, pos)
@@ -195,18 +195,10 @@ class _Scan:
                 raise _Sparse(pos, "type S")
             return self._builtin(block, kind, size, pos, chain)
 
-    def _size(self, block: bytes, pos: int) -> int:
-        try:
-            size = number(block[124:136])
-        except ValueError:
-            raise _Damage(pos, NOT_A_HEADER) from None
-        return size
-
     def _builtin(self, block: bytes, kind: int, size: int, pos: int,
                  chain: list[tuple[int, object]]) -> tuple[Found | None, int]:
         """tarfile's frombuf and _proc_builtin, then the chained extension headers applied innermost first."""
-        raw = block[:100]
-        name = nts(raw)
+        name = nts(block[:100])
         if kind == 0 and name.endswith("/"):
             kind = DIRECTORY
         if kind == DIRECTORY:
@@ -232,7 +224,7 @@ class _Scan:
         if size < 0:
             raise _Damage(pos, f"member {name!r} has a negative size ({size})")
         if start + size > self.size:
-            raise _Damage(pos, f"member {name!r} needs bytes up to {start + size} but the file has {self.size}")
+            raise _Truncated(pos, f"member {name!r} needs bytes up to {start + size} but the file has {self.size}")
         return (name, start, size), end
 
     @staticmethod
@@ -250,38 +242,17 @@ class _Scan:
     def _pax(self, data: bytes, kind: int, pos: int) -> dict[str, str]:
         """The records of a PAX header, over the globals (a global header updates them in place)."""
         pax = self.globals if kind == ord("g") else dict(self.globals)
-        found = _HDRCHARSET.search(data)
-        if found is not None:
-            try:
-                pax["hdrcharset"] = found.group(1).decode("utf-8")
-            except UnicodeDecodeError:  # tarfile lets this escape; it is damage like any other
-                raise _Damage(pos, "a PAX header whose hdrcharset record is not UTF-8") from None
-        names = ENCODING if pax.get("hdrcharset") == "BINARY" else "utf-8"
-        at = 0
-        while (record := _RECORD.match(data, at)) is not None:
-            length = int(record.group(1))
-            if length == 0:
-                raise _Damage(pos, "a PAX header with a zero-length record")
-            keyword = _decode(record.group(2), "utf-8", "utf-8")
-            if keyword.startswith("GNU.sparse."):
-                raise _Sparse(pos, f"PAX record {keyword}")
-            value = data[record.end(2) + 1:record.start(1) + length - 1]
-            pax[keyword] = _decode(value, names, ENCODING) if keyword in _NAME_FIELDS else \
-                _decode(value, "utf-8", "utf-8")
-            at += length
+        try:
+            pax_records(data, pax)
+        except ValueError as exc:
+            raise _Damage(pos, f"a PAX header that cannot be read ({exc})") from None
+        sparse = next((k for k in pax if k.startswith("GNU.sparse.")), None)
+        if sparse is not None:
+            raise _Sparse(pos, f"PAX record {sparse}")
         return pax
 
 
-_NAME_FIELDS = frozenset({"path", "linkpath", "uname", "gname"})  # tarfile.PAX_NAME_FIELDS
 NOT_A_HEADER = "a block that is not a valid tar header (wrong checksum or number fields) where a member header should be"
-
-
-def _decode(value: bytes, encoding: str, fallback: str) -> str:
-    """tarfile's _decode_pax_field: strict first, then the fallback encoding with surrogate escapes."""
-    try:
-        return value.decode(encoding, "strict")
-    except UnicodeDecodeError:
-        return value.decode(fallback, "surrogateescape")
 
 
 class _Damage(Exception):
@@ -294,3 +265,7 @@ class _Damage(Exception):
 
 class _Sparse(_Damage):
     """A GNU sparse member, which no index can describe."""
+
+
+class _Truncated(_Damage):
+    """A member whose data runs past the end of the file."""
