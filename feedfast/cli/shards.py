@@ -89,13 +89,12 @@ def add_parser(sub: Any) -> None:
 
 def synth(args: argparse.Namespace) -> int:
     """Write synthetic shards, then index them."""
-    from feedfast.sources.index import load_index
+    from feedfast.sources.indexing import prepare_indexes
     from feedfast.sources.synth import synth_shards
 
     paths = synth_shards(args.out, samples=args.samples, per_shard=args.per_shard, seed=args.seed,
                          min_side=args.min_side, max_side=args.max_side, num_classes=args.classes, prefix=args.prefix)
-    for p in _progress(paths, "indexing"):
-        load_index(p, _env.cache_dir())
+    prepare_indexes([str(p) for p in paths], _env.cache_dir())
     print(f"wrote {len(paths)} shards with indexes to {args.out} ({args.samples} samples)")
     return 0
 
@@ -106,7 +105,7 @@ def make(args: argparse.Namespace) -> int:
 
     from feedfast.errors import UserError
     from feedfast.sources import make as mk
-    from feedfast.sources.index import load_index
+    from feedfast.sources.indexing import prepare_indexes
 
     src, out = Path(args.src), Path(args.out)
     if args.per_shard is not None and args.per_shard < 1:
@@ -124,23 +123,20 @@ def make(args: argparse.Namespace) -> int:
         items = mk.shuffled(items, args.seed)
     limit = None if args.per_shard else mk.parse_size(args.shard_size or "256MB")
     paths = mk.write_shards(items, out, per_shard=args.per_shard, shard_size=limit, prefix=args.prefix)
-    for p in _progress(paths, "indexing"):
-        load_index(p, _env.cache_dir())
+    prepare_indexes([str(p) for p in paths], _env.cache_dir())
     order = "in the listed order" if args.no_shuffle else f"shuffled across shards (seed {args.seed})"
     print(f"wrote {len(items)} samples {order} in {len(paths)} shards with indexes to {out}")
     return 0
 
 
 def index(args: argparse.Namespace) -> int:
-    """Build indexes for local shards."""
-    from feedfast.sources.index import load_index
+    """Build indexes for local shards, on every core (a progress bar on a terminal)."""
+    from feedfast.sources.indexing import prepare_indexes, sample_count
     from feedfast.sources.shardlist import resolve_shards
 
     paths = resolve_shards(args.shards)
-    total = 0
-    for p in _progress(paths, "indexing"):
-        where, samples = load_index(p, _env.cache_dir())
-        total += len(samples)
+    prepare_indexes(paths, _env.cache_dir())
+    total = sum(sample_count(p, _env.cache_dir()) for p in paths)
     print(f"indexed {len(paths)} shards, {total} samples")
     return 0
 
