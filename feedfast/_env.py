@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
+
+from feedfast.errors import UserError
 
 
 def cache_dir() -> Path:
@@ -32,16 +35,44 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def launcher_rank() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (torchrun's)."""
-    def _int(name: str, default: int) -> int:
-        v = os.environ.get(name, "")
-        return int(v) if v.strip().lstrip("-").isdigit() else default
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 
-    return _int("RANK", 0), _int("WORLD_SIZE", 1), _int("LOCAL_RANK", 0)
+
+def launcher_int(name: str) -> int | None:
+    """A launcher variable (``RANK``, ...) as an integer; None when unset or empty.
+
+    Raises:
+        UserError: the variable is set but is not a plain decimal integer (``abc``, ``1.0``): a
+            rank read as 0 would let two processes read the same samples.
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    if not _INTEGER.fullmatch(text):
+        raise UserError(f"environment variable {name}={os.environ[name]!r} is not an integer; the launcher "
+                        f"(torchrun, srun, ...) sets {', '.join(LAUNCHER_VARIABLES)} to whole numbers: unset it "
+                        "or set it to one")
+    return int(text)
+
+
+def launcher_rank() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (torchrun's); 0, 1, 0 when unset.
+
+    Every launcher variable is checked, ``LOCAL_WORLD_SIZE`` too (a launcher sets them together).
+
+    Raises:
+        UserError: one is set but not an integer (see :func:`launcher_int`).
+    """
+    found = {name: launcher_int(name) for name in LAUNCHER_VARIABLES}
+    rank, world, local = found["RANK"], found["WORLD_SIZE"], found["LOCAL_RANK"]
+    return (0 if rank is None else rank), (1 if world is None else world), (0 if local is None else local)
 
 
 def launcher_local_rank() -> int | None:
-    """``LOCAL_RANK`` as set by torchrun (or another launcher), None when unset or not an integer."""
-    v = os.environ.get("LOCAL_RANK", "").strip()
-    return int(v) if v.isdigit() else None
+    """``LOCAL_RANK`` as set by torchrun (or another launcher), None when unset.
+
+    Raises:
+        UserError: it is set but not an integer.
+    """
+    return launcher_int("LOCAL_RANK")

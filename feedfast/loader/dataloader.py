@@ -160,7 +160,7 @@ class DataLoader:
         # a tuned loader may go up to one thread per usable core plus one, and twice the batches ahead
         self.knobs = Knobs(self.threads, self.prefetch, max_threads=_env.usable_cores() + 1 if self._tune else 0,
                            max_prefetch=2 * self.prefetch if self._tune else 0)
-        dr, dw = _dist_rank()
+        dr, dw = _dist_rank() if rank is None or world_size is None else (rank, world_size)
         self.rank, self.world = (dr if rank is None else rank), (dw if world_size is None else world_size)
         if not 0 <= self.rank < self.world:
             raise UserError(f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world}")
