@@ -18,6 +18,8 @@ True
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from feedfast.sources.permute import key_for, mix64
@@ -38,25 +40,50 @@ def uniforms(key: int, samples: np.ndarray, first: int, count: int) -> np.ndarra
     return (x >> np.uint64(11)).astype(np.float64) * _SCALE
 
 
+class _Table:
+    """A batch's first :data:`DRAWS` draws per sample, computed when a sample first draws (specs without
+    random ops never pay for them)."""
+
+    __slots__ = ("key", "samples", "_rows", "_lock")
+
+    def __init__(self, key: int, samples: np.ndarray) -> None:
+        self.key, self.samples = key, samples
+        self._rows: list[list[float]] | None = None
+        self._lock = threading.Lock()
+
+    def row(self, i: int) -> list[float]:
+        rows = self._rows
+        if rows is None:
+            with self._lock:  # the samples of a batch are drawn in several threads
+                if self._rows is None:
+                    self._rows = uniforms(self.key, self.samples, 0, DRAWS).tolist()
+                rows = self._rows
+        return rows[i]
+
+
 class SampleDraws:
     """One sample's draws, read in order; a stand-in for the ``random.Random`` ops draw from."""
 
-    __slots__ = ("_row", "_next", "_key", "_sample")
+    __slots__ = ("_table", "_i", "_row", "_next")
 
-    def __init__(self, row: list[float], key: int, sample: int) -> None:
-        self._row, self._next, self._key, self._sample = row, 0, key, sample
+    def __init__(self, table: _Table, i: int) -> None:
+        self._table, self._i, self._next = table, i, 0
+        self._row: list[float] | None = None
 
     def replay(self) -> SampleDraws:
         """The same draws from the first (a sample that starts over on another path)."""
-        return SampleDraws(self._row, self._key, self._sample)
+        return SampleDraws(self._table, self._i)
 
     def random(self) -> float:
         """The next draw, uniform in [0, 1)."""
         j = self._next
         self._next = j + 1
-        if j < len(self._row):
+        if j < DRAWS:
+            if self._row is None:
+                self._row = self._table.row(self._i)
             return self._row[j]
-        return float(uniforms(self._key, np.array([self._sample]), j, 1)[0, 0])
+        sample = self._table.samples[self._i: self._i + 1]
+        return float(uniforms(self._table.key, sample, j, 1)[0, 0])
 
     def uniform(self, a: float, b: float) -> float:
         """Uniform in [a, b] (as ``random.Random.uniform``)."""
@@ -74,6 +101,5 @@ def draws_key(seed: int, epoch: int) -> int:
 
 def batch_draws(*, seed: int, epoch: int, samples: np.ndarray) -> list[SampleDraws]:
     """The draws of a batch's samples (canonical numbers), one :class:`SampleDraws` each."""
-    key = draws_key(seed, epoch)
-    table = uniforms(key, samples, 0, DRAWS).tolist()
-    return [SampleDraws(row, key, s) for row, s in zip(table, np.asarray(samples).tolist())]
+    table = _Table(draws_key(seed, epoch), np.asarray(samples, dtype=np.int64))
+    return [SampleDraws(table, i) for i in range(len(table.samples))]

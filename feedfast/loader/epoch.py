@@ -6,7 +6,7 @@ import random
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -28,7 +28,7 @@ class Batch:
     """One batch before it is shaped as the spec's outputs."""
 
     fields: dict[str, Any]
-    origins: list[tuple[str, str]]
+    origins: Sequence[tuple[str, str]]  # a list, or Origins read from the index when first asked for
     valid: int
     checkpoint: str | None = None  # the backend's state after this batch (DALI's checkpoint)
     ready: Any = None  # the event that marks the batch's device tensors ready (see PinnedRing)

@@ -54,7 +54,7 @@ from feedfast.loader.pil_warnings import routed
 from feedfast.ops.base import Signature
 from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, step_positions
-from feedfast.sources.columnar import RowBatch
+from feedfast.sources.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.rows import Rows, epoch_rows
 from feedfast.sources.shardfiles import ShardFiles
@@ -117,18 +117,18 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         step = self.start + i
         rows = step_positions(step, self.batch_size, self.ep.rank_samples, self.ep.batch_sizes[step])
         batch = self.rows.take(rows)
-        keys = self.rows.index.keys(batch.samples)
+        origins = Origins(self.rows.index, self.paths, batch)
         draws = batch_draws(seed=self.seed, epoch=self.epoch, samples=batch.samples)
         per_sample = []
-        for i, key in enumerate(keys):
-            out = self._sample(batch, i, key, draws[i])
+        for i in range(len(rows)):
+            out = self._sample(batch, i, origins, draws[i])
             if isinstance(out, _Failure):
                 return out
             per_sample.append(out)
         fields = {name: _collate([s[name] for s in per_sample], sig) for name, sig in self.program.signatures.items()}
-        return Batch(fields, [(self.paths[s], k) for s, k in zip(batch.shard.tolist(), keys)], self.ep.valid[step])
+        return Batch(fields, list(origins), self.ep.valid[step])  # read here: the batch goes to another process
 
-    def _sample(self, batch: RowBatch, i: int, key: str, draws: SampleDraws) -> dict[str, Any] | _Failure:
+    def _sample(self, batch: RowBatch, i: int, origins: Origins, draws: SampleDraws) -> dict[str, Any] | _Failure:
         number = int(batch.shard[i])
         shard = self.paths[number]
         try:
@@ -136,11 +136,12 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         except ShardError as exc:
             return _Failure("shard", str(exc))
         try:
-            with routed((shard, key)):
+            with routed(origins.lazy(i)):
                 out = self.program.run(raw, draws)
         except DecodeFailure as exc:
-            return _Failure("sample", "the PIL backend could not process a sample", shard, key, str(exc))
+            return _Failure("sample", "the PIL backend could not process a sample", shard, origins[i][1], str(exc))
         except Exception as exc:  # noqa: BLE001 - whatever a decoder or plugin raises names the sample
+            key = origins[i][1]
             log.debug("shard %r, sample %r:\n%s", shard, key, traceback.format_exc())
             text = (str(exc).strip().splitlines() or [""])[0][:200]
             return _Failure("sample", "the PIL backend could not process a sample", shard, key,

@@ -17,7 +17,7 @@ import logging
 import threading
 import warnings
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 log = logging.getLogger("feedfast.pil")
 
@@ -43,12 +43,13 @@ def _install() -> None:
 
 
 @contextmanager
-def routed(sample: tuple[str, str] | None = None) -> Iterator[None]:
-    """Within the block, warnings of this thread go to logging, naming ``sample`` (shard, key) when given."""
+def routed(sample: Sequence[str] | None = None) -> Iterator[None]:
+    """Within the block, warnings of this thread go to logging, naming ``sample`` (shard, key) when given
+    (any sequence of the two: read only when a warning comes)."""
     if warnings.showwarning is not _show:
         _install()
     previous = getattr(_local, "sample", None)
-    _local.sample = sample or ()
+    _local.sample = sample if sample is not None else ()
     try:
         yield
     finally:

@@ -51,7 +51,7 @@ from feedfast.loader.pil_epoch import epoch_samples, members_of
 from feedfast.loader.thread_sample import NeedsFallback, fast_program, fast_values, program_values
 from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, step_positions
-from feedfast.sources.columnar import RowBatch
+from feedfast.sources.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.rows import Rows
 from feedfast.sources.shardfiles import ShardFiles
@@ -128,7 +128,7 @@ class _Job:
 
     step: int
     rows: RowBatch
-    keys: list[str]
+    origins: Origins
     draws: list[SampleDraws]
     valid: int
     outputs: dict[str, Any]
@@ -183,9 +183,9 @@ class _Epoch:
                 outputs[f.name] = self.buffers.take(shape, _DTYPES[f.normalize["dtype"]])
         chunk = max(1, math.ceil(self.batch_size / (2 * self.knobs.threads)))
         starts = range(0, n, chunk)
-        keys = self.rows.index.keys(batch.samples)
         draws = batch_draws(seed=self.seed, epoch=self.epoch, samples=batch.samples)
-        job = _Job(step, batch, keys, draws, self.ep.valid[step], outputs, len(starts))
+        job = _Job(step, batch, Origins(self.rows.index, self.paths, batch), draws, self.ep.valid[step], outputs,
+                   len(starts))
         for a in starts:
             pool.submit(self._run_chunk, job, a, min(n, a + chunk))
         return job
@@ -203,7 +203,7 @@ class _Epoch:
                 value = torch.stack([torch.from_numpy(np.ascontiguousarray(v)) for v in value])
                 value = _normalized(value, f.normalize) if f.normalize else value
             fields[f.name] = value
-        return Batch(fields, [(self.paths[s], k) for s, k in zip(job.rows.shard.tolist(), job.keys)], job.valid)
+        return Batch(fields, job.origins, job.valid)
 
     def _run_chunk(self, job: _Job, a: int, b: int) -> None:
         error: BaseException | None = None
@@ -255,11 +255,11 @@ class _Epoch:
         return buf
 
     def _sample(self, job: _Job, i: int) -> dict[str, Any]:
-        number, key = int(job.rows.shard[i]), job.keys[i]
+        number = int(job.rows.shard[i])
         shard = self.paths[number]
         try:
             raw = [b"" if m is None else self.files.read(number, *m) for m in members_of(job.rows, i)]
-            named = (shard, key)  # PIL's warnings go to logging naming the sample
+            named = job.origins.lazy(i)  # PIL's warnings go to logging naming the sample (read if they come)
             if self.fast:
                 try:
                     return fast_values(self.program, raw, job.draws[i].replay(), sample=named)
@@ -267,12 +267,12 @@ class _Epoch:
                     pass  # this sample takes the PIL program, from the same draws
             return program_values(self.program, raw, job.draws[i].replay(), sample=named)
         except DecodeFailure as exc:
-            raise SampleError("the threaded CPU backend could not process a sample", shard=shard, key=key,
-                              reason=str(exc)) from None
+            raise SampleError("the threaded CPU backend could not process a sample", shard=shard,
+                              key=job.origins[i][1], reason=str(exc)) from None
         except FeedfastError:
             raise
         except Exception as exc:
-            raise BackendError(f"threaded CPU backend failed on shard {shard!r}, sample {key!r}: "
+            raise BackendError(f"threaded CPU backend failed on shard {shard!r}, sample {job.origins[i][1]!r}: "
                                f"{type(exc).__name__}: {exc}") from exc
 
     def close(self) -> None:

@@ -160,7 +160,7 @@ def _geometry(step: PilStep, view: View, rng: Rng) -> View:
 
 
 def fast_values(program: PilProgram, raw: Sequence[bytes], rng: Rng,
-                sample: tuple[str, str] | None = None) -> dict[str, Any]:
+                sample: Sequence[str] | None = None) -> dict[str, Any]:
     """One sample's outputs: HWC uint8 arrays (flips as views) for image and normalize fields, host values.
 
     PIL's warnings go to logging, naming ``sample`` (shard, key) when given (:mod:`.pil_warnings`).
@@ -305,7 +305,7 @@ def _pixels(img: Any, view: View, scale: float, origin: tuple[int, int] = (0, 0)
 
 
 def program_values(program: PilProgram, raw: Sequence[bytes], rng: Rng,
-                   sample: tuple[str, str] | None = None) -> dict[str, Any]:
+                   sample: Sequence[str] | None = None) -> dict[str, Any]:
     """One sample's outputs through the PIL program, shaped as :func:`fast_values` gives them.
 
     A ``normalize`` output gives its input's pixels (the batch is normalized at once). PIL's

@@ -42,7 +42,7 @@ from feedfast.errors import ShardError
 from feedfast.sources.index import INDEX_VERSION, split_name, unescape_name
 
 FORMAT = 2  # bump when the layout or what a column means changes
-_OPEN: dict[str, "ColumnarIndex"] = {}
+_OPEN: dict[tuple[Any, ...], "ColumnarIndex"] = {}
 _LOCK = threading.Lock()
 
 
@@ -54,12 +54,62 @@ class RowBatch:
         samples: canonical sample numbers (the per-sample random draws are keyed by them).
         shard: each sample's shard number.
         offsets, sizes: (offset, size) per sample and component; size -1: no such member.
+        key_at, key_len: where each sample's key is in the index's key file.
     """
 
     samples: np.ndarray
     shard: np.ndarray
     offsets: np.ndarray
     sizes: np.ndarray
+    key_at: np.ndarray
+    key_len: np.ndarray
+
+
+class Origins(Sequence[tuple[str, str]]):
+    """Each row's (shard name, sample key), read from the index the first time any is asked for.
+
+    A batch carries its origins; most loops never look at them, so their keys are not read
+    until then (a key costs one ``pread``).
+    """
+
+    def __init__(self, index: "ColumnarIndex", names: Sequence[str], rows: RowBatch) -> None:
+        self._index, self._names, self._rows = index, names, rows
+        self._items: list[tuple[str, str]] | None = None
+
+    def _list(self) -> list[tuple[str, str]]:
+        if self._items is None:
+            keys = self._index.batch_keys(self._rows)
+            self._items = [(self._names[s], k) for s, k in zip(self._rows.shard.tolist(), keys)]
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self._rows.samples)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._list()[i]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(self._list())
+
+    def lazy(self, i: int) -> Sequence[str]:
+        """Row ``i``'s (shard, key), read only if an item of it is asked for."""
+        return _Origin(self, i)
+
+
+class _Origin(Sequence[str]):
+    """One row's (shard, key) of :class:`Origins`, resolved on first use."""
+
+    def __init__(self, origins: Origins, i: int) -> None:
+        self._origins, self._i = origins, i
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, k: Any) -> Any:
+        return self._origins[self._i][k]
 
 
 class ColumnarIndex:
@@ -99,11 +149,16 @@ class ColumnarIndex:
             raise IndexError(f"sample numbers outside [0, {len(self)})")
         order = np.argsort(samples, kind="stable")
         ordered = samples[order]
-        cuts = np.flatnonzero(np.diff(ordered) != 1) + 1
-        for run in np.split(np.arange(len(samples)), cuts):
-            first, count = int(ordered[run[0]]), len(run)
-            data = os.pread(self._rows, count * self._width, self._first + first * self._width)
-            out[order[run]] = np.frombuffer(data, dtype=np.int64).reshape(count, -1)
+        bounds = [0, *(np.flatnonzero(np.diff(ordered) != 1) + 1).tolist(), len(samples)]
+        firsts = ordered[bounds[:-1]].tolist()
+        width, fd, base = self._width, self._rows, self._first
+        if len(firsts) == len(samples):  # no two consecutive: one read each
+            out[order] = np.frombuffer(b"".join(os.pread(fd, width, base + f * width) for f in firsts),
+                                       dtype=np.int64).reshape(len(samples), -1)
+            return out
+        for a, b, first in zip(bounds[:-1], bounds[1:], firsts):
+            data = os.pread(fd, (b - a) * width, base + first * width)
+            out[order[a:b]] = np.frombuffer(data, dtype=np.int64).reshape(b - a, -1)
         return out
 
     def take(self, samples: Sequence[int] | np.ndarray) -> RowBatch:
@@ -111,7 +166,7 @@ class ColumnarIndex:
         samples = np.asarray(samples, dtype=np.int64)
         rec = self.records(samples)
         c = self.components
-        return RowBatch(samples, self.shard_of(samples), rec[:, :c], rec[:, c: 2 * c])
+        return RowBatch(samples, self.shard_of(samples), rec[:, :c], rec[:, c: 2 * c], rec[:, -2], rec[:, -1])
 
     def key(self, sample: int) -> str:
         """The key of one sample."""
@@ -119,9 +174,12 @@ class ColumnarIndex:
 
     def keys(self, samples: Sequence[int] | np.ndarray) -> list[str]:
         """The keys of ``samples``."""
-        rec = self.records(np.asarray(samples, dtype=np.int64))
-        starts, lens = rec[:, -2].tolist(), rec[:, -1].tolist()
-        return [os.pread(self._key_file, n, at).decode("utf-8") for at, n in zip(starts, lens)]
+        return self.batch_keys(self.take(samples))
+
+    def batch_keys(self, rows: RowBatch) -> list[str]:
+        """The keys of a batch already taken (one read per key)."""
+        return [os.pread(self._key_file, n, at).decode("utf-8") for at, n in zip(rows.key_at.tolist(),
+                                                                                  rows.key_len.tolist())]
 
 
 def _close(*fds: int) -> None:
@@ -156,15 +214,17 @@ def dataset_index(paths: Sequence[str], index_paths: Sequence[str], counts: Sequ
         ShardError: an index cannot be read, or lists another number of samples than ``counts``.
     """
     wanted = [frozenset(e) for e in exts]
-    digest = _digest(paths, index_paths, counts, [sorted(e) for e in wanted])
+    # opened once per process: the files it was built from were checked when the dataset was opened
+    # (feedfast.sources.snapshot), and the next epoch should not stat every index again
+    name = (tuple(paths), tuple(index_paths), tuple(counts), tuple(tuple(sorted(e)) for e in wanted), str(cache_dir))
     with _LOCK:
-        found = _OPEN.get(digest)
+        found = _OPEN.get(name)
         if found is not None:
             return found
-        folder = cache_dir / "columnar" / digest
+        folder = cache_dir / "columnar" / _digest(paths, index_paths, counts, [sorted(e) for e in wanted])
         if not (folder / "done").is_file():
             _build(folder, paths, index_paths, counts, wanted)
-        opened = _OPEN[digest] = ColumnarIndex(folder)
+        opened = _OPEN[name] = ColumnarIndex(folder)
         while len(_OPEN) > 8:
             _OPEN.pop(next(iter(_OPEN)))
         return opened
