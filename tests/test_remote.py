@@ -191,7 +191,7 @@ def test_shard_lists_keep_remote_entries_and_reject_unknown_schemes(tmp_path: Pa
     assert resolve_shards("pipe:cut -d, -f1 x-{a,b}.tar") == ["pipe:cut -d, -f1 x-a.tar", "pipe:cut -d, -f1 x-b.tar"]
     assert resolve_shards("s3://b/a-{0,1}.tar,gs://b/c.tar") == ["s3://b/a-0.tar", "s3://b/a-1.tar", "gs://b/c.tar"]
     (tmp_path / "list.txt").write_text("pipe:cat a.tar\nhttps://h/b.tar\n")
-    assert resolve_shards(f"@{tmp_path / 'list.txt'}") == ["pipe:cat a.tar", "https://h/b.tar"]
+    assert resolve_shards(f"@@{tmp_path / 'list.txt'}") == ["pipe:cat a.tar", "https://h/b.tar"]  # @@: its commands asked for
     with pytest.raises(ShardError, match="unsupported shard URL 'ftp://h/a.tar'"):
         resolve_shards("ftp://h/a.tar")
 

@@ -137,8 +137,42 @@ def _assign(node: Any, step: str | int, value: Any, path: str, file: str) -> Non
         raise SpecError("override path ends inside a value that is not a mapping", file=file, key=path)
 
 
+MAX_SPEC_VALUES = 100_000  # values in a spec once YAML aliases are expanded (the shipped ones hold about 100)
+MAX_SPEC_CHARS = 1_000_000  # characters of its strings, likewise
+
+
+def check_expanded_size(raw: Any, *, file: str) -> None:
+    """Refuse spec data too large once its aliases are expanded, before anything formats it.
+
+    YAML aliases (``&a`` and ``*a``) share one object however often they are used, so a few
+    hundred bytes can expand to billions of values (an "alias bomb"), and a loop (``&a [*a]``)
+    to infinitely many; an error message that printed such a value would never finish. The
+    walk stops at the first value past :data:`MAX_SPEC_VALUES` or character past
+    :data:`MAX_SPEC_CHARS`, so it costs at most that much.
+
+    Raises:
+        SpecError: the data is larger; names the top-level key it was found under.
+    """
+    values, chars = 0, 0
+    stack: list[tuple[Any, str]] = [(v, str(k)[:80]) for k, v in raw.items()] if isinstance(raw, dict) else [(raw, "")]
+    while stack:
+        node, top = stack.pop()
+        values += 1
+        if isinstance(node, (str, bytes)):
+            chars += len(node)
+        elif isinstance(node, dict):
+            stack.extend((k, top) for k in node)
+            stack.extend((v, top) for v in node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, top) for v in node)
+        if values > MAX_SPEC_VALUES or chars > MAX_SPEC_CHARS:
+            raise SpecError(f"the spec is too large once its YAML aliases are expanded: more than {MAX_SPEC_VALUES:,} "
+                            f"values or {MAX_SPEC_CHARS:,} characters", file=file, key=top or None,
+                            fix="write the values out, or use aliases (`*name`) only for small repeated parts")
+
+
 def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
-    """Validate raw spec data and build the typed Spec."""
+    """Validate raw spec data and build the typed Spec (refused first when too large: :func:`check_expanded_size`)."""
     from feedfast.spec.sections import (
         parse_batch,
         parse_check_seconds,
@@ -152,6 +186,7 @@ def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
         parse_tune,
     )
 
+    check_expanded_size(raw, file=file)
     for key in raw:
         if key not in TOP_KEYS:
             raise SpecError("unknown key", file=file, key=str(key), value=key, allowed=", ".join(TOP_KEYS),
