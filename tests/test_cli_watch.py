@@ -71,6 +71,19 @@ def test_a_plain_loop_is_measured_within_two_points_of_its_own_timing(
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.gpu
+def test_on_cuda_the_wait_is_the_gpus_idle_time_from_events(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    truth_file = tmp_path / "truth.json"
+    job = [sys.executable, str(JOBS / "plain_loop.py"), "--device", "cuda", "--truth", str(truth_file)]
+    status, report, _, err = _watch(capfd, tmp_path, job)
+    truth = json.loads(truth_file.read_text())
+    row = report["loaders"][0]
+    assert status == 0 and row["ranks"][0]["basis"] == "gpu-events" and "CUDA events" in err
+    # the step is a host sleep after a tiny kernel, so the GPU is idle for the whole of each wait
+    assert abs(row["job"]["stall_fraction"] - truth["stall_fraction"]) < 0.02, (row["job"], truth)
+    assert row["ranks"][0]["gpu_util"] is not None or "unavailable" in row["ranks"][0]["gpu_status"]
+
+
 @pytest.mark.slow
 def test_two_torchrun_ranks_are_both_reported_and_the_slow_one_named(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
@@ -102,25 +115,33 @@ def test_a_lightning_fit_is_measured_training_loader_first(
 
 
 @pytest.mark.slow
-def test_two_loaders_read_at_once_torch_with_forked_workers_and_feedfast(
+def test_two_loaders_read_at_once_torchs_with_forked_workers_and_feedfasts(
         tmp_path: Path, capfd: pytest.CaptureFixture[str], shards: list[str]) -> None:
+    """torch's DataLoader over WebDataset shards (two forked workers) zipped with feedfast's over the same shards."""
     pytest.importorskip("PIL")
-    spec = tmp_path / "spec.yaml"
+    spec, script, folder = tmp_path / "spec.yaml", JOBS / "shards_loop.py", Path(shards[0]).parent
     spec.write_text(yaml.safe_dump(SMALL_SPEC))
-    script = JOBS / "two_loaders.py"
-    job = [sys.executable, str(script), "--spec", str(spec), "--shards", ",".join(shards)]
+    pattern = str(folder / f"train-{{0000..{len(shards) - 1:04d}}}.tar")
+    job = [sys.executable, str(script), "--loader", "both", "--shards", pattern, "--spec", str(spec), "--workers", "2",
+           "--batch", "4", "--size", "32", "--steps", "45", "--step-ms", "2"]
     status, report, out, _ = _watch(capfd, tmp_path, job)
-    assert status == 0 and "two loaders: 48 steps" in out
-    by_kind = {row["kind"]: row for row in report["loaders"]}
-    assert by_kind["torch"]["site"].endswith(f":{_line_of(script, 'plain = DataLoader(')}")
-    assert by_kind["feedfast"]["site"].endswith(f":{_line_of(script, 'shards = feedfast.DataLoader(')}")
-    for row in by_kind.values():
-        assert row["job"]["steps"] >= 30, row["job"]  # 48 steps, less the first batch and the warm-up
-    assert by_kind["torch"]["facts"]["num_workers"] == 2 and by_kind["feedfast"]["facts"]["data"]["count"] == 5
+    assert status == 0 and out.startswith("both: 45 steps")
+    rows = {row["kind"]: row for row in report["loaders"]}
+    assert rows["torch"]["site"].endswith(f":{_line_of(script, 'return DataLoader(')}")
+    assert rows["feedfast"]["site"].endswith(f":{_line_of(script, 'loaders.append(feedfast.DataLoader(')}")
+    for row in rows.values():
+        assert row["job"]["steps"] >= 30 and row["facts"]["data"]["count"] == len(shards), row
+        assert row["facts"]["num_workers"] == 2
+    assert rows["torch"]["facts"]["data"]["kind"] == "tar-shards"  # found inside WebDataset's pipeline
+    glob, torch_row = str(folder / "train-*.tar"), rows["torch"]
+    if torch_row["job"]["verdict"] != "not input-bound":  # decoding 64-96 px JPEGs may keep up with a 2 ms step
+        (gpu,) = [i for i in torch_row["advice"] if i["action"].startswith("decode on the GPU")]
+        assert f'feedfast.DataLoader("imagenet-train", shards="{glob}", batch_size=4)' in gpu["action"]
+        assert gpu["command"].startswith(f"feedfast bench imagenet-train --shards '{glob}' --batch-size 4 --step-ms ")
 
 
 def test_a_job_without_a_dataloader_gets_one_line(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    job = [sys.executable, "-c", "import torch; print(torch.ones(3).sum().item())"]
+    job = [sys.executable, "-c", "import json; print(json.dumps(3.0))"]  # torchrun's launcher is the torch case
     status, report, out, err = _watch(capfd, tmp_path, job)
     assert (status, out, report["loaders"]) == (0, "3.0\n", [])
     ours = [line for line in err.splitlines() if line.startswith("feedfast watch")]
@@ -184,7 +205,7 @@ def test_the_hook_costs_a_few_microseconds_a_step() -> None:
 
     host, events = hook_overhead(steps=5_000), hook_overhead(steps=5_000, events=SimulatedGpu())
     print(f"feedfast watch hook: {host:.1f} us a step (host wait), {events:.1f} us with (simulated) events")
-    assert host < 20 and events < 30  # about 2 and 4 here; generous for a shared CPU
+    assert host < 30 and events < 60  # 3 to 6 and 5 to 20 on 2 shared cores: an order of magnitude spare
 
 
 def _row(stall: float, *, workers: int = 0, data: dict | None = None, steps: int = 100) -> dict[str, Any]:
@@ -201,7 +222,7 @@ def _row(stall: float, *, workers: int = 0, data: dict | None = None, steps: int
 
 def test_advice_not_input_bound_says_stop_here() -> None:
     (item,) = advise(_row(0.02), Machine(cores_per_rank=8, cpu_busy=20.0, cuda=True))
-    assert item["rank"] == 1 and item["action"].startswith("none needed") and "stop here" in item["why"]
+    assert item["rank"] == 1 and item["action"] == "none needed, stop here" and "keeps up" in item["why"]
 
 
 def test_advice_idle_cores_more_workers_first() -> None:

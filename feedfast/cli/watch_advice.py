@@ -93,7 +93,7 @@ def _workers(times: StepTimes, facts: dict[str, Any], machine: Machine, world: i
     action = "more workers" if torch_loader else "more threads"
     spare = max(1, machine.cores_per_rank - 1) if torch_loader else machine.cores_per_rank  # the loop holds a core
     if machine.cpu_busy is not None and machine.cpu_busy >= BUSY_CPU:
-        return _item(action, f"the cores are busy ({machine.cpu_busy:.0f} % each on average): more workers would "
+        return _item(action, f"the cores are busy ({machine.cpu_busy:.0f}% each on average): {action} would "
                              "share them", rank=False)
     if times.compute <= 0 or times.loader(now) <= 0:
         return _item(action, "no compute time measured between batches", rank=False)
@@ -121,7 +121,7 @@ def shard_pattern(data: dict[str, Any]) -> str:
 
 def _gpu_decode(times: StepTimes, facts: dict[str, Any], machine: Machine) -> dict[str, Any]:
     step_ms = f"{times.compute * 1e3:.0f}"
-    batch = int(times.samples) or facts.get("batch_size") or 1
+    batch = facts.get("batch_size") or round(times.samples) or 1
     where = "" if machine.cuda else " (needs a GPU; this job used none)"
     data = facts.get("data") or {}
     if facts.get("kind") == "feedfast":
@@ -173,9 +173,8 @@ def advise(row: dict[str, Any], machine: Machine) -> list[dict[str, Any]]:
         items = [_item("measure longer", f"{job.get('steps') or 0} steps measured; a verdict needs "
                                          f"{ranks[0].get('min_steps')} (a longer run, or a larger --steps)")]
     elif verdict == "not input-bound":
-        items = [_item("none needed: the loader keeps up",
-                       f"data wait {job['stall_fraction']:.1%}, under 5 %; "
-                       f"{job.get('samples_per_s') or 0:,.0f} samples/s delivered: stop here")]
+        items = [_item("none needed, stop here", f"the loader keeps up (data wait {job['stall_fraction']:.1%}, under "
+                                                 f"5%; {job.get('samples_per_s') or 0:,.0f} samples/s delivered)")]
     else:
         worst = row.get("straggler") or {}
         figures = next((r for r in ranks if r["rank"] == worst.get("rank")), ranks[0])

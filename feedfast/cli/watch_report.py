@@ -2,9 +2,11 @@
 
 A row is a loader (where the job built it) over every process that iterated it: its figures
 per rank, their aggregate (:func:`feedfast.meter.dist.aggregate`: the worst rank's wait,
-summed rates) and the straggler (:func:`feedfast.meter.dist.straggler`). Training loaders
-come first (torch's grad mode was on when the loop read them), then the rest, most steps
-first. The advice (:mod:`feedfast.cli.watch_advice`) is for the first row.
+summed rates), the straggler (:func:`feedfast.meter.dist.straggler`) and its advice
+(:mod:`feedfast.cli.watch_advice`). Training loaders come first (torch's grad mode was on
+when the loop read them), then the rest, most steps first; the table's figures below it
+(basis, straggler, effective compute) are the first row's, and advice is printed for every
+training loader (for the first row when none is one).
 """
 
 from __future__ import annotations
@@ -81,7 +83,9 @@ def build(records: list[dict[str, Any]], *, command: list[str], exit_status: int
     """The report: the command, its status, the rows, the first row's advice and notes."""
     loader_rows = rows([r for r in records if "error" not in r])
     measured = [r for r in loader_rows if r["ranks"]]
-    advice = advise(measured[0], _machine(records, measured[0])) if measured else []
+    for row in measured:
+        row["advice"] = advise(row, _machine(records, row))
+    advice = measured[0]["advice"] if measured else []
     notes = [r["error"] for r in records if "error" in r]
     notes += [f"{r['site']} ({r['kind']}): one batch taken, not measured (the meter starts at a loader's second batch)"
               for r in loader_rows if not r["ranks"]]
@@ -128,8 +132,10 @@ def _table(loader_rows: list[dict[str, Any]]) -> list[str]:
         lines.append(_cells(f"{row['site']} ({row['kind']}{role})", job, _gpu(row["ranks"])))
         if len(row["ranks"]) > 1:
             worst = (row["straggler"] or {}).get("rank")
+            numbers = [r["rank"] for r in row["ranks"]]
             for r in row["ranks"]:
-                label = f"  rank {r['rank']}" + (" (straggler)" if r["rank"] == worst else "")
+                pid = f" pid {r['pid']}" if numbers.count(r["rank"]) > 1 else ""  # processes outside a process group
+                label = f"  rank {r['rank']}{pid}" + (" (straggler)" if r["rank"] == worst else "")
                 lines.append(_cells(label, r, _gpu([r])))
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return ["  ".join(c.ljust(w) if i in (0, 7) else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))).rstrip()
@@ -183,8 +189,9 @@ def text(rep: dict[str, Any]) -> str:
                  f"(warm-up); a verdict needs {first['ranks'][0].get('min_steps')} measured steps")
     if _gpu(first["ranks"]) == "-":
         lines.append(f"GPU utilization: {gpu_cell(None, first['ranks'][0].get('gpu_status') or '')}")
-    lines.append(f"what next for {first['site']} ({first['job']['verdict']}):")
-    lines.extend(_advice_lines(rep["advice"]))
+    for row in [r for r in measured if r["role"] == "train"] or [first]:
+        lines.append(f"what next for {row['site']} ({row['job']['verdict']}):")
+        lines.extend(_advice_lines(row["advice"]))
     lines.extend(f"note: {n}" for n in rep["notes"])
     return "\n".join(lines)
 

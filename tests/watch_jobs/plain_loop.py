@@ -40,6 +40,7 @@ def main() -> int:
     p.add_argument("--compute-ms", type=float, default=12.0)
     p.add_argument("--truth", default=None)
     p.add_argument("--exit", type=int, default=0, help="exit with this status after the loop")
+    p.add_argument("--device", default="cpu", help="where each batch goes (cuda: CUDA events in the meter)")
     args = p.parse_args()
     loader = DataLoader(Slow(args.steps * args.batch, args.fetch_ms / 1e3), batch_size=args.batch,
                         num_workers=args.workers)
@@ -52,6 +53,7 @@ def main() -> int:
         except StopIteration:
             break
         got = time.perf_counter()
+        images.to(args.device).mul(2).sum()  # on cuda, the work the meter's events are ordered after
         time.sleep(args.compute_ms / 1e3)
         waits.append(got - start)
         steps.append(time.perf_counter() - start)
