@@ -8,12 +8,15 @@ import os
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
-from feedfast.errors import ShardError
 from feedfast.sources.checkworker import Failed, pool
+from feedfast.sources.imagechecks import open_shard, read_member, run_checks
 from feedfast.sources.index import Sample, first_member, load_index, read_index, shard_digest, write_atomic
-from feedfast.sources.validate import SNIFF_BYTES, Verdict
+from feedfast.sources.validate import Verdict
+
+__all__ = ["CHECK_RULES", "ShardCheck", "check_members", "check_shard", "check_shards", "find_bad_image",
+           "image_members", "image_reason", "open_shard", "read_member"]
 
 
 @dataclass
@@ -28,87 +31,98 @@ class ShardCheck:
     side_count: int = 0
 
 
-def open_shard(path: str) -> io.BufferedReader:
-    """Open a shard for reading members; OS errors become a ShardError naming it."""
-    try:
-        return open(path, "rb")
-    except FileNotFoundError as exc:
-        raise ShardError(f"shard not found: {path!r}") from exc
-    except OSError as exc:
-        raise ShardError(f"shard not readable: {path!r} ({exc.strerror})") from exc
-
-
-def read_member(f: io.BufferedReader, offset: int, size: int) -> bytes:
-    """``size`` bytes at ``offset`` of an open tar."""
-    f.seek(offset)
-    return f.read(size)
-
-
 def image_members(sample: Sample, image_exts: list[set[str]]) -> list[tuple[int, int, str]]:
     """(offset, size, name) of the sample's image components (the first match of each)."""
     found = (first_member(sample, exts) for exts in image_exts)
     return [(m.offset, m.size, m.name) for m in found if m is not None]
 
 
-def _verdicts(path: str, samples: list[Sample], image_exts: list[set[str]], max_pixels: int,
-              cache: Path, decode: bool, seconds: float) -> dict[str, dict[str, str]]:
-    """{"bad": {key: reason}, "convert": {key: reason}}, from the cache when fresh (for this time limit)."""
-    tag = shard_digest(path, max_pixels, sorted(map(sorted, image_exts)), decode, [s.key for s in samples], CHECK_RULES,
-                       seconds)
-    cached = cache / "checks" / f"{Path(path).stem}-{tag}.json"
-    if cached.is_file():
-        return json.loads(cached.read_text(encoding="utf-8"))
-    result: dict[str, dict[str, str]] = {"bad": {}, "convert": {}}
-    for key, name, v in check_members(path, samples, image_exts, max_pixels, decode, seconds=seconds):
-        if v.status != "ok":
-            result[v.status].setdefault(key, f"{name}: {v.reason}")
-    for key in result["bad"]:
-        result["convert"].pop(key, None)  # a sample with one bad image is left out whole
-    write_atomic(cached, json.dumps(result))
-    return result
-
-
 CHECK_RULES = 2  # bump when what a verdict means changes: cached verdicts of older rules are not reused
+SHARDS_AT_ONCE = 16  # check_shards checks this many shards' images in one stream of messages
 
 
 def check_members(path: str, samples: list[Sample], image_exts: list[set[str]], max_pixels: int,
                   decode: bool, *, seconds: float | None = None) -> Iterator[tuple[str, str, Verdict]]:
     """(key, member name, verdict) of every image component, checked in worker processes, each under
     ``seconds`` (default: the pool's, ``source.check_seconds``'s default)."""
-    where = [(s.key, off, size, name) for s in samples for off, size, name in image_members(s, image_exts)]
-    verdicts = _run_checks(path, where, max_pixels, decode, seconds)
-    again = [w for w, v in zip(where, verdicts) if v.status == "more"]  # header only, and DALI must decide
-    full = iter(_run_checks(path, again, max_pixels, True, seconds)) if again else iter(())
-    for (key, _, _, name), v in zip(where, verdicts):
-        yield key, name, next(full) if v.status == "more" else v
+    yield from _members([(path, samples)], image_exts, max_pixels, decode, seconds)[0]
 
 
-def _run_checks(path: str, where: list[tuple[str, int, int, str]], max_pixels: int, decode: bool,
-                seconds: float | None) -> list[Verdict]:
-    def jobs() -> Iterator[tuple[object, ...]]:
-        with open_shard(path) as f:
-            for _, off, size, _ in where:
-                cut = size if decode else min(size, SNIFF_BYTES)
-                yield ("check", read_member(f, off, cut), max_pixels, decode, cut == size)
+def _members(shards: Sequence[tuple[str, list[Sample]]], image_exts: list[set[str]], max_pixels: int, decode: bool,
+             seconds: float | None) -> list[list[tuple[str, str, Verdict]]]:
+    """check_members of several shards, their images in one stream of messages to the pool."""
+    wheres = [[(s.key, off, size, name) for s in samples for off, size, name in image_members(s, image_exts)]
+              for _, samples in shards]
+    paths = [path for path, _ in shards]
+    first = run_checks(list(zip(paths, wheres)), max_pixels, decode, seconds)
+    # header only, and DALI must decide: the whole file, one image a message
+    again = [[w for w, v in zip(where, verdicts) if v.status == "more"] for where, verdicts in zip(wheres, first)]
+    full = run_checks(list(zip(paths, again)), max_pixels, True, seconds) if any(again) else [[] for _ in shards]
+    out = []
+    for where, verdicts, redone in zip(wheres, first, full):
+        second = iter(redone)
+        out.append([(key, name, next(second) if v.status == "more" else v)
+                    for (key, _, _, name), v in zip(where, verdicts)])
+    return out
 
-    labels = (f"{path!r}, sample {key!r} ({name})" for key, _, _, name in where)
-    answers = pool().map(jobs(), labels=labels, seconds=seconds)
-    return [Verdict("bad", a.reason) if isinstance(a, Failed) else a for a in answers]
+
+def _verdicts(shards: Sequence[tuple[str, list[Sample]]], image_exts: list[set[str]], max_pixels: int,
+              cache: Path, decode: bool, seconds: float) -> list[dict[str, dict[str, str]]]:
+    """{"bad": {key: reason}, "convert": {key: reason}} of each shard, from the cache when fresh (for this
+    time limit); the shards not cached are checked together."""
+    files = []
+    for path, samples in shards:
+        tag = shard_digest(path, max_pixels, sorted(map(sorted, image_exts)), decode, [s.key for s in samples],
+                           CHECK_RULES, seconds)
+        files.append(cache / "checks" / f"{Path(path).stem}-{tag}.json")
+    results: list[dict[str, dict[str, str]] | None] = [
+        json.loads(f.read_text(encoding="utf-8")) if f.is_file() else None for f in files]
+    todo = [i for i, r in enumerate(results) if r is None]
+    checked = _members([shards[i] for i in todo], image_exts, max_pixels, decode, seconds) if todo else []
+    for i, found in zip(todo, checked):
+        result: dict[str, dict[str, str]] = {"bad": {}, "convert": {}}
+        for key, name, v in found:
+            if v.status != "ok":
+                result[v.status].setdefault(key, f"{name}: {v.reason}")
+        for key in result["bad"]:
+            result["convert"].pop(key, None)  # a sample with one bad image is left out whole
+        write_atomic(files[i], json.dumps(result))
+        results[i] = result
+    return [r for r in results if r is not None]
 
 
 def check_shard(path: str, samples: list[Sample], image_exts: list[set[str]], *,
                 max_pixels: int, cache: Path, decode: bool = True, seconds: float | None = None) -> ShardCheck:
     """Check a shard's image components; write a side shard of re-encoded images when needed.
 
-    With ``decode=False`` only headers are read (see :mod:`feedfast.sources.validate`).
-    ``seconds`` limits each image's check and re-encoding (the spec's ``source.check_seconds``;
-    default: its default); a check that runs longer makes the image ``bad``.
-    An image that cannot be re-encoded after all (a header looked fine) is ``bad``. The
-    caller gives DALI an index of ``ShardCheck.kept``.
+    With ``decode=False`` only headers are read (see :mod:`feedfast.sources.validate`), in
+    batches (:mod:`feedfast.sources.imagechecks`). ``seconds`` limits each image's check and
+    re-encoding (the spec's ``source.check_seconds``; default: its default); a check that
+    runs longer makes the image ``bad``. An image that cannot be re-encoded after all (a
+    header looked fine) is ``bad``. The caller gives DALI an index of ``ShardCheck.kept``.
     """
+    return check_shards([(path, samples)], image_exts, max_pixels=max_pixels, cache=cache, decode=decode,
+                        seconds=seconds)[0]
+
+
+def check_shards(shards: Sequence[tuple[str, list[Sample]]], image_exts: list[set[str]], *, max_pixels: int,
+                 cache: Path, decode: bool = True, seconds: float | None = None) -> list[ShardCheck]:
+    """:func:`check_shard` of each (shard, samples), in order: the images of :data:`SHARDS_AT_ONCE` shards
+    at a time go to the check workers together, so they stay busy across shard boundaries."""
     seconds = pool().seconds if seconds is None else seconds
-    v = _verdicts(path, samples, image_exts, max_pixels, cache, decode, seconds)
-    bad, convert = dict(v["bad"]), dict(v["convert"])
+    out = []
+    for at in range(0, len(shards), SHARDS_AT_ONCE):
+        group = shards[at:at + SHARDS_AT_ONCE]
+        found = _verdicts(group, image_exts, max_pixels, cache, decode, seconds)
+        out += [_outcome(path, samples, v, image_exts, cache, max_pixels, seconds)
+                for (path, samples), v in zip(group, found)]
+    return out
+
+
+def _outcome(path: str, samples: list[Sample], verdicts: dict[str, dict[str, str]], image_exts: list[set[str]],
+             cache: Path, max_pixels: int, seconds: float) -> ShardCheck:
+    """A shard's check from its verdicts: the samples kept, and the side shard of those re-encoded."""
+    bad, convert = dict(verdicts["bad"]), dict(verdicts["convert"])
     if not bad and not convert:
         return ShardCheck(samples)
     moved = [s for s in samples if s.key in convert]

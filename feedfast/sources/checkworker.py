@@ -2,13 +2,16 @@
 
 A hostile file can make a decoder loop for half a minute, write to the terminal, or
 crash the process that decodes it. So feedfast checks images in a few worker processes
-(``python feedfast/sources/decoders.py``): one image per job, a wall-clock limit per
-job (the worker is killed and replaced when it runs over), a crash is a verdict like any
-other, and the workers' own output (DALI's ``[ERROR]`` lines, libpng warnings) goes to
+(``python feedfast/sources/decoders.py``): one image per job (or a batch of header checks,
+which :mod:`feedfast.sources.imagechecks` asks again image by image when it fails), a
+wall-clock limit per job (the worker is killed and replaced when it runs over), a crash is
+a verdict like any other, and the workers' own output (DALI's ``[ERROR]`` lines, libpng warnings) goes to
 Python logging at DEBUG level instead of the terminal.
 
 Jobs are tuples: ``("check", data, max_pixels, decode[, complete])`` answers a
-:class:`~feedfast.sources.decoders.Verdict`; ``("png", data)`` answers PNG bytes or a
+:class:`~feedfast.sources.decoders.Verdict`; ``("checks", [data, ...], max_pixels, decode,
+[complete, ...])`` a batch's :class:`~feedfast.sources.decoders.Verdicts` (see
+:mod:`feedfast.sources.imagechecks`); ``("png", data)`` answers PNG bytes or a
 failure reason (a string); ``("rescue", data, max_pixels)`` (after DALI failed a batch)
 answers a Verdict or a :class:`~feedfast.sources.decoders.Rescued` PNG. The pool is shared
 by a process and started on first use.
@@ -32,7 +35,7 @@ from typing import Any, Iterable, Iterator
 
 from feedfast.errors import BackendError
 from feedfast.sources import decoders
-from feedfast.sources.decoders import Rescued, Verdict, read_message, with_decoder_output, write_message
+from feedfast.sources.decoders import Rescued, Verdict, Verdicts, read_message, with_decoder_output, write_message
 from feedfast.spec.model import CHECK_SECONDS
 
 log = logging.getLogger("feedfast.check")
@@ -214,10 +217,16 @@ class CheckPool:
             w.kill()
 
 
+_OK = Verdict("ok")  # one object for the many plain verdicts of a batch
+
+
 def _unpack(answer: Any) -> Any:
     """A worker's plain answer as a Verdict, a Rescued PNG, PNG bytes or a failure reason."""
     if answer[0] == "verdict":
         return Verdict(answer[1], answer[2])
+    if answer[0] == "verdicts":
+        return Verdicts(tuple(_OK if status == "ok" and not reason else Verdict(status, reason)
+                              for status, reason in answer[1]))
     if answer[0] == "rescued":
         return Rescued(answer[1], answer[2])
     return answer[1]

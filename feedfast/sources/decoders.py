@@ -216,6 +216,15 @@ def _pil_only(pil: Probe) -> Verdict:
 
 
 @dataclass(frozen=True)
+class Verdicts:
+    """The verdicts of a batch of images, in order; ``noisy`` when a decoder printed an error line
+    meanwhile (one image's verdict would carry it: the batch is asked again image by image)."""
+
+    items: tuple[Verdict, ...]
+    noisy: bool = False
+
+
+@dataclass(frozen=True)
 class Rescued:
     """An image DALI's CPU decoder rejects and PIL reads, re-encoded as PNG so that DALI decodes it."""
 
@@ -266,7 +275,8 @@ def convert_image(data: bytes, dali: DaliDecoder | None) -> bytes | str:
 
 def answer(job: tuple[Any, ...], dali: DaliDecoder | None) -> tuple[Any, ...]:
     """A check worker's answer to one job, as plain data (see :mod:`feedfast.sources.checkworker`):
-    ``("verdict", status, reason)``, ``("png", bytes)``, ``("rescued", png, reason)`` or ``("error", reason)``."""
+    ``("verdict", status, reason)``, ``("verdicts", [(status, reason), ...])`` (a ``checks`` job's batch),
+    ``("png", bytes)``, ``("rescued", png, reason)`` or ``("error", reason)``."""
     if job[0] == "rescue":
         r = rescue_image(job[1], max_pixels=job[2], dali=dali)
         return ("rescued", r.png, r.reason) if isinstance(r, Rescued) else ("verdict", r.status, r.reason)
@@ -274,6 +284,10 @@ def answer(job: tuple[Any, ...], dali: DaliDecoder | None) -> tuple[Any, ...]:
         complete = job[4] if len(job) > 4 else True
         v = check_image(job[1], max_pixels=job[2], decode=job[3], dali=dali, complete=complete)
         return ("verdict", v.status, v.reason)
+    if job[0] == "checks":
+        found = (check_image(data, max_pixels=job[2], decode=job[3], dali=dali, complete=whole)
+                 for data, whole in zip(job[1], job[4]))
+        return ("verdicts", [(v.status, v.reason) for v in found])
     if job[0] == "png":
         out = convert_image(job[1], dali)
         return ("error", out) if isinstance(out, str) else ("png", out)
@@ -296,6 +310,8 @@ def with_decoder_output(answer: Any, output: str) -> Any:
     said = (errors or [ln for ln in lines if "error" in ln.lower()] or [""])[0][:200]
     if not said:
         return answer
+    if isinstance(answer, Verdicts):
+        return Verdicts(answer.items, noisy=True)
     if isinstance(answer, str):
         return f"{answer} ({said})"
     if isinstance(answer, Verdict) and answer.status == "bad":
