@@ -35,6 +35,14 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+def physical_memory() -> int | None:
+    """Bytes of physical memory of this machine, None where the system does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 

@@ -17,6 +17,7 @@ from feedfast.errors import FeedfastError, UserError
 from feedfast.loader.ahead import Ahead
 from feedfast.loader.backends import DaliSource, EpochSource, ProgramSource, choose_backend
 from feedfast.loader.batchinfo import BatchInfo
+from feedfast.loader.batchsize import check_batch_size, sample_bytes
 from feedfast.loader.devices import DeviceLayer, delivery_here, layer_for
 from feedfast.loader.epoch import Batch
 from feedfast.loader.knobs import Knobs
@@ -244,6 +245,7 @@ class DataLoader:
 
     def _check_size(self) -> None:
         n, b, w = self.shards.total, self.spec.batch_size, self.world
+        check_batch_size(b, samples=n, world=w, per_sample=sample_bytes(self.plan), memory=_env.physical_memory())
         if n < w:
             raise UserError(f"{n} samples cannot be split over {w} ranks: each rank needs at least one")
         if self.spec.last_batch == "drop" and n // w < b:
