@@ -35,6 +35,7 @@ from feedfast.sources.decoders import read_message, write_message
 from feedfast.sources.index import INDEX_VERSION, cached_index_path, default_index_path, fresh_samples, load_index
 
 MAX_CHUNK = 32  # shards per message at most; fewer when there are few shards per worker
+TAIL_BYTES = 4096  # read from an index's end to find its last line (a line of a few components is ~150 bytes)
 _BOOT = ("import sys, types; sys.path[:] = {path!r}; package = types.ModuleType('feedfast'); "
          "package.__path__ = {package!r}; sys.modules['feedfast'] = package; "
          "from feedfast.sources.indexing import serve; serve()")
@@ -90,12 +91,12 @@ def fresh_index(shard: str | os.PathLike[str], cache_dir: Path) -> Path | None:
     it whole: as new as the shard, ``v1.2`` on its first line, and its last sample's data inside the shard.
     None when there is none (or the shard is missing: ``load_index`` says so)."""
     try:
-        shard_size = os.stat(shard).st_size
+        st = os.stat(shard)
         candidates = (default_index_path(shard), cached_index_path(shard, cache_dir))
     except OSError:
         return None
     for index in candidates:
-        verdict = _looks_fresh(shard, index, shard_size)
+        verdict = _looks_fresh(index, st)
         if verdict is None:  # its last line is not a sample: decide by reading it whole, as load_index does
             verdict = fresh_samples(shard, index) is not None
         if verdict:
@@ -114,24 +115,30 @@ def sample_count(shard: str, cache_dir: Path) -> int:
     return len(load_index(shard, cache_dir)[1])
 
 
-def _looks_fresh(shard: str | os.PathLike[str], index: Path, shard_size: int) -> bool | None:
+def _looks_fresh(index: Path, shard: os.stat_result) -> bool | None:
+    """Whether ``index`` is fresh for a shard of this stat, from its first and last lines; None when its
+    last line does not tell."""
     try:
-        if index.stat().st_mtime_ns < os.stat(shard).st_mtime_ns:
-            return False
         with open(index, "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_mtime_ns < shard.st_mtime_ns:
+                return False
             head = f.read(len(INDEX_VERSION) + 1)
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+            f.seek(max(0, st.st_size - TAIL_BYTES))
             tail = f.read()
     except OSError:
         return False
     if head != f"{INDEX_VERSION} ".encode():
         return False
-    fields = tail.rstrip(b"\n").rsplit(b"\n", 1)[-1].split(b" ")
+    lines = tail.rstrip(b"\n").rsplit(b"\n", 1)
+    if len(lines) < 2:
+        return None
+    fields = lines[1].split(b" ")
     try:
         ends = [int(fields[i + 1]) + int(fields[i + 2]) for i in range(0, len(fields) - 3, 4)]
     except ValueError:
         return None
-    return max(ends) <= shard_size if ends and len(fields) % 4 == 0 else None
+    return max(ends) <= shard.st_size if ends and len(fields) % 4 == 0 else None
 
 
 def chunked(paths: list[str], workers: int) -> list[list[str]]:
