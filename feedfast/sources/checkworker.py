@@ -33,6 +33,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
+from feedfast import _env
 from feedfast.errors import BackendError
 from feedfast.sources import decoders
 from feedfast.sources.decoders import Rescued, Verdict, Verdicts, read_message, with_decoder_output, write_message
@@ -244,12 +245,12 @@ _POOL: CheckPool | None = None
 
 
 def pool() -> CheckPool:
-    """The process's check pool (as many workers as cores, at most 4), started on first use."""
+    """The process's check pool (as many workers as usable cores, at most 4), started on first use."""
     global _POOL
     if _POOL is not None and _POOL._pid != os.getpid():
         _POOL = None  # forked: the workers' pipes belong to the parent
     if _POOL is None:
-        _POOL = CheckPool(min(4, os.cpu_count() or 1))
+        _POOL = CheckPool(min(4, _env.usable_cores()))
         atexit.register(_POOL.close)
     return _POOL
 
