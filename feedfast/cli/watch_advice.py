@@ -141,8 +141,9 @@ def _gpu_decode(times: StepTimes, facts: dict[str, Any], machine: Machine) -> di
         make, pattern = f"feedfast shards make {folder} {folder}-shards, then ", f"{folder}-shards/train-*.tar"
     else:
         return _item("decode on the GPU", f"this job's dataset ({facts.get('dataset_class')}) names no tar shards "
-                                          "or image folder: write its images as shards with `feedfast shards make "
-                                          "DIR OUT`, then feedfast.DataLoader(SPEC, shards=...)", rank=False)
+                                          "or image folder; if it reads images, write them as shards (`feedfast "
+                                          "shards make DIR OUT`), then feedfast.DataLoader(SPEC, shards=...)",
+                     rank=False)
     line = f'feedfast.DataLoader("{SHIPPED_SPEC}", shards="{pattern}", batch_size={batch})'
     bench = f"feedfast bench {SHIPPED_SPEC} --shards '{pattern}' --batch-size {batch} --step-ms {step_ms}"
     return _item(f"decode on the GPU{where}: {make}{line}",

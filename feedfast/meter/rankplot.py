@@ -56,6 +56,7 @@ def plot_ranks(path: str | Path, panels: Sequence[dict[str, Any]], *, title: str
         axes.plot(xs, [v * 1e3 for v in panel["step_s"]], label="step (wait + compute)", lw=0.8)
         axes.plot(xs, [v * 1e3 for v in panel["wait_s"]], label=wait_label, lw=0.8)
         axes.set_ylabel("ms")
+        axes.set_ylim(bottom=0)
         axes.set_title(panel["label"], fontsize=9, loc="left")
         axes.grid(True, alpha=0.3)
         axes.legend(loc="upper right", fontsize=8)
