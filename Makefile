@@ -62,6 +62,8 @@ SPDL_SPEC ?= spdl==0.8.0
 bench: setup $(STOCK)/.installed
 	$(PY) -c "import spdl.io, spdl.pipeline" 2>/dev/null || $(PIP) install -q "$(SPDL_SPEC)"
 	$(PY) benchmarks/run.py --out bench-results --stock-python $(STOCK)/bin/python
+	@# bookkeeping at ImageNet's shape, a quarter of it (by hand at full size: benchmarks/scale.py; 100M: scale_sim.py)
+	$(PY) benchmarks/scale.py --quarter --json bench-results/scale.json
 
 soak: setup
 	$(PY) benchmarks/soak.py --epochs 20 --json bench-results/soak.json

@@ -15,7 +15,7 @@ to 8x8, normalize; batch 256), ``shuffle=True``, ``device="cpu"``, the default b
   alone; then (removed again) the loader's construction and first batch. Page cache left warm.
 - warm (indexes cached), at 1 rank and as rank 3 of 8 (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/
   ``LOCAL_WORLD_SIZE`` in the child's environment): construction, first batch, memory above
-  ``import feedfast, torch`` after it (USS, PSS, RSS from psutil, and the peak RSS), the size of
+  the loader's imports (``feedfast``, torch, PIL and the threaded path's modules) after it (USS, PSS, RSS from psutil, and the peak RSS), the size of
   ``state_dict()`` as JSON; the rest of the epoch drained, then the next epoch's first batch
   (the training loop's case: the loader starts it ahead); then, after breaking out of that
   epoch after its first batch, ``set_epoch`` and the first batch of another (the case of a
@@ -276,9 +276,11 @@ def child_warmup(layout: Layout) -> None:
 
 def child_warm(layout: Layout) -> None:
     """Construction, first batch, memory and state; the next epoch after a full one; another after a break."""
+    import PIL.Image  # noqa: F401
     import torch  # noqa: F401
 
     import feedfast  # noqa: F401
+    import feedfast.loader.thread_epoch  # noqa: F401  the threaded path's modules: the loader imports them
 
     base = memory()
     emit(import_s=round(time.perf_counter() - T0, 3), base_rss=base["rss"])
@@ -472,7 +474,8 @@ def table(runs: dict[str, Run], layout: Layout, timeout: float) -> list[list[str
             seconds(run, "warm", ["next_epoch"], n, timeout), "< 0.1 s", NEXT_EPOCH_S)
         add(f"first batch after set_epoch (a broken-off epoch), {who}",
             seconds(run, "warm", ["restart"], n, timeout), "< 0.1 s", NEXT_EPOCH_S)
-        add(f"memory above import after the first batch, {who}", mem_text(run, timeout), "USS < 32 MB", MEMORY_MB)
+        add(f"memory above the loader's imports after the first batch, {who}", mem_text(run, timeout), "USS < 32 MB",
+            MEMORY_MB)
         if run is not None and "state_bytes" in run.figures:
             add(f"state_dict() as JSON, {who}", (f"{run.figures['state_bytes']} B", None), "O(1)", None)
         if run is not None and "drain_wall" in run.figures:

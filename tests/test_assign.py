@@ -108,3 +108,27 @@ def test_shard_order_changes_across_epochs(n: int, seed: int, first: int) -> Non
 
 def test_shard_order_depends_on_seed() -> None:
     assert len({shard_order(10, seed=s, epoch=0, shuffle=True) for s in range(5)}) == 5
+
+
+@given(total=st.integers(1, 400), batch=st.integers(1, 20), world=st.integers(1, 6),
+       last=st.sampled_from(["partial", "pad", "drop"]), partition=st.sampled_from(["shards", "global"]))
+@settings(max_examples=300, deadline=None)
+def test_per_step_sizes_are_runs_equal_to_the_formula(total: int, batch: int, world: int, last: str,
+                                                      partition: str) -> None:
+    """The plan keeps per-step sizes as runs (O(1) whatever the steps); they are the per-step formula's values."""
+    from feedfast.sources.order import rank_counts
+
+    if total < world or (last == "drop" and total // world < batch):
+        return
+    counts = (rank_counts(total, world=world, batch_size=batch) if partition == "global" else
+              [b - a for a, b in (rank_range(total, r, world) for r in range(world))])
+    for rank in range(world):
+        ep = plan_epoch([total], batch_size=batch, rank=rank, world=world, last_batch=last, partition=partition)
+        mine, biggest = counts[rank], max(counts)
+        steps = min(counts) // batch if last == "drop" else -(-biggest // batch)
+        valid = [batch] * steps if last == "drop" else [max(0, min(batch, mine - j * batch)) for j in range(steps)]
+        sizes = [batch] * steps if last in ("drop", "pad") else [max(1, min(batch, biggest - j * batch))
+                                                                  for j in range(steps)]
+        assert list(ep.valid) == valid and list(ep.batch_sizes) == sizes and ep.steps == steps
+        assert ep.valid == tuple(valid) and [ep.batch_sizes[j] for j in range(steps)] == sizes
+        assert ep.padded == sum(sizes) - sum(valid) and len(ep.batch_sizes.runs) <= 3

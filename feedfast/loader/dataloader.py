@@ -42,6 +42,7 @@ from feedfast.loader.state import (
 from feedfast.loader.tune import Tuner, budget_batches
 from feedfast.ops.color import normalize_tensor
 from feedfast.sources.assign import EpochPlan, partition_for, plan_epoch
+from feedfast.sources.columnar import dataset_index
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.mix import mixed_epoch, open_dataset
 from feedfast.sources.remote import Transfer
@@ -196,6 +197,11 @@ class DataLoader:
         # of every shard over remote ones (sources/order.py); unshuffled: each rank's contiguous range
         self._partition = partition_for(self.shards.read_kinds, shuffled=self.spec.shuffled)
         self._check_size()
+        if self._mix is None and (self.backend != "dali" or self._partition != "shards" or self.shards.transport != "native"):
+            # the rows feedfast reads itself come from the dataset's columnar index: built here (once per
+            # dataset, then opened in O(shards)), not at the first batch
+            dataset_index(self.shards.paths, self.shards.index_paths, self.shards.sizes, self.plan.component_exts(),
+                          self._cache_dir)
         # slots: the producer's queue (prefetch, as deep as a tuner may make it), the batch being made, and a spare
         self.ring = PinnedRing(self.device, depth=self.knobs.max_prefetch + 2, pin=pin_memory, layer=self._layer())
         self.epoch = 0

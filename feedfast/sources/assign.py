@@ -24,8 +24,66 @@ Padding repeats the rank's last sample and always sits at the end of a batch.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import random
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+
+class Runs(Sequence[int]):
+    """A tuple of ints stored as runs of equal values: a rank's per-step sizes in O(1), whatever the steps.
+
+    >>> Runs(((4, 3), (1, 1))) == (4, 4, 4, 1)
+    True
+    """
+
+    def __init__(self, runs: Iterable[tuple[int, int]]) -> None:
+        self.runs = tuple((int(v), int(n)) for v, n in runs if n > 0)
+        ends, at = [], 0
+        for _, n in self.runs:
+            at += n
+            ends.append(at)
+        self._ends = ends
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError("step out of range")
+        return self.runs[bisect.bisect_right(self._ends, i)][0]
+
+    def __iter__(self) -> Iterator[int]:
+        for v, n in self.runs:
+            yield from itertools.repeat(v, n)
+
+    def total(self) -> int:
+        """The sum of the values."""
+        return sum(v * n for v, n in self.runs)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Runs):
+            return self.runs == other.runs
+        return isinstance(other, (tuple, list)) and len(other) == len(self) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(self.runs)
+
+    def __repr__(self) -> str:
+        return f"Runs({self.runs})"
+
+
+def capped(cap: int, total: int, steps: int, floor: int) -> Runs:
+    """``max(floor, min(cap, total - j * cap))`` for each step ``j`` of ``steps``, as runs."""
+    full = max(0, min(steps, total // cap))
+    rest = [(max(floor, min(cap, total - full * cap)), 1)] if full < steps else []
+    return Runs([(cap, full), *rest, (floor, steps - full - 1)])
 
 
 @dataclass(frozen=True)
@@ -35,8 +93,8 @@ class EpochPlan:
     shard_order: tuple[int, ...]
     rank_samples: int
     steps: int
-    batch_sizes: tuple[int, ...]
-    valid: tuple[int, ...]
+    batch_sizes: Runs  # per step: the samples it yields (padding included)
+    valid: Runs  # per step: its real samples
     partition: str = "shards"  # "shards" (DALI's ranges), "global" (global batches), "block": see partition_for
     consumed: int = 0  # samples of the epoch's global order consumed before this plan (an elastic resume)
     batch_size: int = 0  # the batch size the plan deals out
@@ -44,12 +102,12 @@ class EpochPlan:
     @property
     def padded(self) -> int:
         """How many padded (repeated) samples this rank yields this epoch."""
-        return sum(self.batch_sizes) - sum(self.valid)
+        return self.batch_sizes.total() - self.valid.total()
 
     @property
     def dropped(self) -> int:
         """How many of this rank's samples ``drop`` leaves out this epoch."""
-        return self.rank_samples - sum(self.valid)
+        return self.rank_samples - self.valid.total()
 
 
 def partition_for(read_kinds: tuple[str, ...], *, shuffled: bool) -> str:
@@ -125,13 +183,10 @@ def plan_epoch(
     b = batch_size
     if last_batch == "drop":
         steps = min(counts) // b
-        sizes_out = valid = tuple([b] * steps)
+        sizes_out = valid = Runs([(b, steps)])
     else:
         steps = -(-biggest // b)
-        valid = tuple(max(0, min(b, mine - j * b)) for j in range(steps))
-        if last_batch == "pad":
-            sizes_out = tuple([b] * steps)
-        else:
-            sizes_out = tuple(max(1, min(b, biggest - j * b)) for j in range(steps))
+        valid = capped(b, mine, steps, 0)
+        sizes_out = Runs([(b, steps)]) if last_batch == "pad" else capped(b, biggest, steps, 1)
     order = shard_order(len(sizes), seed=seed, epoch=epoch, shuffle=shuffle_shards)
     return EpochPlan(order, mine, steps, sizes_out, valid, partition, consumed, batch_size)
