@@ -148,3 +148,14 @@ def test_a_label_offset_that_takes_a_label_out_of_int64_is_refused(tmp_path: Pat
     loader = feedfast.DataLoader(spec, shards=shard, num_workers=1, backend="threads", cache_dir=tmp_path / "cache")
     assert [r["key"] for r in loader.skipped_samples()] == ["gmax"]
     assert _epoch(loader) == {key: value + 1 for key, (_, value) in GOOD_LABELS.items() if key != "gmax"}
+
+
+def test_only_fields_whose_ops_can_refuse_bytes_are_read_when_opening() -> None:
+    from feedfast.sources.labelchecks import host_fields
+    from feedfast.spec import load_spec
+
+    spec = _spec("skip")
+    spec["source"]["components"]["raw"] = {"ext": "txt", "kind": "bytes"}
+    spec["pipeline"]["raw"] = ["bytes"]
+    spec["outputs"].append("raw")
+    assert [f.name for f in host_fields(load_spec(spec))] == ["label", "meta", "feat"]

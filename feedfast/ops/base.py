@@ -125,6 +125,8 @@ class OpDef:
         devices: the placements DALI offers for it.
         dali_name: DALI operator name(s) for ``feedfast plan``.
         host: runs on the host after the DALI graph (generic ops on raw bytes).
+        refuses: a host op that can refuse a sample's bytes (``DecodeFailure``): run on every
+            sample when shards are opened under ``on_error: skip`` (:mod:`feedfast.sources.labelchecks`).
     """
 
     name: str
@@ -137,6 +139,7 @@ class OpDef:
     devices: tuple[str, ...] = ("cpu", "gpu")
     dali_name: str = ""
     host: bool = False
+    refuses: bool = False
 
 
 def as_hw(size: int | Sequence[int]) -> tuple[int, int]:

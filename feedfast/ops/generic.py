@@ -54,6 +54,7 @@ LABEL = OpDef(
     pil=_label_host,
     devices=("cpu",),
     host=True,
+    refuses=True,
     dali_name="(host) int",
 )
 
@@ -83,6 +84,7 @@ JSON = OpDef(
     pil=_json_host,
     devices=("cpu",),
     host=True,
+    refuses=True,
     dali_name="(host) json.loads",
 )
 
@@ -131,6 +133,7 @@ NPY = OpDef(
     pil=_npy_host,
     devices=("cpu",),
     host=True,
+    refuses=True,
     dali_name="(host) numpy.load",
 )
 

@@ -2,7 +2,8 @@
 
 A field whose ops all run on the host (``label``, ``json``, ``npy``, ``bytes``: see
 :mod:`feedfast.ops.generic`) turns one component's bytes into a value after the DALI graph, on
-every backend. Under ``on_error: skip`` each such field is run here, once per sample, on the
+every backend. Under ``on_error: skip`` each such field with an op that can refuse bytes
+(``OpDef.refuses``: all but ``bytes``) is run here, once per sample, on the
 bytes the loader would read; a sample any of them refuses (a ``.cls`` that is not a plain
 integer within int64, JSON that does not parse, a ``.npy`` that does not load or cast) is left
 out with the reason, counted in ``loader.stats()['skipped']`` and listed in
@@ -41,11 +42,13 @@ class HostField:
 
 
 def host_fields(spec: Spec) -> list[HostField]:
-    """The spec's fields whose every op runs on the host (in output order), the ones checked here."""
+    """The spec's fields checked here (in output order): every op runs on the host and one may refuse
+    a sample (``OpDef.refuses``; a ``bytes`` field is never read for this)."""
     out = []
     for name in spec.outputs:
         pipe = spec.fields[name]
-        if pipe.ops and all(OPS[call.op].host for call in pipe.ops):
+        ops = [OPS[call.op] for call in pipe.ops]
+        if ops and all(op.host for op in ops) and any(op.refuses for op in ops):
             ext = spec.components[pipe.source].ext
             out.append(HostField(name, frozenset(e.lower() for e in ext.split(";")), pipe.ops))
     return out
