@@ -159,3 +159,18 @@ def test_only_fields_whose_ops_can_refuse_bytes_are_read_when_opening() -> None:
     spec["pipeline"]["raw"] = ["bytes"]
     spec["outputs"].append("raw")
     assert [f.name for f in host_fields(load_spec(spec))] == ["label", "meta", "feat"]
+
+
+def test_the_cli_names_the_sample_and_skips_it_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from feedfast.cli.main import main
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_spec("raise")))
+    shard = _shard(tmp_path / "hostile.tar", {"overflow": ("cls", BAD_LABELS["overflow"])})
+    args = ["bench", str(spec), "--shards", shard, "--batches", "2", "--warmup", "0", "--backend", "threads"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "internal error" not in err and "sample 'overflow'" in err and "outside int64" in err
+    assert main([*args, "--on-error", "skip"]) == 0
