@@ -48,7 +48,8 @@ def _label_host(raw: bytes, p: dict[str, Any], rng: Rng) -> int:
 
 LABEL = OpDef(
     "label",
-    "ASCII decimal class index (WebDataset `.cls`) to int64",
+    "ASCII decimal class index (WebDataset `.cls`) to int64; anything else (`42.0`, `0x2a`, empty, past int64) "
+    "is a bad sample under `on_error`",
     (Param("offset", "int", 0, "subtracted from every label (1 for 1-based labels)", low=-(2**31), high=2**31),),
     _label_infer,
     pil=_label_host,
@@ -128,7 +129,8 @@ def _cast(arr: Any, dtype: Any) -> Any:
 NPY = OpDef(
     "npy",
     "decode a NumPy .npy array (no pickles); same-shape arrays are stacked into a tensor",
-    (Param("dtype", "str", "keep", "cast to this type", choices=_NP_TYPES),),
+    (Param("dtype", "str", "keep", "cast to this type (to an integer type only if every value fits)",
+           choices=_NP_TYPES),),
     _npy_infer,
     pil=_npy_host,
     devices=("cpu",),
