@@ -80,14 +80,19 @@ def drop_bad(name: str, local: str, samples: list[Sample], fields: list[HostFiel
     if cached.is_file():
         bad: dict[str, str] = json.loads(cached.read_text(encoding="utf-8"))
     else:
-        bad = _verdicts(name, local, samples, fields)
+        bad = refused(name, local, samples, fields)
         write_atomic(cached, json.dumps(bad))
     skipped += [(name, s.key, bad[s.key]) for s in samples if s.key in bad]
     return [s for s in samples if s.key not in bad] if bad else samples
 
 
-def _verdicts(name: str, local: str, samples: list[Sample], fields: list[HostField]) -> dict[str, str]:
-    """{key: reason} of the samples a host field refuses, read from ``local`` in tar order."""
+def refused(name: str, local: str, samples: list[Sample], fields: list[HostField]) -> dict[str, str]:
+    """{key: reason} of the samples a host field refuses, read from ``local`` in tar order, uncached
+    (what ``feedfast shards inspect --check`` can report too).
+
+    Raises:
+        ShardError: the shard cannot be read.
+    """
     bad: dict[str, str] = {}
     rng = random.Random(0)  # these ops draw nothing; a host op that did would draw from this
     try:
