@@ -20,12 +20,15 @@ reused while it is newer than the shard and its last member still fits inside th
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import tarfile
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from feedfast.errors import ShardError
 from feedfast.sources.tarscan import scan_members
@@ -91,10 +94,11 @@ def scan_tar(path: str | os.PathLike[str], *, keep_duplicates: bool = False) -> 
     """
     path = os.fspath(path)
     members = []
-    for name, offset, size in scan_members(path):
-        key, ext = split_name(name)
-        members.append(_member(key, ext, offset, size, name))
-    samples = group_members(members, keep_duplicates=True)
+    with collector_paused():
+        for name, offset, size in scan_members(path):
+            key, ext = split_name(name)
+            members.append(_member(key, ext, offset, size, name))
+        samples = group_members(members, keep_duplicates=True)
     if keep_duplicates:
         return samples
     unique, repeated = split_duplicates(samples)
@@ -164,6 +168,20 @@ def _sample(key: str, members: tuple[Member, ...]) -> Sample:
 _new = object.__new__
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while many small objects are made (Members and Samples
+    hold no cycles). Left on, it runs every 700 new objects and, as they pile up, walks all of them again:
+    parsing 256 indexes of 1,251 samples while keeping them took 4.1 s of CPU with it, 1.3 s without."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def escape_name(name: str) -> str:
     """A member name with the index format's separators %-escaped (``%``, space, newline)."""
     return name.replace("%", "%25").replace(" ", "%20").replace("\n", "%0A")
@@ -192,6 +210,11 @@ def parse_index(text: str) -> list[Sample]:
     rows = text.splitlines()
     if not rows or not rows[0].startswith(INDEX_VERSION + " "):
         raise ShardError(f"not a {INDEX_VERSION} webdataset index")
+    with collector_paused():
+        return _parse_rows(rows)
+
+
+def _parse_rows(rows: list[str]) -> list[Sample]:
     samples = []
     for row in rows[1:]:
         f = row.split(" ")
