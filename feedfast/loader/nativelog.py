@@ -18,6 +18,7 @@ themselves and attach it to the verdict's reason (the skip report's).
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import subprocess
@@ -87,6 +88,7 @@ class Capture:
         global _RELAY_NOW, _USERS
         self.held = False
         with _LOCK:
+            _release_deferred()
             if _RELAY_NOW is None or _RELAY_NOW.restored:
                 try:
                     _RELAY_NOW = _Relay()
@@ -97,13 +99,37 @@ class Capture:
             self.held = True
 
     def release(self) -> None:
-        """Drop this hold; the last one puts standard error back."""
+        """Drop this hold; the last one puts standard error back.
+
+        Never waits for another thread: a loader collected by the garbage collector runs this in
+        whatever thread the collector ran on, for instance a thread being started by
+        :class:`_Relay` while another thread holds the lock and waits for that start (seen: a
+        deadlock). Then the release is left for the lock's next holder.
+        """
+        if not _LOCK.acquire(blocking=False):
+            _DEFERRED.append(self)
+            return
+        try:
+            _release_deferred()
+            self._release()
+        finally:
+            _LOCK.release()
+
+    def _release(self) -> None:
         global _RELAY_NOW, _USERS
-        with _LOCK:
-            if not self.held:
-                return
-            self.held = False
-            _USERS -= 1
-            if _USERS == 0 and _RELAY_NOW is not None:
-                _RELAY_NOW.restore()
-                _RELAY_NOW = None
+        if not self.held:
+            return
+        self.held = False
+        _USERS -= 1
+        if _USERS == 0 and _RELAY_NOW is not None:
+            _RELAY_NOW.restore()
+            _RELAY_NOW = None
+
+
+_DEFERRED: collections.deque[Capture] = collections.deque()
+
+
+def _release_deferred() -> None:
+    """The releases other threads left while the lock was held (the caller holds it)."""
+    while _DEFERRED:
+        _DEFERRED.popleft()._release()
