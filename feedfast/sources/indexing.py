@@ -21,6 +21,7 @@ import contextlib
 import os
 import pickle
 import selectors
+import signal
 import subprocess
 import sys
 import warnings
@@ -259,6 +260,7 @@ def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
 
 def serve() -> None:
     """An index worker's loop: (shards, cache folder) chunks on stdin, lists of :class:`Indexed` on stdout."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle: it ends its workers
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the protocol
     while True:
