@@ -68,6 +68,8 @@ def main() -> None:
     loader = DataLoader(SlowSyntheticImages(), batch_size=32, shuffle=True, num_workers=0)
 
     def log(figures: dict[str, float]) -> None:
+        if "window/stall_fraction" not in figures:  # the meter's warm-up steps are not measured
+            return
         stall, size = figures["window/stall_fraction"], int(figures["window/size"])
         print(f"step {figures['steps']:4d}: stall {stall:.0%} over the last {size} steps")
 

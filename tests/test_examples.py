@@ -104,3 +104,9 @@ def test_lightning_example_trains_checkpoints_mid_epoch_and_resumes(cache: Path,
     out = _run([*common, "--ckpt-path", str(tmp_path / "ckpts" / "step=1.ckpt")], cache, timeout=180, cwd=tmp_path,
                path_first=shim)
     assert "Restored all states" in out and "max_epochs=1` reached" in out, out[-4000:]
+
+
+def test_measure_any_loader_meters_a_plain_torch_loop(cache: Path, tmp_path: Path) -> None:
+    out = _run(["examples/measure_any_loader.py", "--json", str(tmp_path / "meter.json")], cache, timeout=300)
+    assert "stall" in out and "samples/s to keep up" in out
+    assert (tmp_path / "meter.json").is_file()
