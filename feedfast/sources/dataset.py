@@ -31,8 +31,9 @@ from feedfast.errors import SampleError, ShardError
 from feedfast.sources import labelchecks, snapshot
 from feedfast.sources.assign import partition_for
 from feedfast.sources.cache import ShardCache
-from feedfast.sources.checked import CHECK_RULES, check_shard
+from feedfast.sources.checked import CHECK_RULES, SHARDS_AT_ONCE, check_shards
 from feedfast.sources.index import Sample, first_member, load_index, subset_index
+from feedfast.sources.indexing import prepare_indexes
 from feedfast.sources.order import BlockShuffle
 from feedfast.sources.remote import DEFAULT_TRANSFER, Transfer, url_kind
 from feedfast.sources.remote_index import remote_index
@@ -202,39 +203,47 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
     if found is not None:  # local shards opened before with these settings: O(shards)
         return ShardSet(found.paths, found.index_paths, found.sizes, found.skipped, found.converted, found.raw_bytes,
                         transfer=transfer, shuffle=shuffle, cache_dir=str(cache_dir))
+    if record:  # every shard local: the missing indexes are built in parallel first
+        prepare_indexes(resolved, cache_dir)
     paths, idxs, sizes, kinds = [], [], [], []
     skipped: list[tuple[str, str, str]] = []
     converted: list[tuple[str, str, str]] = []
     raw = 0
-    for p in resolved:
-        where = locate(p, cache_dir, cache, check_locally=policy == "skip")
-        raw += where.nbytes
-        kept = _complete(p, where.samples, spec, skipped)
-        if label_fields and where.local:  # on_error: skip: samples whose label, JSON or .npy is refused left out
-            kept = labelchecks.drop_bad(p, where.local, kept, label_fields, cache_dir, skipped)
-        side = None
-        if image_exts and kept and where.local:
-            check = check_shard(where.local, kept, image_exts, max_pixels=max_pixels, cache=cache_dir,
-                                decode=policy == "skip", seconds=spec.check_seconds)
-            if check.bad and policy == "raise":
-                key, reason = next(iter(check.bad.items()))
-                raise SampleError("image cannot be read (on_error is `raise`)", shard=p, key=key,
-                                  reason=f"{reason}; set on_error='skip' to leave such samples out")
-            kept = check.kept
-            skipped += [(p, k, r) for k, r in check.bad.items()]
-            converted += [(p, k, r) for k, r in check.converted.items()]
-            if check.side_shard:
-                side = (check.side_shard, check.side_index, check.side_count)
-        # DALI reads exactly what an index lists: one index of the kept samples leaves the rest out
-        index_path = str(where.index) if len(kept) in (0, len(where.samples)) else \
-            subset_index(where.local or str(where.index), kept, cache_dir, "filtered")
-        entries = ([(p, index_path, len(kept), where.kind)] if kept else []) + (
-            [(side[0], str(side[1]), side[2], "file")] if side else [])
-        for path, index, size, kind in entries:
-            paths.append(path)
-            idxs.append(index)
-            sizes.append(size)
-            kinds.append(kind)
+    for at in range(0, len(resolved), SHARDS_AT_ONCE):  # the check workers take a group's images together
+        group = []
+        for p in resolved[at: at + SHARDS_AT_ONCE]:
+            where = locate(p, cache_dir, cache, check_locally=policy == "skip")
+            raw += where.nbytes
+            kept = _complete(p, where.samples, spec, skipped)
+            if label_fields and where.local:  # on_error: skip: samples whose label, JSON or .npy is refused left out
+                kept = labelchecks.drop_bad(p, where.local, kept, label_fields, cache_dir, skipped)
+            group.append((p, where, kept))
+        checked = [(where.local, kept) for _, where, kept in group if image_exts and kept and where.local]
+        checks = iter(check_shards(checked, image_exts, max_pixels=max_pixels, cache=cache_dir,
+                                   decode=policy == "skip", seconds=spec.check_seconds) if checked else [])
+        for p, where, kept in group:
+            side = None
+            if image_exts and kept and where.local:
+                check = next(checks)
+                if check.bad and policy == "raise":
+                    key, reason = next(iter(check.bad.items()))
+                    raise SampleError("image cannot be read (on_error is `raise`)", shard=p, key=key,
+                                      reason=f"{reason}; set on_error='skip' to leave such samples out")
+                kept = check.kept
+                skipped += [(p, k, r) for k, r in check.bad.items()]
+                converted += [(p, k, r) for k, r in check.converted.items()]
+                if check.side_shard:
+                    side = (check.side_shard, check.side_index, check.side_count)
+            # DALI reads exactly what an index lists: one index of the kept samples leaves the rest out
+            index_path = str(where.index) if len(kept) in (0, len(where.samples)) else \
+                subset_index(where.local or str(where.index), kept, cache_dir, "filtered")
+            entries = ([(p, index_path, len(kept), where.kind)] if kept else []) + (
+                [(side[0], str(side[1]), side[2], "file")] if side else [])
+            for path, index, size, kind in entries:
+                paths.append(path)
+                idxs.append(index)
+                sizes.append(size)
+                kinds.append(kind)
     _check_kinds(paths, kinds)
     remote = any(k != "file" for k in kinds)
     if record:
