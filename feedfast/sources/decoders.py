@@ -21,8 +21,9 @@ import re
 import struct
 import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Iterator
 
 DALI_FORMATS = frozenset({"JPEG", "MPO", "PNG", "TIFF", "BMP", "PPM", "JPEG2000", "WEBP"})
 
@@ -60,37 +61,51 @@ def _pil_kind(exc: BaseException) -> str:
 
 def pil_probe(data: bytes, *, max_pixels: int, decode: bool) -> Probe:
     """Open ``data`` with PIL: header, pixel count, and with ``decode`` the pixels (JPEG at 1/8 scale)."""
+    with pil_quiet():
+        return _pil_probe(data, max_pixels, decode)
+
+
+@contextmanager
+def pil_quiet() -> Iterator[None]:
+    """PIL's own pixel limit off (the check's ``max_pixels`` decides, from the header) and its warnings
+    ignored, for what is checked inside (a batch of header checks sets them once for all its images)."""
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+
+
+def _pil_probe(data: bytes, max_pixels: int, decode: bool) -> Probe:
+    """:func:`pil_probe` inside :func:`pil_quiet`."""
     from PIL import Image
 
     if not data:
         return Probe(False, kind="limit", reason="zero-byte image")
-    limit = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None  # our own limit decides, below; a worker checks one image at a time
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            img = Image.open(io.BytesIO(data))
-            w, h = img.size
-            if w * h > max_pixels:
-                return Probe(False, img.format or "?", "limit",
-                             f"image of {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels}")
-            fmt = img.format or "?"
-            missing = _missing_decoders(img)
-            if missing:  # known from the header alone: this PIL build lacks the codec (e.g. libtiff, libwebp)
-                return Probe(False, fmt, "support", f"PIL: decoder {missing} not available")
-            if decode:
-                if fmt == "JPEG":
-                    img.draft("RGB", (max(1, w // 8), max(1, h // 8)))
-                img.load()
-                to_8bit(img).convert("RGB")  # what the PIL backend does next (LAB, ICC and odd modes fail here)
+        img = Image.open(io.BytesIO(data))
+        w, h = img.size
+        if w * h > max_pixels:
+            return Probe(False, img.format or "?", "limit",
+                         f"image of {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels}")
+        fmt = img.format or "?"
+        missing = _missing_decoders(img)
+        if missing:  # known from the header alone: this PIL build lacks the codec (e.g. libtiff, libwebp)
+            return Probe(False, fmt, "support", f"PIL: decoder {missing} not available")
+        if decode:
+            if fmt == "JPEG":
+                img.draft("RGB", (max(1, w // 8), max(1, h // 8)))
+            img.load()
+            to_8bit(img).convert("RGB")  # what the PIL backend does next (LAB, ICC and odd modes fail here)
     except Exception as exc:  # noqa: BLE001 - any decoder failure is a verdict, whatever its class
-        from PIL import Image as _Image
-
-        if isinstance(exc, _Image.UnidentifiedImageError):
+        if isinstance(exc, Image.UnidentifiedImageError):
             return Probe(False, kind="support", reason="not an image file PIL knows (no known image format)")
         return Probe(False, kind=_pil_kind(exc), reason=f"PIL: {short(exc)}")
-    finally:
-        Image.MAX_IMAGE_PIXELS = limit
     return Probe(True, fmt)
 
 
@@ -185,7 +200,12 @@ def check_image(data: bytes, *, max_pixels: int, decode: bool, dali: DaliDecoder
         complete: ``data`` is the whole file; when not, and DALI must decide, the verdict is
             ``more`` (ask again with the whole file).
     """
-    pil = pil_probe(data, max_pixels=max_pixels, decode=decode)
+    return _verdict(data, max_pixels, decode, dali, complete, pil_probe(data, max_pixels=max_pixels, decode=decode))
+
+
+def _verdict(data: bytes, max_pixels: int, decode: bool, dali: DaliDecoder | None, complete: bool,
+             pil: Probe) -> Verdict:
+    """check_image's verdict, given PIL's probe of the image."""
     if pil.kind == "limit":
         return Verdict("bad", pil.reason)
     use_dali = dali is not None and dali.available
@@ -285,8 +305,9 @@ def answer(job: tuple[Any, ...], dali: DaliDecoder | None) -> tuple[Any, ...]:
         v = check_image(job[1], max_pixels=job[2], decode=job[3], dali=dali, complete=complete)
         return ("verdict", v.status, v.reason)
     if job[0] == "checks":
-        found = (check_image(data, max_pixels=job[2], decode=job[3], dali=dali, complete=whole)
-                 for data, whole in zip(job[1], job[4]))
+        with pil_quiet():  # once for the batch (its cost is a tenth of a tiny JPEG's header check)
+            found = [_verdict(data, job[2], job[3], dali, whole, _pil_probe(data, job[2], job[3]))
+                     for data, whole in zip(job[1], job[4])]
         return ("verdicts", [(v.status, v.reason) for v in found])
     if job[0] == "png":
         out = convert_image(job[1], dali)
