@@ -257,7 +257,10 @@ def data_end(samples: list[Sample]) -> int:
 
 def first_member(sample: Sample, exts: set[str] | frozenset[str]) -> Member | None:
     """The sample's first member in tar order whose extension is in ``exts`` (any case), as DALI picks it."""
-    return next((m for m in sample.members if m.ext.lower() in exts), None)
+    for m in sample.members:  # a loop, not next() over a generator: this runs for every sample opened
+        if m.ext.lower() in exts:
+            return m
+    return None
 
 
 def write_atomic(path: Path, text: str) -> Path:
