@@ -101,13 +101,37 @@ def test_check_shards_is_check_shard_of_each(tmp_path: Path, monkeypatch: pytest
     paths.append(fuzzed_shard(tmp_path / "data", 2))
     shards = [(p, scan_tar(p)) for p in paths]
     exts = [{"jpg"}]
-    together = check_shards(shards, exts, max_pixels=MAX_PIXELS, cache=tmp_path / "a", decode=False)
+    together = list(check_shards(shards, exts, max_pixels=MAX_PIXELS, cache=tmp_path / "a", decode=False))
     alone = [check_shard(p, s, exts, max_pixels=MAX_PIXELS, cache=tmp_path / "b", decode=False) for p, s in shards]
     assert [(c.kept, c.bad, c.converted) for c in together] == [(c.kept, c.bad, c.converted) for c in alone]
     assert any(c.bad for c in together) and any(c.converted for c in together)
-    monkeypatch.setattr(checked, "run_checks", lambda *a: pytest.fail("checked again, not read from the cache"))
+    def cached_only(shards: Iterable[tuple[str, list[Any]]], *_: object) -> list[list[Verdict]]:
+        found = [where for _, where in shards]
+        assert not any(found), "checked again, not read from the cache"
+        return [[] for _ in found]
+
+    monkeypatch.setattr(checked, "run_checks", cached_only)
     again = check_shards(shards, exts, max_pixels=MAX_PIXELS, cache=tmp_path / "a", decode=False)
     assert [c.bad for c in again] == [c.bad for c in together]
+
+
+def test_check_shards_takes_shards_as_the_workers_need_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A generator's next shard is made while the workers check the ones before: at most SHARDS_AT_ONCE ahead."""
+    monkeypatch.setattr(checked, "SHARDS_AT_ONCE", 2)
+    paths = [str(write_hostile(tmp_path, name=f"h-{i}.tar")) for i in range(5)]
+    pulled: list[int] = []
+
+    def opened() -> Iterator[tuple[str, list[Any]]]:
+        for i, p in enumerate(paths):
+            pulled.append(i)
+            yield p, scan_tar(p)
+
+    seen = []
+    for n, check in enumerate(check_shards(opened(), [{"jpg"}], max_pixels=MAX_PIXELS, cache=tmp_path / "c",
+                                           decode=False)):
+        seen.append((n, len(pulled)))
+        assert check.kept
+    assert seen == [(0, 2), (1, 2), (2, 4), (3, 4), (4, 5)]
 
 
 def test_check_members_of_a_shard_without_images_starts_no_worker(tmp_path: Path,

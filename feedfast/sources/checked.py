@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator
 
 from feedfast.sources.checkworker import Failed, pool
 from feedfast.sources.imagechecks import open_shard, read_member, run_checks
@@ -45,50 +46,61 @@ def check_members(path: str, samples: list[Sample], image_exts: list[set[str]], 
                   decode: bool, *, seconds: float | None = None) -> Iterator[tuple[str, str, Verdict]]:
     """(key, member name, verdict) of every image component, checked in worker processes, each under
     ``seconds`` (default: the pool's, ``source.check_seconds``'s default)."""
-    yield from _members([(path, samples)], image_exts, max_pixels, decode, seconds)[0]
+    yield from _members([(path, samples)], image_exts, max_pixels, decode, seconds)[0][1]
 
 
-def _members(shards: Sequence[tuple[str, list[Sample]]], image_exts: list[set[str]], max_pixels: int, decode: bool,
-             seconds: float | None) -> list[list[tuple[str, str, Verdict]]]:
-    """check_members of several shards, their images in one stream of messages to the pool."""
-    wheres = [[(s.key, off, size, name) for s in samples for off, size, name in image_members(s, image_exts)]
-              for _, samples in shards]
-    paths = [path for path, _ in shards]
-    first = run_checks(list(zip(paths, wheres)), max_pixels, decode, seconds)
+def _members(shards: Iterable[tuple[str, list[Sample]]], image_exts: list[set[str]], max_pixels: int, decode: bool,
+             seconds: float | None) -> list[tuple[str, list[tuple[str, str, Verdict]]]]:
+    """(path, check_members) of several shards, taken lazily, their images in one stream of messages."""
+    taken: list[tuple[str, list[tuple[str, int, int, str]]]] = []
+
+    def wheres() -> Iterator[tuple[str, list[tuple[str, int, int, str]]]]:
+        for path, samples in shards:
+            taken.append((path, [(s.key, off, size, name) for s in samples
+                                 for off, size, name in image_members(s, image_exts)]))
+            yield taken[-1]
+
+    first = run_checks(wheres(), max_pixels, decode, seconds)
     # header only, and DALI must decide: the whole file, one image a message
-    again = [[w for w, v in zip(where, verdicts) if v.status == "more"] for where, verdicts in zip(wheres, first)]
-    full = run_checks(list(zip(paths, again)), max_pixels, True, seconds) if any(again) else [[] for _ in shards]
+    again = [(path, [w for w, v in zip(where, verdicts) if v.status == "more"])
+             for (path, where), verdicts in zip(taken, first)]
+    full = run_checks(again, max_pixels, True, seconds) if any(w for _, w in again) else [[] for _ in taken]
     out = []
-    for where, verdicts, redone in zip(wheres, first, full):
+    for (path, where), verdicts, redone in zip(taken, first, full):
         second = iter(redone)
-        out.append([(key, name, next(second) if v.status == "more" else v)
-                    for (key, _, _, name), v in zip(where, verdicts)])
+        out.append((path, [(key, name, next(second) if v.status == "more" else v)
+                           for (key, _, _, name), v in zip(where, verdicts)]))
     return out
 
 
-def _verdicts(shards: Sequence[tuple[str, list[Sample]]], image_exts: list[set[str]], max_pixels: int,
-              cache: Path, decode: bool, seconds: float) -> list[dict[str, dict[str, str]]]:
-    """{"bad": {key: reason}, "convert": {key: reason}} of each shard, from the cache when fresh (for this
-    time limit); the shards not cached are checked together."""
-    files = []
-    for path, samples in shards:
-        tag = shard_digest(path, max_pixels, sorted(map(sorted, image_exts)), decode, [s.key for s in samples],
-                           CHECK_RULES, seconds)
-        files.append(cache / "checks" / f"{Path(path).stem}-{tag}.json")
-    results: list[dict[str, dict[str, str]] | None] = [
-        json.loads(f.read_text(encoding="utf-8")) if f.is_file() else None for f in files]
-    todo = [i for i, r in enumerate(results) if r is None]
-    checked = _members([shards[i] for i in todo], image_exts, max_pixels, decode, seconds) if todo else []
-    for i, found in zip(todo, checked):
-        result: dict[str, dict[str, str]] = {"bad": {}, "convert": {}}
-        for key, name, v in found:
-            if v.status != "ok":
-                result[v.status].setdefault(key, f"{name}: {v.reason}")
-        for key in result["bad"]:
-            result["convert"].pop(key, None)  # a sample with one bad image is left out whole
-        write_atomic(files[i], json.dumps(result))
-        results[i] = result
-    return [r for r in results if r is not None]
+def _verdicts(shards: Iterable[tuple[str, list[Sample]]], image_exts: list[set[str]], max_pixels: int,
+              cache: Path, decode: bool, seconds: float) -> list[tuple[str, list[Sample], dict[str, dict[str, str]]]]:
+    """(path, samples, {"bad": {key: reason}, "convert": {key: reason}}) of each shard, taken lazily: from
+    the cache when fresh (for this time limit), else checked, those not cached together."""
+    taken: list[tuple[str, list[Sample], Path, dict[str, dict[str, str]] | None]] = []
+
+    def uncached() -> Iterator[tuple[str, list[Sample]]]:
+        for path, samples in shards:
+            tag = shard_digest(path, max_pixels, sorted(map(sorted, image_exts)), decode, [s.key for s in samples],
+                               CHECK_RULES, seconds)
+            file = cache / "checks" / f"{Path(path).stem}-{tag}.json"
+            found = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
+            taken.append((path, samples, file, found))
+            yield path, ([] if found is not None else samples)
+
+    checked = _members(uncached(), image_exts, max_pixels, decode, seconds)
+    out = []
+    for (path, samples, file, found), (_, members) in zip(taken, checked):
+        if found is None:
+            found = {"bad": {}, "convert": {}}
+            for key, name, v in members:
+                if v.status != "ok":
+                    found[v.status].setdefault(key, f"{name}: {v.reason}")
+            for key in found["bad"]:
+                found["convert"].pop(key, None)  # a sample with one bad image is left out whole
+            write_atomic(file, json.dumps(found))
+        out.append((path, samples, found))
+    return out
 
 
 def check_shard(path: str, samples: list[Sample], image_exts: list[set[str]], *,
@@ -101,22 +113,28 @@ def check_shard(path: str, samples: list[Sample], image_exts: list[set[str]], *,
     runs longer makes the image ``bad``. An image that cannot be re-encoded after all (a
     header looked fine) is ``bad``. The caller gives DALI an index of ``ShardCheck.kept``.
     """
-    return check_shards([(path, samples)], image_exts, max_pixels=max_pixels, cache=cache, decode=decode,
-                        seconds=seconds)[0]
+    (check,) = check_shards([(path, samples)], image_exts, max_pixels=max_pixels, cache=cache, decode=decode,
+                            seconds=seconds)
+    return check
 
 
-def check_shards(shards: Sequence[tuple[str, list[Sample]]], image_exts: list[set[str]], *, max_pixels: int,
-                 cache: Path, decode: bool = True, seconds: float | None = None) -> list[ShardCheck]:
-    """:func:`check_shard` of each (shard, samples), in order: the images of :data:`SHARDS_AT_ONCE` shards
-    at a time go to the check workers together, so they stay busy across shard boundaries."""
+def check_shards(shards: Iterable[tuple[str, list[Sample]]], image_exts: list[set[str]], *, max_pixels: int,
+                 cache: Path, decode: bool = True, seconds: float | None = None) -> Iterator[ShardCheck]:
+    """:func:`check_shard` of each (shard, samples), in order, as each is done.
+
+    ``shards`` is read lazily, :data:`SHARDS_AT_ONCE` at a time, as the check workers need more
+    images: give a generator that opens each shard (indexes it, drops its incomplete samples)
+    and that work runs while the workers check the shards before it; their images go to the
+    workers in one stream, so they stay busy across shard boundaries.
+    """
     seconds = pool().seconds if seconds is None else seconds
-    out = []
-    for at in range(0, len(shards), SHARDS_AT_ONCE):
-        group = shards[at:at + SHARDS_AT_ONCE]
-        found = _verdicts(group, image_exts, max_pixels, cache, decode, seconds)
-        out += [_outcome(path, samples, v, image_exts, cache, max_pixels, seconds)
-                for (path, samples), v in zip(group, found)]
-    return out
+    pending = iter(shards)
+    while True:
+        done = _verdicts(itertools.islice(pending, SHARDS_AT_ONCE), image_exts, max_pixels, cache, decode, seconds)
+        if not done:
+            return
+        for path, samples, found in done:
+            yield _outcome(path, samples, found, image_exts, cache, max_pixels, seconds)
 
 
 def _outcome(path: str, samples: list[Sample], verdicts: dict[str, dict[str, str]], image_exts: list[set[str]],

@@ -10,15 +10,17 @@ and a hostile image costs at most twice the limit. Full decodes (``decode=True``
 image a message, as each may take up to the limit.
 
 The images of several shards go through one stream of messages, so the workers stay busy
-across shard boundaries (:func:`run_checks` takes a list of shards).
+across shard boundaries; :func:`run_checks` takes the shards lazily, so that what makes the
+next one runs while the workers check the ones before.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import mmap
 import os
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from feedfast.errors import ShardError
 from feedfast.sources.checkworker import Failed, pool
@@ -46,20 +48,26 @@ def read_member(f: io.BufferedReader, offset: int, size: int) -> bytes:
     return f.read(size)
 
 
-def run_checks(shards: Sequence[tuple[str, Sequence[Where]]], max_pixels: int, decode: bool,
+def run_checks(shards: Iterable[tuple[str, Sequence[Where]]], max_pixels: int, decode: bool,
                seconds: float | None) -> list[list[Verdict]]:
-    """The verdict on every image of every shard, in order, each under ``seconds`` (None: the pool's)."""
+    """The verdict on every image of every shard, in order, each under ``seconds`` (None: the pool's).
+
+    ``shards`` is read lazily, as the workers need more images: whatever makes the next shard
+    (reading its index, dropping incomplete samples) runs while they check the ones before.
+    """
     if decode:
-        return _one_by_one(shards, max_pixels, True, seconds)
-    batches = [(n, where[start:end]) for n, (_, where) in enumerate(shards) for start, end in _cuts(where)]
-    if not batches:
-        return [[] for _ in shards]
-    jobs = _batch_jobs(shards, batches, max_pixels)
-    labels = (f"{shards[n][0]!r}, samples {part[0][0]!r} to {part[-1][0]!r} ({len(part)} images)"
-              for n, part in batches)
-    answers = list(pool().map(jobs, labels=labels, seconds=seconds))  # whole, before any retry asks the pool
-    verdicts: list[list[Verdict]] = [[] for _ in shards]
-    retry = [(shards[n][0], part) for (n, part), a in zip(batches, answers) if not isinstance(a, Verdicts) or a.noisy]
+        return _one_by_one(list(shards), max_pixels, True, seconds)
+    taken: list[tuple[str, Sequence[Where]]] = []
+    batches: list[tuple[int, Sequence[Where]]] = []
+    jobs = _batch_jobs(shards, taken, batches, max_pixels)
+    first = next(jobs, None)
+    if first is None:  # no image at all: no worker is started
+        return [[] for _ in taken]
+    labels = (f"{taken[n][0]!r}, samples {part[0][0]!r} to {part[-1][0]!r} ({len(part)} images)"
+              for n, part in _growing(batches))
+    answers = list(pool().map(itertools.chain([first], jobs), labels=labels, seconds=seconds))  # whole, before
+    verdicts: list[list[Verdict]] = [[] for _ in taken]  # any retry asks the pool again
+    retry = [(taken[n][0], part) for (n, part), a in zip(batches, answers) if not isinstance(a, Verdicts) or a.noisy]
     again = iter(_one_by_one(retry, max_pixels, False, seconds))
     for (n, _), answer in zip(batches, answers):
         if isinstance(answer, Verdicts) and not answer.noisy:
@@ -67,6 +75,14 @@ def run_checks(shards: Sequence[tuple[str, Sequence[Where]]], max_pixels: int, d
         else:  # ran over its time, crashed, or printed: image by image, as each would be alone
             verdicts[n] += next(again)
     return verdicts
+
+
+def _growing(items: list[tuple[int, Sequence[Where]]]) -> Iterator[tuple[int, Sequence[Where]]]:
+    """The items of a list that grows as it is read (a batch is listed just before its job is made)."""
+    for i in itertools.count():
+        if i >= len(items):
+            return
+        yield items[i]
 
 
 def _cuts(where: Sequence[Where]) -> Iterator[tuple[int, int]]:
@@ -82,21 +98,25 @@ def _cuts(where: Sequence[Where]) -> Iterator[tuple[int, int]]:
         yield start, len(where)
 
 
-def _batch_jobs(shards: Sequence[tuple[str, Sequence[Where]]], batches: list[tuple[int, Sequence[Where]]],
-                max_pixels: int) -> Iterator[tuple[object, ...]]:
+def _batch_jobs(shards: Iterable[tuple[str, Sequence[Where]]], taken: list[tuple[str, Sequence[Where]]],
+                batches: list[tuple[int, Sequence[Where]]], max_pixels: int) -> Iterator[tuple[object, ...]]:
     """One ``checks`` job per batch: the images' first SNIFF_BYTES (sliced from the mapped shard), and
-    whether that is the whole file."""
+    whether that is the whole file. Each shard read is added to ``taken``, each batch to ``batches``."""
     opened: tuple[int, io.BufferedReader, mmap.mmap | bytes] | None = None
     try:
-        for n, part in batches:
-            if opened is None or opened[0] != n:
-                _close(opened)
-                f = open_shard(shards[n][0])
-                opened = (n, f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size
-                          else b"")
-            view = opened[2]
-            datas = [view[off:off + min(size, SNIFF_BYTES)] for _, off, size, _ in part]
-            yield ("checks", datas, max_pixels, False, [size <= SNIFF_BYTES for _, _, size, _ in part])
+        for path, where in shards:
+            taken.append((path, where))
+            for start, end in _cuts(where):
+                n, part = len(taken) - 1, where[start:end]
+                if opened is None or opened[0] != n:
+                    _close(opened)
+                    f = open_shard(path)
+                    length = os.fstat(f.fileno()).st_size
+                    opened = (n, f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if length else b"")
+                view = opened[2]
+                batches.append((n, part))
+                yield ("checks", [view[off:off + min(size, SNIFF_BYTES)] for _, off, size, _ in part], max_pixels,
+                       False, [size <= SNIFF_BYTES for _, _, size, _ in part])
     finally:
         _close(opened)
 
