@@ -22,10 +22,11 @@ loader then copies through the pinned ring.
 
 from __future__ import annotations
 
+import queue
 import random
 import threading
 from functools import partial
-from typing import Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -281,12 +282,15 @@ class ProgramSource:
 
 
 class _Started:
-    """An epoch's batches started ahead: the generator made, and its first ``count`` batches taken, on a thread."""
+    """An epoch's batches started ahead: the generator made, and its first ``count`` batches taken, on a thread.
+
+    Each batch is handed over as soon as it is made (the first does not wait for the others), through
+    a queue; after the ``count``-th the generator itself is handed over, so one thread at a time uses it.
+    """
 
     def __init__(self, make: Callable[[], Iterator[Batch]], count: int) -> None:
         self._items: Iterator[Batch] | None = None
-        self._held: list[Batch] = []
-        self._error: BaseException | None = None
+        self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, args=(make, count), name="feedfast-next-epoch", daemon=True)
         self._thread.start()
 
@@ -294,26 +298,36 @@ class _Started:
         try:
             self._items = make()
             for _ in range(count):
-                self._held.append(next(self._items))
+                self._queue.put(("batch", next(self._items)))
         except StopIteration:
+            self._queue.put(("end", None))
             return
         except BaseException as exc:  # noqa: BLE001 - re-raised by take(), in the epoch that asks for it
-            self._error = exc
+            self._queue.put(("error", exc))
+            return
+        self._queue.put(("rest", None))
 
     def take(self) -> Iterator[Batch]:
-        """The held batches, then the rest of the epoch."""
+        """The batches made ahead as they come, then the rest of the epoch."""
+        while True:
+            kind, value = self._queue.get()
+            if kind == "batch":
+                yield value
+            elif kind == "error":
+                raise value
+            elif kind == "end":
+                return
+            else:
+                break
         self._thread.join()
-        if self._error is not None:
-            raise self._error
-        held, self._held = self._held, []
-        yield from held
         if self._items is not None:
             yield from self._items
 
     def close(self) -> None:
         """Wait for the start, then close the generator (its threads or worker processes end)."""
         self._thread.join()
-        self._held = []
+        while not self._queue.empty():
+            self._queue.get_nowait()
         close = getattr(self._items, "close", None)
         if callable(close):
             close()
