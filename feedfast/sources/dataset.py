@@ -209,9 +209,12 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
     skipped: list[tuple[str, str, str]] = []
     converted: list[tuple[str, str, str]] = []
     raw = 0
-    for at in range(0, len(resolved), SHARDS_AT_ONCE):  # the check workers take a group's images together
+    # the check workers take a group's images together; a cached (remote) shard is checked before the next
+    # is fetched, so a bounded shard cache never evicts one that is still to be checked
+    together = SHARDS_AT_ONCE if record else 1
+    for at in range(0, len(resolved), together):
         group = []
-        for p in resolved[at: at + SHARDS_AT_ONCE]:
+        for p in resolved[at: at + together]:
             where = locate(p, cache_dir, cache, check_locally=policy == "skip")
             raw += where.nbytes
             kept = _complete(p, where.samples, spec, skipped)
