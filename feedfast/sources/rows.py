@@ -26,10 +26,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
+from feedfast import _env
 from feedfast.sources.assign import EpochPlan, rank_range
 from feedfast.sources.columnar import ColumnarIndex, RowBatch, dataset_index
 from feedfast.sources.order import BlockShuffle, block_order, epoch_permutation, rank_counts, rank_position_of
@@ -99,14 +100,30 @@ class Rows:
         return self.index.keys(self.samples(rows))
 
 
-def epoch_rows(shards: object, exts: Sequence[set[str] | frozenset[str]], ep: EpochPlan, *, rank: int, world: int,
+class Dataset(Protocol):
+    """What :func:`epoch_rows` reads of a dataset (a :class:`~feedfast.sources.dataset.ShardSet`)."""
+
+    @property
+    def paths(self) -> tuple[str, ...]: ...
+
+    @property
+    def index_paths(self) -> tuple[str, ...]: ...
+
+    @property
+    def sizes(self) -> tuple[int, ...]: ...
+
+    @property
+    def cache_dir(self) -> str: ...
+
+
+def epoch_rows(shards: Dataset, exts: Sequence[set[str] | frozenset[str]], ep: EpochPlan, *, rank: int, world: int,
                seed: int, epoch: int, shuffle: bool, window: int = 0,
                block: BlockShuffle | None = None) -> Rows:
     """This rank's rows of the epoch ``ep`` plans (see the module docstring).
 
     Args:
-        shards: the dataset (a :class:`~feedfast.sources.dataset.ShardSet`: ``paths``,
-            ``index_paths``, ``sizes``, ``cache_dir``).
+        shards: the dataset: its shards, their (filtered) indexes, their sample counts and the cache
+            folder of its columnar index (empty: the default one).
         exts: each component's extensions.
         ep: the rank's epoch plan (its partition, shard order, samples consumed before a resume).
         shuffle: whether the epoch is shuffled (``global``: a permutation, not the identity;
@@ -114,9 +131,8 @@ def epoch_rows(shards: object, exts: Sequence[set[str] | frozenset[str]], ep: Ep
         window: under ``shards``, shuffle the range in windows of this many samples (stream transport).
         block: the block shuffle's sizes, for ``block``.
     """
-    paths, index_paths, sizes = shards.paths, shards.index_paths, shards.sizes  # type: ignore[attr-defined]
-    cache = getattr(shards, "cache_dir", "") or _default_cache()
-    index = dataset_index(paths, index_paths, sizes, exts, Path(cache))
+    sizes = shards.sizes
+    index = dataset_index(shards.paths, shards.index_paths, sizes, exts, Path(shards.cache_dir or _env.cache_dir()))
     total = int(sum(sizes))
     if ep.partition == "global":
         remaining = total - ep.consumed
@@ -135,12 +151,6 @@ def epoch_rows(shards: object, exts: Sequence[set[str] | frozenset[str]], ep: Ep
     if shuffle:
         return Rows(index, hi - lo, _Then(Permutation(hi - lo, key_for("feedfast-range", seed, epoch, rank)), ranged))
     return Rows(index, hi - lo, ranged)
-
-
-def _default_cache() -> str:
-    from feedfast import _env
-
-    return str(_env.cache_dir())
 
 
 class _GlobalOrder:
