@@ -114,6 +114,13 @@ class CheckPool:
             yield from self._map(iter(jobs), iter(labels) if labels is not None else None,
                                  self.seconds if seconds is None else seconds)
 
+    def start(self) -> None:
+        """Start the workers now, without waiting for them (they import DALI and build its pipelines, about
+        a second): a caller about to open shards lets that run while it indexes them."""
+        with self._lock:
+            while len(self._workers) < self.size:
+                self._workers.append(_Worker())
+
     def _map(self, jobs: Iterator[Any], labels: Iterator[str] | None, seconds: float) -> Iterator[Any]:
         while len(self._workers) < self.size:
             self._workers.append(_Worker())
