@@ -156,7 +156,12 @@ def test_no_hang_no_leaked_processes_or_shared_memory(shards: list[str], ending:
 
 
 CTRL_C_SCRIPT = textwrap.dedent("""
-    import sys
+    import signal, sys
+    # as a terminal's python starts: SIGINT delivered and raising KeyboardInterrupt. A child of the test
+    # process can inherit it ignored or blocked (seen twice in full fresh-clone runs: the script went on
+    # printing batches after the signal), which would test the test process, not feedfast
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {root!r})
     import feedfast
     from tests.helpers import SMALL_SPEC
