@@ -164,7 +164,7 @@ class DaliSource:
         lo = max(0, step * self.batch_size - self.plan.spec.shuffle_buffer)
         hi = min(len(rows), (step + depth + 1) * self.batch_size + self.plan.spec.shuffle_buffer)
         where = rows.take(np.arange(lo, hi))
-        return [(shards.paths[s], k) for s, k in zip(where.shard.tolist(), rows.index.keys(where.samples))]
+        return [(shards.paths[s], k) for s, k in zip(where.shard.tolist(), rows.index.batch_keys(where))]
 
     def _build(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None,
                first_step: int = 0) -> EpochPipe:

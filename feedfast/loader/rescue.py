@@ -150,7 +150,7 @@ def rescue_keys(stream: StreamEpoch, keys: list[Where], components: list[int], p
     rows: list[int] = []
     for first in range(0, len(stream.rows) if wanted else 0, 8192):  # one pass over the rank's keys
         where = stream.rows.take(np.arange(first, min(len(stream.rows), first + 8192)))
-        rows += [first + i for i, (s, k) in enumerate(zip(where.shard.tolist(), stream.rows.index.keys(where.samples)))
+        rows += [first + i for i, (s, k) in enumerate(zip(where.shard.tolist(), stream.rows.index.batch_keys(where)))
                  if (stream.names[s], k) in wanted]
     steps = sorted({r // stream.batch_size for r in rows})
     for step in steps:
