@@ -68,5 +68,9 @@ def test_a_rewritten_index_is_read_again_and_a_short_one_refused(dataset: tuple[
     later = time.time() + 5
     os.utime(idx[0], (later, later))
     columnar._OPEN.clear()
+    with pytest.raises(ShardError, match=r"declares 5 samples on its first line but lists 2"):
+        dataset_index(shards, idx, counts, EXTS, cache)
+    Path(idx[0]).write_text("\n".join(["v1.2 2"] + lines[1:3]) + "\n")  # consistent, but not what was opened
+    os.utime(idx[0], (later + 1, later + 1))
     with pytest.raises(ShardError, match=r"lists 2 samples, not 5"):
         dataset_index(shards, idx, counts, EXTS, cache)

@@ -13,7 +13,9 @@ import pytest
 from feedfast.errors import ShardError, UserError
 from feedfast.sources import index, indexing
 from feedfast.sources.index import cached_index_path, default_index_path, format_index, load_index, scan_tar
+from feedfast.sources.indexcheck import shard_fingerprint
 from feedfast.sources.indexing import chunked, fresh_index, prepare_indexes, sample_count
+from feedfast.sources.indexnotes import IndexNotes
 
 
 def write_shards(folder: Path, count: int, per_shard: int = 3) -> list[str]:
@@ -43,7 +45,7 @@ def test_prepare_writes_what_load_index_writes(tmp_path: Path, monkeypatch: pyte
     paths = write_shards(tmp_path / "data", 9)
     prepare_indexes(paths, tmp_path / "cache", workers=2)
     for p in paths:
-        assert default_index_path(p).read_text() == format_index(scan_tar(p))
+        assert default_index_path(p).read_text() == format_index(scan_tar(p), IndexNotes(3, shard_fingerprint(p)))
     assert not (tmp_path / "cache").exists()
     no_scans(monkeypatch)
     for p in paths:

@@ -40,6 +40,12 @@ import numpy as np
 
 from feedfast.errors import ShardError
 from feedfast.sources.index import INDEX_VERSION, split_name, unescape_name
+from feedfast.sources.indexnotes import parse_header
+
+try:  # the records of a shuffled batch read in one call (feedfast/_plan.c), where it is built
+    from feedfast._plan import gather as _gather
+except ImportError:
+    _gather = None
 
 FORMAT = 2  # bump when the layout or what a column means changes
 _OPEN: dict[tuple[Any, ...], "ColumnarIndex"] = {}
@@ -153,6 +159,10 @@ class ColumnarIndex:
         firsts = ordered[bounds[:-1]].tolist()
         width, fd, base = self._width, self._rows, self._first
         if len(firsts) == len(samples):  # no two consecutive: one read each
+            gathered = np.empty_like(out)
+            if _gather is not None and _gather(fd, base + ordered * width, width, gathered):  # in C, without the GIL
+                out[order] = gathered
+                return out
             out[order] = np.frombuffer(b"".join(os.pread(fd, width, base + f * width) for f in firsts),
                                        dtype=np.int64).reshape(len(samples), -1)
             return out
@@ -178,13 +188,21 @@ class ColumnarIndex:
 
     def batch_keys(self, rows: RowBatch) -> list[str]:
         """The keys of a batch already taken (one read per key)."""
-        return [os.pread(self._key_file, n, at).decode("utf-8") for at, n in zip(rows.key_at.tolist(),
-                                                                                  rows.key_len.tolist())]
+        return [os.pread(self._key_file, n, at).decode("utf-8", "surrogateescape")
+                for at, n in zip(rows.key_at.tolist(), rows.key_len.tolist())]
 
 
 def _close(*fds: int) -> None:
     for fd in fds:
         os.close(fd)
+
+
+def _files(paths: Sequence[str], index_paths: Sequence[str]) -> tuple[tuple[int, int], ...]:
+    """(inode, mtime) of each index: one stat each (about 1 ms for 1,024 shards)."""
+    try:
+        return tuple((st.st_ino, st.st_mtime_ns) for st in map(os.stat, index_paths))
+    except OSError as exc:
+        raise ShardError(f"cannot read an index of {paths[0] if paths else '?'!r}: {exc}") from exc
 
 
 def _digest(paths: Sequence[str], index_paths: Sequence[str], counts: Sequence[int],
@@ -214,9 +232,11 @@ def dataset_index(paths: Sequence[str], index_paths: Sequence[str], counts: Sequ
         ShardError: an index cannot be read, or lists another number of samples than ``counts``.
     """
     wanted = [frozenset(e) for e in exts]
-    # opened once per process: the files it was built from were checked when the dataset was opened
-    # (feedfast.sources.snapshot), and the next epoch should not stat every index again
-    name = (tuple(paths), tuple(index_paths), tuple(counts), tuple(tuple(sorted(e)) for e in wanted), str(cache_dir))
+    # opened once per process for the same index files: the files it was built from were checked when the
+    # dataset was opened (feedfast.sources.snapshot); an index rewritten since (a shard indexed again after it
+    # changed) is another file (write_atomic renames a new one into place), so its (inode, mtime) is in the key
+    name = (tuple(paths), tuple(index_paths), tuple(counts), tuple(tuple(sorted(e)) for e in wanted), str(cache_dir),
+            _files(paths, index_paths))
     with _LOCK:
         found = _OPEN.get(name)
         if found is not None:
@@ -278,14 +298,17 @@ def _parse_into(index: str, path: str, count: int, exts: list[frozenset[str]], o
                 sizes: np.ndarray) -> tuple[bytes, list[int]]:
     """Fill one shard's rows from its text index; its keys (UTF-8, back to back) and their lengths."""
     try:
-        with open(index, encoding="utf-8") as f:
-            header = f.readline().split()
-            lines = f.read().splitlines()
+        with open(index, "rb") as f:
+            first, rest = f.readline().decode("utf-8"), f.read().decode("utf-8")
+        declared = parse_header(first.rstrip("\r\n"), INDEX_VERSION).count
     except (OSError, UnicodeDecodeError) as exc:
         raise ShardError(f"cannot read the index {index!r} of {path!r}: {exc}") from exc
-    if len(header) != 2 or header[0] != INDEX_VERSION:
-        raise ShardError(f"the index {index!r} of {path!r} is not a {INDEX_VERSION} webdataset index")
-    lines = [line for line in lines if line.strip()]
+    except ValueError as exc:
+        raise ShardError(f"the index {index!r} of {path!r} is not a {INDEX_VERSION} webdataset index ({exc})") from None
+    lines = [line for line in rest.split("\n") if line.strip()]  # escaped names hold no line break but \n's
+    if len(lines) != declared:
+        raise ShardError(f"the index {index!r} of {path!r} declares {declared} samples on its first line but "
+                         f"lists {len(lines)}: it is damaged; open the shards again")
     if len(lines) != count:
         raise ShardError(f"the index {index!r} of {path!r} now lists {len(lines)} samples, not {count}: "
                          "the shard changed since it was opened; open it again")
@@ -293,15 +316,30 @@ def _parse_into(index: str, path: str, count: int, exts: list[frozenset[str]], o
     lens: list[int] = []
     try:
         for row, line in enumerate(lines):
-            fields = line.split(" ")
+            fields = line.rstrip("\r").split(" ")
             for c, wanted in enumerate(exts):
                 for i in range(0, len(fields) - 3, 4):
-                    if fields[i].lower() in wanted:
+                    if unescape_name(fields[i]).lower() in wanted:
                         offsets[row, c], sizes[row, c] = int(fields[i + 1]), int(fields[i + 2])
                         break
-            key = split_name(unescape_name(fields[3]))[0].encode("utf-8")
+            key = split_name(unescape_name(fields[3]))[0].encode("utf-8", "surrogateescape")
             parts.append(key)
             lens.append(len(key))
     except (IndexError, ValueError, OverflowError) as exc:
         raise ShardError(f"the index {index!r} of {path!r} is damaged at sample {len(lens)}: {exc}") from exc
+    _check_bounds(index, path, offsets, sizes)
     return b"".join(parts), lens
+
+
+def _check_bounds(index: str, path: str, offsets: np.ndarray, sizes: np.ndarray) -> None:
+    """Every listed member of a local shard after its first header and inside the file."""
+    try:
+        total = os.path.getsize(path)
+    except OSError:
+        return  # a remote shard (its index was checked when it was fetched)
+    there = sizes >= 0
+    bad = there & ((offsets < 512) | (offsets + sizes > total))
+    if bad.any():
+        row, c = (int(v[0]) for v in np.nonzero(bad))
+        raise ShardError(f"the index {index!r} of {path!r} puts sample {row}'s component {c} at offset "
+                         f"{int(offsets[row, c])} (size {int(sizes[row, c])}), outside the shard's {total} bytes")

@@ -32,7 +32,7 @@ from feedfast.sources import labelchecks, snapshot
 from feedfast.sources.assign import partition_for
 from feedfast.sources.cache import ShardCache
 from feedfast.sources.checked import CHECK_RULES, SHARDS_AT_ONCE, check_shards
-from feedfast.sources.index import Sample, first_member, load_index, subset_index
+from feedfast.sources.index import Sample, first_member, left_out, load_index, subset_index
 from feedfast.sources.indexing import prepare_indexes
 from feedfast.sources.order import BlockShuffle
 from feedfast.sources.remote import DEFAULT_TRANSFER, Transfer, url_kind
@@ -53,8 +53,9 @@ class ShardSet:
         index_paths: the matching DALI index files (filtered when samples were left out).
         sizes: samples DALI reads from each shard.
         skipped: samples left out, as (shard, key, reason): missing components under
-            ``missing: skip``, undecodable images and refused labels, JSON or ``.npy`` components
-            (:mod:`.labelchecks`) under ``on_error: skip``.
+            ``missing: skip``, repeated keys, undecodable images, refused labels, JSON or ``.npy``
+            components (:mod:`.labelchecks`) and the samples a damaged tar cut (key ``?``: those
+            after the damage) under ``on_error: skip``.
         converted: samples re-encoded into side shards, as (shard, key, reason).
         raw_bytes: total size of the given shard files (of remote ones when known).
         kinds: how each shard is read: ``file``, ``http``, ``cache`` (a cached ``pipe:``
@@ -143,8 +144,8 @@ def locate(name: str, cache_dir: Path, cache: ShardCache, *, check_locally: bool
         ShardError: the shard cannot be read or indexed; names it.
     """
     kind = url_kind(name)
-    if kind == "file":
-        idx, samples = load_index(name, cache_dir)
+    if kind == "file":  # checked locally (on_error: skip): a damaged tar's samples before the damage are read
+        idx, samples = load_index(name, cache_dir, salvage=check_locally)
         return Located("file", idx, samples, name, os.path.getsize(name))
     if kind == "pipe" or check_locally:
         path = cache.ensure(name)
@@ -204,7 +205,7 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         return ShardSet(found.paths, found.index_paths, found.sizes, found.skipped, found.converted, found.raw_bytes,
                         transfer=transfer, shuffle=shuffle, cache_dir=str(cache_dir))
     if record:  # every shard local: the missing indexes are built in parallel first
-        prepare_indexes(resolved, cache_dir)
+        prepare_indexes(resolved, cache_dir, salvage=policy == "skip")
     paths, idxs, sizes, kinds = [], [], [], []
     skipped: list[tuple[str, str, str]] = []
     converted: list[tuple[str, str, str]] = []
@@ -217,6 +218,7 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         for p in resolved[at: at + together]:
             where = locate(p, cache_dir, cache, check_locally=policy == "skip")
             raw += where.nbytes
+            skipped += [(p, key, reason) for key, reason in left_out(where.index)]  # repeated keys, damage
             kept = _complete(p, where.samples, spec, skipped)
             if label_fields and where.local:  # on_error: skip: samples whose label, JSON or .npy is refused left out
                 kept = labelchecks.drop_bad(p, where.local, kept, label_fields, cache_dir, skipped)
@@ -247,6 +249,10 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
                 idxs.append(index)
                 sizes.append(size)
                 kinds.append(kind)
+    if not paths and skipped:  # under skip, say why nothing is left, not "0 samples"
+        shard, key, reason = skipped[0]
+        raise ShardError(f"no sample of the {len(resolved)} shard(s) can be read: every one was left out "
+                         f"({len(skipped)} listed); the first: shard {shard!r}, sample {key!r}: {reason}")
     _check_kinds(paths, kinds)
     remote = any(k != "file" for k in kinds)
     if record:

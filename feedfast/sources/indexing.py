@@ -3,9 +3,10 @@
 :func:`prepare_indexes` leaves every shard with the index :func:`~feedfast.sources.index.load_index`
 would find, in the same place (beside the shard, else in the cache folder): the workers
 call ``load_index`` itself. Which shards need one is judged cheaply in this process (the
-index's modification time, first and last lines: :func:`fresh_index`), so a warm start
-reads no index whole here; a shard judged fresh that is not after all (a damaged middle
-line) is rebuilt by ``load_index`` when it is opened, as before.
+index's modification time, first and last lines, and the shard's content fingerprint when
+the index records one: :func:`fresh_index`), so a warm start reads no index whole here; a
+shard judged fresh that is not after all (a damaged middle line, an offset that misses its
+member's header) is rebuilt by ``load_index`` when it is opened, with a warning.
 
 Workers are processes running ``feedfast.sources.indexing.serve`` with feedfast's package
 loaded without its ``__init__`` (so without torch: a worker starts in about 0.1 s), started
@@ -33,7 +34,18 @@ from typing import IO, Callable, Iterable, Sequence
 from feedfast import _env
 from feedfast.errors import ShardError, UserError
 from feedfast.sources.decoders import read_message, write_message
-from feedfast.sources.index import INDEX_VERSION, cached_index_path, default_index_path, fresh_samples, load_index
+from feedfast.sources.index import (
+    INDEX_VERSION,
+    RepeatedKeyWarning,
+    cached_index_path,
+    default_index_path,
+    forget_warning,
+    fresh_samples,
+    load_index,
+    warn_once,
+)
+from feedfast.sources.indexcheck import shard_fingerprint
+from feedfast.sources.indexnotes import parse_header
 
 MAX_CHUNK = 32  # shards per message at most; fewer when there are few shards per worker
 TAIL_BYTES = 4096  # read from an index's end to find its last line (a line of a few components is ~150 bytes)
@@ -53,7 +65,7 @@ class Indexed:
 
 
 def prepare_indexes(paths: Sequence[str], cache_dir: Path, *, workers: int | None = None,
-                    progress: bool | None = None) -> None:
+                    progress: bool | None = None, salvage: bool = False) -> None:
     """Make sure every local shard in ``paths`` has a fresh index, building the missing ones in parallel.
 
     Args:
@@ -61,10 +73,13 @@ def prepare_indexes(paths: Sequence[str], cache_dir: Path, *, workers: int | Non
         cache_dir: feedfast's cache folder, where indexes go when a shard's folder is not writable.
         workers: processes to index in (default: the usable cores); 1 indexes here, one shard after another.
         progress: show a progress bar on stderr; None (default): when stderr is a terminal.
+        salvage: index a damaged tar's complete samples before the damage instead of failing
+            (``on_error: skip``; see :func:`~feedfast.sources.index.load_index`).
 
     Raises:
-        ShardError: a shard is missing, unreadable, not a tar, truncated or empty; names the
-            first such shard in ``paths`` and counts the others.
+        ShardError: a shard is missing, unreadable, compressed, empty, or (without ``salvage``)
+            not a tar, truncated or corrupt; names the first such shard in ``paths`` and counts
+            the others.
         UserError: ``workers`` is below 1.
     """
     if workers is not None and workers < 1:
@@ -80,24 +95,25 @@ def prepare_indexes(paths: Sequence[str], cache_dir: Path, *, workers: int | Non
         if count < 2:
             results = []
             for p in todo:
-                results.append(index_one(p, cache_dir))
+                results.append(index_one(p, cache_dir, salvage=salvage))
                 bar.update(1)
         else:
-            results = _Pool(count, cache_dir).run(chunked(todo, count), bar.update)
+            results = _Pool(count, cache_dir, salvage).run(chunked(todo, count), bar.update)
     _report(results, todo)
 
 
 def fresh_index(shard: str | os.PathLike[str], cache_dir: Path) -> Path | None:
     """The index :func:`~feedfast.sources.index.load_index` would use for ``shard``, judged without reading
-    it whole: as new as the shard, ``v1.2`` on its first line, and its last sample's data inside the shard.
-    None when there is none (or the shard is missing: ``load_index`` says so)."""
+    it whole: as new as the shard, ``v1.2`` on its first line with the shard's fingerprint if it records one,
+    and its last sample's data inside the shard. None when there is none (or the shard is missing:
+    ``load_index`` says so)."""
     try:
         st = os.stat(shard)
         candidates = (default_index_path(shard), cached_index_path(shard, cache_dir))
     except OSError:
         return None
     for index in candidates:
-        verdict = _looks_fresh(index, st)
+        verdict = _looks_fresh(index, st, shard)
         if verdict is None:  # its last line is not a sample: decide by reading it whole, as load_index does
             verdict = fresh_samples(shard, index) is not None
         if verdict:
@@ -116,20 +132,21 @@ def sample_count(shard: str, cache_dir: Path) -> int:
     return len(load_index(shard, cache_dir)[1])
 
 
-def _looks_fresh(index: Path, shard: os.stat_result) -> bool | None:
-    """Whether ``index`` is fresh for a shard of this stat, from its first and last lines; None when its
-    last line does not tell."""
+def _looks_fresh(index: Path, shard: os.stat_result, path: str | os.PathLike[str]) -> bool | None:
+    """Whether ``index`` is fresh for the shard at ``path`` of this stat, from its first and last lines; None
+    when its last line does not tell."""
     try:
         with open(index, "rb") as f:
             st = os.fstat(f.fileno())
             if st.st_mtime_ns < shard.st_mtime_ns:
                 return False
-            head = f.read(len(INDEX_VERSION) + 1)
+            head = f.readline()
             f.seek(max(0, st.st_size - TAIL_BYTES))
             tail = f.read()
-    except OSError:
-        return False
-    if head != f"{INDEX_VERSION} ".encode():
+        notes = parse_header(head.decode("utf-8").rstrip("\r\n"), INDEX_VERSION)
+        if notes.fingerprint and notes.fingerprint != shard_fingerprint(path, shard.st_size):
+            return False
+    except (OSError, UnicodeDecodeError, ValueError):
         return False
     lines = tail.rstrip(b"\n").rsplit(b"\n", 1)
     if len(lines) < 2:
@@ -148,17 +165,20 @@ def chunked(paths: list[str], workers: int) -> list[list[str]]:
     return [paths[i:i + size] for i in range(0, len(paths), size)]
 
 
-def index_one(path: str, cache_dir: Path) -> Indexed:
+def index_one(path: str, cache_dir: Path, *, salvage: bool = False) -> Indexed:
     """Index one shard with :func:`~feedfast.sources.index.load_index`, its warnings and failure as data."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            samples = len(load_index(path, cache_dir)[1])
+            samples = len(load_index(path, cache_dir, salvage=salvage)[1])
             error = ""
         except ShardError as exc:
             samples, error = 0, str(exc)
         except Exception as exc:  # noqa: BLE001 - raised again in the caller's process, naming the shard
             samples, error = 0, f"cannot index shard {path!r}: {type(exc).__name__}: {exc}"
+    for w in caught:  # caught here, not shown: _report raises them again (once)
+        if issubclass(w.category, RepeatedKeyWarning):
+            forget_warning(str(w.message))
     return Indexed(path, samples, tuple((w.category, str(w.message)) for w in caught), error)
 
 
@@ -168,7 +188,10 @@ def _report(results: Iterable[Indexed], order: list[str]) -> None:
     done = [by_path[p] for p in order]
     for r in done:
         for category, message in r.warned:
-            warnings.warn(message, category, stacklevel=3)
+            if issubclass(category, RepeatedKeyWarning):  # raised again when the shard is opened here: once
+                warn_once(message, category, stacklevel=3)
+            else:
+                warnings.warn(message, category, stacklevel=3)
     failed = [r for r in done if r.error]
     if failed:
         more = f" ({len(failed) - 1} more shard(s) could not be indexed: " + ", ".join(
@@ -179,8 +202,8 @@ def _report(results: Iterable[Indexed], order: list[str]) -> None:
 class _Pool:
     """Index worker processes, each given one chunk of shards at a time."""
 
-    def __init__(self, size: int, cache_dir: Path) -> None:
-        self.cache_dir = cache_dir
+    def __init__(self, size: int, cache_dir: Path, salvage: bool = False) -> None:
+        self.cache_dir, self.salvage = cache_dir, salvage
         boot = _BOOT.format(path=sys.path, package=list(sys.modules["feedfast"].__path__))
         self.workers = [subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
                         for _ in range(size)]
@@ -219,7 +242,7 @@ class _Pool:
         if pending:
             chunk = pending.popleft()
             try:
-                write_message(_pipe(w.stdin), (chunk, str(self.cache_dir)))
+                write_message(_pipe(w.stdin), (chunk, str(self.cache_dir), self.salvage))
             except OSError:
                 self._lost(w, chunk, done)
                 return
@@ -236,7 +259,7 @@ class _Pool:
 
     def _here(self, chunk: list[str], done: Callable[[int], object]) -> None:
         for path in chunk:
-            self.results.append(index_one(path, self.cache_dir))
+            self.results.append(index_one(path, self.cache_dir, salvage=self.salvage))
             done(1)
 
     def close(self) -> None:
@@ -259,13 +282,13 @@ def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
 
 
 def serve() -> None:
-    """An index worker's loop: (shards, cache folder) chunks on stdin, lists of :class:`Indexed` on stdout."""
+    """An index worker's loop: (shards, cache folder, salvage) chunks on stdin, lists of :class:`Indexed` on stdout."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle: it ends its workers
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the protocol
     while True:
         try:
-            chunk, cache_dir = read_message(sys.stdin.buffer)
+            chunk, cache_dir, salvage = read_message(sys.stdin.buffer)
         except EOFError:
             return
-        write_message(out, [index_one(p, Path(cache_dir)) for p in chunk])
+        write_message(out, [index_one(p, Path(cache_dir), salvage=salvage) for p in chunk])

@@ -8,8 +8,11 @@ is written to ``<cache>/opened/<digest>.json``, the digest covering everything t
 depends on: each shard's path, size and modification time, the components (names,
 extensions, kinds), ``missing``, the error policy, the pixel limit, the check's time limit and
 rules. The record also holds the size and modification time of every file the result names
-(indexes, side shards); a record whose files changed since is not used. Remote shards are
-never recorded (knowing they did not change costs a request each).
+(indexes, side shards), and of every shard its content fingerprint
+(:func:`~feedfast.sources.indexcheck.shard_fingerprint`: two small reads a shard), so a shard
+rewritten in place with the same size and modification time is caught: a record whose files
+changed since is not used, and the shards are opened afresh (their indexes checked against
+them). Remote shards are never recorded (knowing they did not change costs a request each).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from feedfast.sources.index import write_atomic
+from feedfast.sources.indexcheck import shard_fingerprint
 
-FORMAT = 1
+FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -39,9 +43,11 @@ class Opened:
     raw_bytes: int
 
 
-def _identity(path: str) -> list[Any]:
+def _identity(path: str, fingerprint: bool = False) -> list[Any]:
+    """(path, size, mtime), and the content fingerprint of a shard."""
     st = os.stat(path)
-    return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+    found = [os.path.abspath(path), st.st_size, st.st_mtime_ns]
+    return found + [shard_fingerprint(path, st.st_size)] if fingerprint else found
 
 
 def digest(shards: Sequence[str], settings: dict[str, Any]) -> str | None:
@@ -60,7 +66,7 @@ def load(cache_dir: Path, name: str) -> Opened | None:
     record = cache_dir / "opened" / f"{name}.json"
     try:
         data = json.loads(record.read_text(encoding="utf-8"))
-        if data["format"] != FORMAT or any(_identity(p) != list(i) for p, i in data["files"]):
+        if data["format"] != FORMAT or any(_identity(p, len(i) == 4) != list(i) for p, i in data["files"]):
             return None
         return Opened(tuple(data["paths"]), tuple(data["index_paths"]), tuple(data["sizes"]),
                       tuple(map(tuple, data["skipped"])), tuple(map(tuple, data["converted"])),  # type: ignore[arg-type]
@@ -71,11 +77,12 @@ def load(cache_dir: Path, name: str) -> Opened | None:
 
 def save(cache_dir: Path, name: str, opened: Opened) -> None:
     """Record a result (a failure to write costs only the next open's time)."""
-    files = sorted(set(opened.paths) | set(opened.index_paths))
+    shards = set(opened.paths) | {shard for shard, _, _ in opened.skipped}  # a shard all of whose samples are skipped
+    files = sorted(shards | set(opened.index_paths))
     try:
         data = {"format": FORMAT, "paths": opened.paths, "index_paths": opened.index_paths, "sizes": opened.sizes,
                 "skipped": opened.skipped, "converted": opened.converted, "raw_bytes": opened.raw_bytes,
-                "files": [(p, _identity(p)) for p in files]}
+                "files": [(p, _identity(p, p in shards)) for p in files]}
         write_atomic(cache_dir / "opened" / f"{name}.json", json.dumps(data))
     except OSError as exc:
         warnings.warn(f"cannot record the opened dataset in {cache_dir / 'opened'} ({exc}); the next open "

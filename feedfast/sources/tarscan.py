@@ -21,12 +21,19 @@ negative size, and, unlike :mod:`tarfile`, a tar that ends without an end-of-arc
 where the next header should be (a tar cut exactly at a member boundary; tarfile reads it
 as complete, and its last samples would be lost without a word). Bytes after the first
 end-of-archive block are not read, as tarfile does not read them.
+
+:func:`salvage_members` reads a damaged tar as far as it can: the members before the damage,
+and the damage itself (:class:`Damage`), so that a damaged shard costs only its damaged
+samples (``on_error: skip``). A compressed file (gzip, bzip2, xz, zstd: ``.tar.gz``, ``.tgz``) is
+refused by name under either: its members have no byte offsets to index, and random access into
+a gzip stream means decompressing it from the start (see :func:`compression_of`).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+from dataclasses import dataclass
 
 from feedfast.errors import ShardError
 from feedfast.sources.tarfields import ENCODING, first_bad_header, number, pax_records
@@ -40,23 +47,86 @@ EXTENDED = frozenset(b"xX")  # PAX extended header (X: Solaris's)
 DIRECTORY = ord("5")
 VERIFY_BATCH = 4096  # headers verified together (2 MiB of them)
 Found = tuple[str, int, int]  # (member name, data offset, size)
+# the magic bytes of the compressed formats tar files come in, and how to unpack each
+COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip -k {path}  (or: gzip -dc {path} > {stem}.tar)"),
+              (b"BZh", "bzip2", "bunzip2 -k {path}"),
+              (b"\xfd7zXZ\x00", "xz", "unxz -k {path}"),
+              (b"\x28\xb5\x2f\xfd", "zstd", "unzstd {path}"))
+
+
+@dataclass(frozen=True)
+class Damage:
+    """Where a tar stops being readable.
+
+    Attributes:
+        offset: the byte where the damage starts (a header that cannot be read, or the header
+            of a member whose data runs past the end of the file).
+        message: the error that names shard, offset and reason (as :func:`scan_members` raises it).
+        member: the name of the damaged member when its header could be read, else None (the
+            file is cut, or garbage stands where a header should be).
+    """
+
+    offset: int
+    message: str
+    member: str | None = None
 
 
 def scan_members(path: str) -> list[Found]:
     """(name, data offset, size) of every regular file in the tar at ``path``, in tar order.
 
     Raises:
-        ShardError: the file is missing, unreadable, not a tar, truncated or corrupt, or holds a
-            sparse member (see the module docstring); names the shard, and the offset where it
-            is damaged.
+        ShardError: the file is missing, unreadable, compressed, not a tar, truncated or corrupt,
+            or holds a sparse member (see the module docstring); names the shard, and the offset
+            where it is damaged.
     """
+    return _open_scan(path, salvage=False)[0]
+
+
+def salvage_members(path: str) -> tuple[list[Found], Damage | None]:
+    """The members :func:`scan_members` gives, or, in a damaged tar, the members whose headers and
+    data lie wholly before the damage, and the damage.
+
+    Raises:
+        ShardError: the file is missing, unreadable, compressed or holds a sparse member (no part
+            of it is damaged: it cannot be read as it is).
+    """
+    return _open_scan(path, salvage=True)
+
+
+def compression_of(head: bytes) -> tuple[str, str] | None:
+    """(format, the command that unpacks it) of a compressed file starting with ``head``; None for others."""
+    for magic, name, command in COMPRESSED:
+        if head.startswith(magic):
+            return name, command
+    return None
+
+
+def _compressed(path: str, head: bytes) -> ShardError | None:
+    found = compression_of(head)
+    if found is None:
+        return None
+    name, command = found
+    stem = path[: -len(".tar.gz")] if path.endswith(".tar.gz") else path.rsplit(".", 1)[0]
+    return ShardError(f"shard {path!r} is {name}-compressed: feedfast reads uncompressed tar files only (a "
+                      f"compressed tar has no byte offsets to index, and reading one sample means decompressing "
+                      f"the stream from its start); unpack it once: {command.format(path=path, stem=stem)}")
+
+
+def _open_scan(path: str, *, salvage: bool) -> tuple[list[Found], Damage | None]:
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size == 0:
-                raise ShardError(f"shard is not a readable tar file: {path!r} (empty file)")
+                error = ShardError(f"shard is not a readable tar file: {path!r} (empty file)")
+                if salvage:
+                    return [], Damage(0, str(error))
+                raise error
+            head = os.pread(f.fileno(), BLOCK, 0)
+            refused = _compressed(path, head) if len(head) < BLOCK or first_bad_header([head]) is not None else None
+            if refused is not None:  # a valid tar header whose name starts like a magic number is a tar
+                raise refused
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                return _Scan(view, size, path).run()
+                return _Scan(view, size, path).run(salvage=salvage)
     except FileNotFoundError as exc:
         raise ShardError(f"shard not found: {path!r}") from exc
     except PermissionError as exc:
@@ -85,7 +155,8 @@ class _Scan:
         self.headers: list[bytes] = []
         self.globals: dict[str, str] = {}
 
-    def run(self) -> list[Found]:
+    def run(self, *, salvage: bool = False) -> tuple[list[Found], Damage | None]:
+        """The members; at damage, raise (or, with ``salvage``, the members wholly before it and the damage)."""
         found: list[Found] = []
         pos = 0
         try:
@@ -97,28 +168,38 @@ class _Scan:
                 member, pos = step
                 if member is not None:
                     found.append(member)
+            self._verify(upto=pos)
         except _Damage as damage:
-            self._verify(upto=damage.offset)
-            raise self._error(damage) from None
-        self._verify(upto=pos)
-        return found
+            first = self._first_bad(upto=damage.offset) or damage  # an unverified header before it is the damage
+            if isinstance(first, _Sparse) or not salvage:
+                raise self._error(first) from None
+            kept = [m for m in found if m[1] - BLOCK < first.offset]
+            return kept, Damage(first.offset, str(self._error(first)), first.member)
+        return found, None
 
     def _error(self, damage: _Damage) -> ShardError:
         if isinstance(damage, _Sparse):
             return ShardError(f"shard {self.path!r} holds a GNU sparse member at offset {damage.offset} ({damage.reason}): "
                               "its data is not one byte range, so it cannot be indexed; write the tar without --sparse")
         if isinstance(damage, _Truncated):
-            return ShardError(f"shard is truncated: {self.path!r}: {damage.reason}")
+            return ShardError(f"shard is truncated: {self.path!r}: at offset {damage.offset}: {damage.reason}")
         if damage.offset == 0:
             return ShardError(f"shard is not a readable tar file: {self.path!r} ({damage.reason})")
         return ShardError(f"shard is truncated or corrupt: {self.path!r}: at offset {damage.offset}: {damage.reason}")
 
-    def _verify(self, upto: int) -> None:
-        """Raise for the first header kept, at or before offset ``upto``, whose checksum or number fields are
-        wrong; then forget them (headers are verified a batch at a time, so memory stays small)."""
+    def _first_bad(self, upto: int) -> _Damage | None:
+        """The first header kept, at or before offset ``upto``, whose checksum or number fields are wrong."""
         bad = first_bad_header(self.headers)
         if bad is not None and self.offsets[bad] <= upto:
-            raise self._error(_Damage(self.offsets[bad], NOT_A_HEADER))
+            return _Damage(self.offsets[bad], NOT_A_HEADER)
+        return None
+
+    def _verify(self, upto: int) -> None:
+        """Raise for the first bad header kept at or before offset ``upto`` (:meth:`_first_bad`); then forget
+        them (headers are verified a batch at a time, so memory stays small)."""
+        bad = self._first_bad(upto)
+        if bad is not None:
+            raise bad
         self.offsets.clear()
         self.headers.clear()
 
@@ -222,9 +303,10 @@ class _Scan:
         if kind not in REGULAR:
             return None, end
         if size < 0:
-            raise _Damage(pos, f"member {name!r} has a negative size ({size})")
+            raise _Damage(pos, f"member {name!r} has a negative size ({size})", member=name)
         if start + size > self.size:
-            raise _Truncated(pos, f"member {name!r} needs bytes up to {start + size} but the file has {self.size}")
+            raise _Truncated(pos, f"member {name!r} needs bytes up to {start + size} but the file has {self.size}",
+                             member=name)
         return (name, start, size), end
 
     @staticmethod
@@ -258,9 +340,9 @@ NOT_A_HEADER = "a block that is not a valid tar header (wrong checksum or number
 class _Damage(Exception):
     """Where and why a tar cannot be read (made into a ShardError naming the shard)."""
 
-    def __init__(self, offset: int, reason: str) -> None:
+    def __init__(self, offset: int, reason: str, member: str | None = None) -> None:
         super().__init__(reason)
-        self.offset, self.reason = offset, reason
+        self.offset, self.reason, self.member = offset, reason, member
 
 
 class _Sparse(_Damage):
