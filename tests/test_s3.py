@@ -26,6 +26,7 @@ import torch
 
 import feedfast
 from feedfast.errors import ShardError
+from feedfast.sources import remote_index as remote_index_module
 from feedfast.sources.index import format_index, scan_tar
 from feedfast.sources.remote import RemoteError, Transfer
 from feedfast.sources.remote_index import remote_index
@@ -152,7 +153,8 @@ def test_two_ranks_over_s3_read_the_local_ranges_and_a_shuffled_epoch_is_exact(s
     loader.close()
 
 
-def test_feedfasts_own_s3_reads_index_scan_sidecar_and_validators(local: list[str], s3: Any, tmp_path: Path) -> None:
+def test_feedfasts_own_s3_reads_index_scan_sidecar_and_validators(local: list[str], s3: Any, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     size, url = os.path.getsize(local[0]), "s3://bucket/train-0000.tar"
     transport = transport_for(url, FAST)
     found = transport.validators(url)
@@ -166,10 +168,16 @@ def test_feedfasts_own_s3_reads_index_scan_sidecar_and_validators(local: list[st
     for bucket in ("bucket", "indexed"):
         _, samples, got_size = remote_index(f"s3://{bucket}/train-0000.tar", tmp_path / "cache", FAST)
         assert samples == scan_tar(local[0]) and got_size == size
-    # the sidecar is what feedfast reads when there is one: one that lists two samples gives two
+    # the sidecar is what feedfast reads when there is one (the shard is not scanned) ...
+    with monkeypatch.context() as m:
+        m.setattr(remote_index_module, "scan_stream", lambda *a: pytest.fail("scanned despite a sidecar"))
+        _, samples, _ = remote_index("s3://indexed/train-0001.tar", tmp_path / "c1", FAST)
+    assert samples == scan_tar(local[1])
+    # ... once checked against the tar: one that lists two of its five samples is not trusted, the shard is scanned
     s3.put_object(Bucket="indexed", Key="train-0001.idx", Body=format_index(scan_tar(local[1])[:2]).encode())
-    _, samples, _ = remote_index("s3://indexed/train-0001.tar", tmp_path / "cache", FAST)
-    assert samples == scan_tar(local[1])[:2]
+    with pytest.warns(UserWarning, match=r"train-0001\.idx.*the tar goes on after the last member listed"):
+        _, samples, _ = remote_index("s3://indexed/train-0001.tar", tmp_path / "c2", FAST)
+    assert samples == scan_tar(local[1])
     s3.put_object(Bucket="indexed", Key="train-0001.idx", Body=format_index(scan_tar(local[1])).encode())
 
 

@@ -40,6 +40,7 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import SampleError
 from feedfast.loader.diagnose import HINT
 from feedfast.loader.pil_warnings import routed
+from feedfast.sources import schemes
 from feedfast.sources.assign import EpochPlan
 from feedfast.sources.checkworker import Failed, pool
 from feedfast.sources.dataset import ShardSet
@@ -48,7 +49,7 @@ from feedfast.sources.stream import StreamEpoch
 
 log = logging.getLogger("feedfast.dali")
 
-RESCUABLE_KINDS = ("file", "cache", "http", "s3", "gs")  # what the stream transport reads
+RESCUABLE_KINDS = schemes.RESCUABLE_KINDS  # what the stream transport reads (the registry's `rescue`)
 _MARK = "feedfast-rescue/1\n"
 
 Where = tuple[str, str]  # (shard, key)

@@ -4,8 +4,12 @@
 temporary file renamed into place) as ``<cache_dir>/shards/<sha1(url)>.tar`` and read from
 there; so are http(s) shards under ``on_error: skip``, whose images must be checked locally.
 
-A cached shard is trusted as long as it is there: a ``pipe:`` command is assumed to give
-the same bytes every time (delete the folder to refresh). Every use stamps the file's
+A shard is renamed into place only when its download is whole: a transport's stream ends
+only at the shard's end (an http body shorter than its ``Content-Length``, an object shorter
+than its size, is an error, retried from the start), so a dropped connection never leaves a
+short shard in the cache, and a later run downloads it again. A cached shard is trusted as
+long as it is there: a ``pipe:`` command is assumed to give the same bytes every time
+(delete the folder to refresh; a cut tar it gave is named as damaged when it is indexed). Every use stamps the file's
 access time, and after each download the least recently used shards are deleted until
 the folder holds at most ``limit`` bytes (``None``: no limit, the default). The shard just
 downloaded is never deleted, so one shard larger than the limit still works. A shard
@@ -23,11 +27,12 @@ import hashlib
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable, TypeVar
 
 from feedfast.errors import ShardError
+from feedfast.sources import schemes
 from feedfast.sources.remote import DEFAULT_TRANSFER, Transfer
 from feedfast.sources.transport import Transport, transport_for
 
@@ -41,6 +46,7 @@ class ShardCache(Transport):
     root: str
     limit: int | None = None
     transfer: Transfer = DEFAULT_TRANSFER
+    kind: schemes.Kind = field(default=schemes.CACHE, init=False, repr=False)
 
     def path_for(self, url: str) -> Path:
         """Where ``url`` is (or will be) cached."""

@@ -37,11 +37,10 @@ from feedfast.sources.indexing import prepare_indexes
 from feedfast.sources.order import BlockShuffle
 from feedfast.sources.remote import DEFAULT_TRANSFER, Transfer, url_kind
 from feedfast.sources.remote_index import remote_index
+from feedfast.sources.schemes import STREAM_KINDS  # kinds DALI's reader cannot open, from the one registry
 from feedfast.sources.shardlist import resolve_shards
 from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 from feedfast.spec.model import Spec
-
-STREAM_KINDS = ("http", "cache")
 
 
 @dataclass(frozen=True)

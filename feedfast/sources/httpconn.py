@@ -7,6 +7,11 @@ reader thread keeps one connection per host. A request that fails on a reused co
 failures are left to the caller's retries. Responses that are not 200 or 206 raise
 ``urllib.error.HTTPError``, as urllib would. Redirects and proxies (``HTTP(S)_PROXY``)
 are left to urllib: :func:`usable` says when this path applies.
+
+Every request runs under a :class:`~feedfast.sources.deadline.Deadline` (its socket is cut
+when the time is up: a trickling server cannot hold it), and a body is read only up to the
+bytes asked for: the rest of a larger answer is never read, and its connection is dropped
+instead of kept.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from email.message import Message
+
+from feedfast.sources.deadline import Deadline
 
 _local = threading.local()
 
@@ -30,34 +37,42 @@ def usable(url: str) -> bool:
     return parts.scheme not in proxies or bool(urllib.request.proxy_bypass(parts.hostname or ""))
 
 
-def get(url: str, headers: dict[str, str], timeout: float, full_limit: int | None = None) -> tuple[int, Message, bytes]:
-    """GET ``url`` on this thread's connection to its host: (status, headers, body).
+def get(url: str, headers: dict[str, str], timeout: float, deadline: Deadline, *, limit: int,
+        full_limit: int | None = None, full_seconds: float | None = None,
+        method: str = "GET") -> tuple[int, Message, bytes]:
+    """GET (or HEAD) ``url`` on this thread's connection to its host: (status, headers, body).
 
-    When the answer is a whole body (200) and ``full_limit`` is set, only that many bytes
-    are read and the connection is dropped: a server that ignores ``Range`` is not read to
-    the end of a large shard.
+    At most ``limit`` bytes of a 206 body are read, and ``full_limit`` (default ``limit``) of a
+    200 one (a server that ignores ``Range`` sends the whole shard; ``full_seconds`` is then
+    the deadline); when more follows, the connection is dropped, unread. A short body is
+    returned short: the caller compares it with what it asked for.
+
+    Raises:
+        TimeoutError: the deadline passed.
+        urllib.error.HTTPError: the status is not 200 or 206.
+        http.client.HTTPException, OSError: the request failed.
     """
     parts = urllib.parse.urlsplit(url)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     conns: dict[tuple[str, str], http.client.HTTPConnection] = _local.__dict__.setdefault("conns", {})
     key = (parts.scheme, parts.netloc)
     for attempt in range(2):
         conn = conns.pop(key, None)
         reused = conn is not None
         if conn is None:
-            cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-            conn = cls(parts.netloc, timeout=timeout)
+            conn = _connection(parts, timeout)
         try:
-            conn.request("GET", target, headers=headers)
-            resp = conn.getresponse()
-            limit = full_limit if resp.status == 200 else None
-            body = resp.read() if limit is None else resp.read(limit)
+            resp = _send(conn, parts, headers, deadline, method)
+            if resp.status == 200 and full_seconds is not None:
+                deadline.extend(full_seconds)
+            body = resp.read(limit if resp.status == 206 else full_limit or limit)
+            deadline.check()  # a body cut by the watchdog reads as short: say why
         except (http.client.HTTPException, OSError):
             conn.close()
+            deadline.check()
             if reused and attempt == 0:
                 continue  # closed by the server while idle: once more on a fresh connection
             raise
-        if limit is None and not resp.will_close:
+        if resp.isclosed() and not resp.will_close:  # the whole body read: the connection can serve the next one
             conns[key] = conn
         else:
             conn.close()
@@ -66,3 +81,41 @@ def get(url: str, headers: dict[str, str], timeout: float, full_limit: int | Non
         return resp.status, resp.headers, body
     raise AssertionError("unreachable")
 
+
+def open_stream(url: str, headers: dict[str, str], timeout: float,
+                deadline: Deadline) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """GET ``url`` on a fresh connection of its own (a whole shard holds it a long time): the
+    connection, to close after, and the response, its body unread.
+
+    Raises:
+        TimeoutError, urllib.error.HTTPError, http.client.HTTPException, OSError: as :func:`get`.
+    """
+    parts = urllib.parse.urlsplit(url)
+    conn = _connection(parts, timeout)
+    try:
+        resp = _send(conn, parts, headers, deadline)
+    except (http.client.HTTPException, OSError):
+        conn.close()
+        deadline.check()
+        raise
+    if resp.status != 200:
+        conn.close()
+        raise urllib.error.HTTPError(url, resp.status, resp.reason, resp.headers, None)
+    return conn, resp
+
+
+def _connection(parts: urllib.parse.SplitResult, timeout: float) -> http.client.HTTPConnection:
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    return cls(parts.netloc, timeout=timeout)
+
+
+def _send(conn: http.client.HTTPConnection, parts: urllib.parse.SplitResult, headers: dict[str, str],
+          deadline: Deadline, method: str = "GET") -> http.client.HTTPResponse:
+    """Send the request under ``deadline`` (its socket bound to it) and read the status and headers."""
+    if conn.sock is None:
+        conn.connect()  # bounded by the socket timeout; bound to the deadline from here on
+    deadline.bind(conn.sock)
+    deadline.check()
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn.request(method, target, headers=headers)
+    return conn.getresponse()

@@ -11,7 +11,8 @@ are the clients' own settings (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...)
 from __future__ import annotations
 
 import http.client
-from typing import IO, Any, Callable, TypeVar
+import io
+from typing import IO, Any, Callable, TypeVar, cast
 
 from feedfast.errors import ShardError
 from feedfast.sources.remote import RemoteError
@@ -41,13 +42,34 @@ def _filesystem(url: str) -> tuple[Any, str]:
 
 
 def read(url: str, consume: Callable[[IO[bytes]], T]) -> T:
-    """Open ``url`` with fsspec and hand the stream to ``consume``."""
+    """Open ``url`` with fsspec and hand the stream to ``consume``; a stream that ends before the
+    object's size is an IncompleteRead (retried by the caller), never a shorter shard."""
     fs, path = _filesystem(url)
     try:
         with fs.open(path, "rb") as f:
-            return consume(f)
+            return consume(cast(IO[bytes], _Whole(f, getattr(f, "size", None))))
     except FileNotFoundError as exc:
         raise _not_found(url) from exc
+
+
+class _Whole(io.RawIOBase):
+    """A file that must give ``size`` bytes before its end (None: not known)."""
+
+    def __init__(self, f: Any, size: int | None) -> None:
+        super().__init__()
+        self._f, self._size, self._got = f, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._f.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        self._got += n
+        if n == 0 and len(buffer) and self._size is not None and self._got < self._size:
+            raise http.client.IncompleteRead(b"", self._size - self._got)
+        return n
 
 
 def read_range(url: str, offset: int, size: int) -> bytes:

@@ -9,16 +9,30 @@ shards through :func:`feedfast.sources.transport.transport_for`, which picks the
 
 Connection errors, timeouts, truncated bodies and HTTP 5xx and 429 answers are retried
 ``Transfer.retries`` times, waiting ``backoff``, 2x, 4x ... seconds; any other status, and
-the last failure, raise :class:`RemoteError` (a ``ShardError``) naming the URL and the
-status. A ``pipe:`` command that exits non-zero is not retried: the error names the command
-and the tail of its stderr. A server that ignores ``Range`` (answers 200) is read through
-up to the wanted bytes: correct, but slow for large shards.
+the last failure, raise :class:`RemoteError` (a ``ShardError``) naming the URL, the byte
+range and the status. A ``pipe:`` command that exits non-zero is not retried: the error
+names the command and the tail of its stderr. A server that ignores ``Range`` (answers
+200) is read through up to the wanted bytes: correct, but slow for large shards.
+
+What a server cannot do to a read:
+
+- hold it: every request (connection, headers, body) ends within ``Transfer.budget`` of
+  its bytes (``deadline`` plus the bytes at ``min_rate``), enforced by cutting its socket
+  (:mod:`.deadline`), not only per socket read: a server trickling 4 bytes a second fails
+  the request at its deadline, and the request is retried;
+- flood it: a ranged read takes at most the bytes it asked for, whatever the answer's size
+  (a 206 of 300 MB for a 16-byte range is read for 16 bytes, after its ``Content-Range`` is
+  checked to start at the offset asked, and its connection dropped);
+- shorten it: a body shorter than asked (a range) or than its ``Content-Length`` (a whole
+  shard, :class:`Body`) is an ``IncompleteRead``, retried; Python's ``read(n)`` alone returns
+  such a body short without an error.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import io
 import shutil
 import subprocess
 import tempfile
@@ -26,15 +40,16 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Iterator, TypeVar
+from email.message import Message
+from typing import IO, Any, Callable, Iterator, TypeVar, cast
 
 from feedfast.errors import ShardError
-from feedfast.sources import httpconn
+from feedfast.sources import httpconn, schemes
+from feedfast.sources.deadline import Deadline
 
 T = TypeVar("T")
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
-_SCHEMES = {"http://": "http", "https://": "http", "pipe:": "pipe", "s3://": "s3", "gs://": "gs"}
 _CHUNK = 1 << 20
 
 
@@ -48,23 +63,44 @@ class RemoteError(ShardError):
 
 @dataclass(frozen=True)
 class Transfer:
-    """How remote reads behave: a timeout per request, retries and their first backoff (seconds)."""
+    """How remote reads behave (seconds, bytes per second).
+
+    Attributes:
+        timeout: the longest wait for one socket read (and for a connection).
+        retries, backoff: retries of a failed read, the first wait between them (doubling).
+        deadline, min_rate: every request ends within ``deadline`` plus its bytes at
+            ``min_rate`` (:meth:`budget`), whatever the server does: a server that trickles
+            bytes answers every read in time but not the request.
+    """
 
     timeout: float = 30.0
     retries: int = 3
     backoff: float = 0.5
+    deadline: float = 60.0
+    min_rate: float = 256 * 1024
+
+    def budget(self, nbytes: int) -> float:
+        """Seconds a request for ``nbytes`` bytes may take, all of it (connection, headers, body)."""
+        return self.deadline + max(0, nbytes) / self.min_rate
 
 
 DEFAULT_TRANSFER = Transfer()
 
 
 def url_kind(url: str) -> str:
-    """``file``, ``http``, ``pipe``, ``s3`` or ``gs``: how a shard name is read."""
-    return next((kind for prefix, kind in _SCHEMES.items() if url.startswith(prefix)), "file")
+    """``file``, ``http``, ``pipe``, ``s3`` or ``gs``: how a shard name is read (:func:`.schemes.url_kind`).
+
+    Raises:
+        ShardError: a scheme no transport reads; names it and the supported ones.
+    """
+    return schemes.url_kind(url)
 
 
-def retrying(url: str, transfer: Transfer, action: Callable[[], T]) -> T:
-    """Run ``action``, retrying transient network failures; translate them into RemoteError."""
+def retrying(url: str, transfer: Transfer, action: Callable[[], T], where: str = "") -> T:
+    """Run ``action``, retrying transient network failures; translate them into RemoteError.
+
+    ``where`` follows the URL in messages (`` at bytes 0-511``).
+    """
     for attempt in range(transfer.retries + 1):
         last = attempt == transfer.retries
         try:
@@ -72,12 +108,12 @@ def retrying(url: str, transfer: Transfer, action: Callable[[], T]) -> T:
         except urllib.error.HTTPError as exc:
             if exc.code not in RETRY_STATUS or last:
                 tries = f" after {attempt + 1} tries" if attempt else ""
-                raise RemoteError(f"cannot read shard {url!r}: HTTP {exc.code} {exc.reason}{tries}",
+                raise RemoteError(f"cannot read shard {url!r}{where}: HTTP {exc.code} {exc.reason}{tries}",
                                   url=url, status=exc.code) from exc
         except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
             if last:
                 reason = getattr(exc, "reason", None) or exc
-                raise RemoteError(f"cannot read shard {url!r} after {attempt + 1} tries: "
+                raise RemoteError(f"cannot read shard {url!r}{where} after {attempt + 1} tries: "
                                   f"{type(exc).__name__}: {reason}", url=url) from exc
         time.sleep(transfer.backoff * 2**attempt)
     raise AssertionError("unreachable")
@@ -88,49 +124,80 @@ def _http(url: str, transfer: Transfer, headers: dict[str, str] | None = None, m
     return urllib.request.urlopen(req, timeout=transfer.timeout)  # noqa: S310 - http(s) only, checked by kind
 
 
+def _socket_of(resp: Any) -> Any:
+    """The socket under a urllib response (None if it cannot be found): what a deadline cuts."""
+    return getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
+
+
 def fetch_range(url: str, offset: int, size: int, transfer: Transfer = DEFAULT_TRANSFER) -> bytes:
     """``size`` bytes of an http(s) shard at ``offset``, by a ``Range`` request (retried).
 
     Requests go over this thread's kept-alive connection (:mod:`.httpconn`), or through
-    urllib when a proxy is configured or the server redirects.
+    urllib when a proxy is configured or the server redirects. Each one ends within
+    ``transfer.budget(size)`` seconds, and reads at most ``size`` bytes of the answer (of a
+    200 answer, which ignored ``Range``, the bytes up to the range's end).
+
+    Raises:
+        RemoteError: the bytes cannot be read (after the retries), the server answered
+            another range, or the shard ends before them; names the URL and the byte range.
     """
     if size <= 0:
         return b""
-    headers = {"User-Agent": "feedfast", "Range": f"bytes={offset}-{offset + size - 1}"}
+    end = offset + size - 1
+    headers = {"User-Agent": "feedfast", "Range": f"bytes={offset}-{end}"}
 
     def once() -> bytes:
-        if httpconn.usable(url):
-            try:
-                status, got, body = httpconn.get(url, headers, transfer.timeout, full_limit=offset + size)
-                return _cut(url, status, got.get("Content-Range", ""), body, offset, size)
-            except urllib.error.HTTPError as exc:
-                if exc.code not in _REDIRECTS:
-                    raise
-        with _http(url, transfer, headers) as resp:
-            if resp.status == 206:
-                return _cut(url, 206, resp.headers.get("Content-Range", ""), resp.read(size), offset, size)
-            _skip(resp, offset)  # the server ignored Range: read through to the wanted bytes
-            return _cut(url, resp.status, "", resp.read(size), 0, size)
+        with Deadline(transfer.budget(size), f"GET of bytes {offset}-{end} of {url}") as deadline:
+            if httpconn.usable(url):
+                try:
+                    status, got, body = httpconn.get(url, headers, transfer.timeout, deadline, limit=size,
+                                                     full_limit=offset + size,
+                                                     full_seconds=transfer.budget(offset + size))
+                    return _cut(url, status, got.get("Content-Range", ""), body, offset, size)
+                except urllib.error.HTTPError as exc:
+                    if exc.code not in _REDIRECTS:
+                        raise
+            with _http(url, transfer, headers) as resp:
+                deadline.bind(_socket_of(resp))
+                if resp.status == 206:
+                    body = resp.read(size)
+                    deadline.check()
+                    return _cut(url, 206, resp.headers.get("Content-Range", ""), body, offset, size)
+                deadline.extend(transfer.budget(offset + size))
+                _skip(resp, offset)  # the server ignored Range: read through to the wanted bytes
+                body = resp.read(size)
+                deadline.check()
+                return _cut(url, resp.status, "", body, 0, size)
 
-    return retrying(url, transfer, once)
+    return retrying(url, transfer, once, where=f" at bytes {offset}-{end}")
 
 
 def _cut(url: str, status: int, content_range: str, body: bytes, offset: int, size: int) -> bytes:
-    """The wanted bytes of a 206 (starting at ``offset``) or of a whole body (``body[offset:]``)."""
+    """The wanted bytes of a 206 (starting at ``offset``) or of a whole body (``body[offset:]``).
+
+    A 206 must start at ``offset`` (its ``Content-Range``); a longer one was read only up to
+    ``size`` bytes. A body shorter than asked is an IncompleteRead (retried), unless the
+    ``Content-Range`` says the shard itself ends first (a RemoteError, not retried).
+    """
     if status == 206:
-        _check_content_range(url, content_range, offset)
+        _check_content_range(url, content_range, offset, size)
         data = body[:size]
     else:
         data = body[offset:offset + size]
     if len(data) != size:
-        raise http.client.IncompleteRead(data, size - len(data))
+        raise ShortBody(len(data), size, "answer to the range asked")
     return bytes(data)
 
 
-def _check_content_range(url: str, header: str, offset: int) -> None:
-    start = header.removeprefix("bytes ").split("-", 1)[0]
-    if start.strip().isdigit() and int(start) != offset:
+def _check_content_range(url: str, header: str, offset: int, size: int) -> None:
+    """A 206's ``Content-Range`` (``bytes a-b/total``) must start at ``offset``, and the shard reach ``offset + size``."""
+    span, _, total = header.removeprefix("bytes ").partition("/")
+    start = span.split("-", 1)[0].strip()
+    if start.isdigit() and int(start) != offset:
         raise RemoteError(f"server answered range {header!r} of {url!r}, not offset {offset}", url=url, status=206)
+    if total.strip().isdigit() and int(total) < offset + size:
+        raise RemoteError(f"shard is truncated: {url!r} has {int(total)} bytes, it ends before byte {offset + size} "
+                          f"(bytes {offset}-{offset + size - 1} asked)", url=url, status=206)
 
 
 def _skip(stream: IO[bytes], count: int) -> None:
@@ -141,19 +208,77 @@ def _skip(stream: IO[bytes], count: int) -> None:
         count -= got
 
 
-def http_stream(url: str, consume: Callable[[IO[bytes]], T], transfer: Transfer = DEFAULT_TRANSFER) -> T:
-    """GET an http(s) shard and hand the body to ``consume``; the whole read is retried.
+class ShortBody(http.client.IncompleteRead):
+    """An answer that ended before the bytes it promised or was asked for (the server dropped the connection)."""
 
-    A failure mid-stream (a dropped connection, a truncated body) retries from the start,
-    so ``consume`` must not keep state between calls.
+    def __init__(self, got: int, expected: int, what: str = "body") -> None:
+        super().__init__(b"", expected - got)
+        self.got, self.expected, self.what = got, expected, what
+
+    def __str__(self) -> str:
+        return f"the {self.what} ended after {self.got} of its {self.expected} bytes (the connection was dropped)"
+
+    __repr__ = __str__
+
+
+class Body(io.RawIOBase):
+    """An http body as a forward stream that ends only where its ``Content-Length`` says.
+
+    Python's ``read(n)`` returns short, without an error, when the server drops the
+    connection; here a body that ends early is an ``IncompleteRead`` (retried by the
+    caller), never a shorter shard. Each read pushes the request's deadline to the bytes so
+    far at ``transfer.min_rate``, so a long download is bounded and a trickle is stopped.
+    """
+
+    def __init__(self, resp: Any, transfer: Transfer, deadline: Deadline) -> None:
+        super().__init__()
+        self._resp, self._transfer, self._deadline = resp, transfer, deadline
+        self.expected: int | None = resp.length  # None when chunked or closed-delimited
+        self.got = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        wanted = len(buffer) if self.expected is None else min(len(buffer), self.expected - self.got)
+        self._deadline.extend(self._transfer.budget(self.got + wanted))
+        try:
+            n = self._resp.readinto(buffer)
+        except (http.client.HTTPException, OSError):
+            self._deadline.check()
+            raise
+        self._deadline.check()
+        self.got += n
+        if n == 0 and len(buffer) and self.expected is not None and self.got < self.expected:
+            raise ShortBody(self.got, self.expected, "body (its Content-Length)")
+        return n
+
+
+def http_stream(url: str, consume: Callable[[IO[bytes]], T], transfer: Transfer = DEFAULT_TRANSFER) -> T:
+    """GET an http(s) shard and hand the body (a :class:`Body`) to ``consume``; the whole read is retried.
+
+    A failure mid-stream (a dropped connection, a body shorter than its ``Content-Length``,
+    the deadline) retries from the start, so ``consume`` must not keep state between calls.
 
     Raises:
         RemoteError: the shard cannot be read; names the URL and the HTTP status.
     """
+    headers = {"User-Agent": "feedfast"}
 
     def once() -> T:
-        with _http(url, transfer) as resp:
-            return consume(resp)
+        with Deadline(transfer.budget(0), f"GET of {url}") as deadline:
+            if httpconn.usable(url):
+                try:
+                    conn, resp = httpconn.open_stream(url, headers, transfer.timeout, deadline)
+                except urllib.error.HTTPError as exc:
+                    if exc.code not in _REDIRECTS:
+                        raise
+                else:
+                    with contextlib.closing(conn):
+                        return consume(cast(IO[bytes], Body(resp, transfer, deadline)))
+            with _http(url, transfer, headers) as resp:
+                deadline.bind(_socket_of(resp))
+                return consume(cast(IO[bytes], Body(resp, transfer, deadline)))
 
     return retrying(url, transfer, once)
 
@@ -161,7 +286,7 @@ def http_stream(url: str, consume: Callable[[IO[bytes]], T], transfer: Transfer 
 @contextlib.contextmanager
 def open_pipe(url: str) -> Iterator[IO[bytes]]:
     """The stdout of a ``pipe:CMD`` shard; a non-zero exit is a ShardError with stderr's tail."""
-    cmd = url.removeprefix("pipe:")
+    cmd = url[len(schemes.PIPE.prefixes[0]):]
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=err)  # noqa: S602 - the user's command
         assert proc.stdout is not None
@@ -191,9 +316,20 @@ def http_validators(url: str, transfer: Transfer = DEFAULT_TRANSFER) -> dict[str
 
     Empty when ``HEAD`` is refused (403, 405, 501).
     """
+    def once() -> Message:
+        with Deadline(transfer.budget(0), f"HEAD of {url}") as deadline:
+            if httpconn.usable(url):
+                try:
+                    return httpconn.get(url, {"User-Agent": "feedfast"}, transfer.timeout, deadline, limit=0,
+                                        method="HEAD")[1]
+                except urllib.error.HTTPError as exc:
+                    if exc.code not in _REDIRECTS:
+                        raise
+            with _http(url, transfer, method="HEAD") as resp:
+                return resp.headers  # type: ignore[no-any-return]
+
     try:
-        with retrying(url, transfer, lambda: _http(url, transfer, method="HEAD")) as resp:
-            headers = resp.headers
+        headers = retrying(url, transfer, once)
     except RemoteError as exc:
         if exc.status in (403, 405, 501):  # HEAD refused (a URL signed for GET gives 403): GET will tell
             return {}

@@ -3,7 +3,19 @@
 For ``https://host/train-0001.tar`` feedfast first tries ``https://host/train-0001.idx`` (the
 ``v1.2`` format that ``feedfast shards index`` and DALI's ``wds2idx`` write). When there is
 none (HTTP 404, 403 or 410) or it does not describe the shard, the tar is streamed once
-through Python's :mod:`tarfile` (PAX-safe), which costs one full read of the shard.
+into a temporary file beside the cached indexes and its headers read by feedfast's own tar
+scanner (:func:`feedfast.sources.index.scan_tar`), as a local shard's are: a remote tar
+that is cut short (even exactly at a member boundary), corrupt or sparse is the same error,
+naming the URL; this costs one full read of the shard.
+
+A sidecar is checked before it is trusted, with one ranged read or two: its first member and
+its last must sit right after their own tar headers (:mod:`.memberheader`: a valid header of
+a regular file of that size, named for that sample), and the block after the last member's
+data must end the archive (or be a header of no file), so an index that lists only the first
+half of a shard, that belongs to another shard or an older version, or whose offsets are
+shifted, is not used (a warning says why, and the shard is scanned). The samples between
+are checked as they are read, for the price of the 512 bytes before each read
+(:class:`feedfast.sources.feeder.BatchFeeder`).
 
 Either way the index is cached as ``<cache_dir>/remote-index/<sha1>.idx``, the hash taken
 over the URL and the shard's validators (ETag, Last-Modified, Content-Length from a ``HEAD``;
@@ -16,17 +28,34 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tarfile
+import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 from typing import IO
 
 from feedfast.errors import ShardError
-from feedfast.sources.index import Sample, data_end, format_index, group_members, member_of, parse_index, write_atomic
+from feedfast.sources.index import (
+    RepeatedKeyWarning,
+    Sample,
+    data_end,
+    format_index,
+    parse_index,
+    repeated_message,
+    scan_tar,
+    split_duplicates,
+    warn_once,
+    write_atomic,
+)
+from feedfast.sources.memberheader import BLOCK, first_problem
 from feedfast.sources.remote import DEFAULT_TRANSFER, RemoteError, Transfer
+from feedfast.sources.tarscan import padded
 from feedfast.sources.transport import Transport, transport_for
 
 SIDECAR_MISSING = frozenset({403, 404, 410})
+_ONE_READ = 256 * 1024  # the sidecar check reads the last member whole when it is smaller than this
+_NO_FILE_TYPES = frozenset(b"1234568")  # headers of links, devices, folders, FIFOs: no data a sample could hold
 
 
 def sidecar_url(url: str) -> str:
@@ -38,7 +67,8 @@ def remote_index(url: str, cache_dir: Path, transfer: Transfer = DEFAULT_TRANSFE
     """The cached index of a remote shard, its samples, and its size in bytes (0 when unknown).
 
     Raises:
-        ShardError: the shard cannot be read, is not a tar, or holds no samples; names the URL.
+        ShardError: the shard cannot be read, is not a tar, is damaged (cut, corrupt), or holds
+            no samples; names the URL.
     """
     transport = transport_for(url, transfer)
     found = transport.validators(url)
@@ -52,11 +82,13 @@ def remote_index(url: str, cache_dir: Path, transfer: Transfer = DEFAULT_TRANSFE
         except (ShardError, ValueError, IndexError, UnicodeDecodeError) as exc:
             warnings.warn(f"rebuilding the unreadable cached index {str(cached)!r} of {url!r}: {exc}", stacklevel=2)
     found_samples = _sidecar(url, transport, size)
-    samples = found_samples if found_samples is not None else transport.stream(url, lambda f: scan_stream(f, url))
-    if not samples:
+    if found_samples is None:
+        folder = cached.parent
+        found_samples = transport.stream(url, lambda f: scan_stream(f, url, folder))
+    if not found_samples:
         raise ShardError(f"shard holds no samples: {url!r}")
-    write_atomic(cached, format_index(samples))
-    return cached, samples, size or data_end(samples)
+    write_atomic(cached, format_index(found_samples))
+    return cached, found_samples, size or data_end(found_samples)
 
 
 def _size(found: dict[str, str]) -> int:
@@ -83,23 +115,76 @@ def _sidecar(url: str, transport: Transport, size: int) -> list[Sample] | None:
         warnings.warn(f"ignoring the index {where!r}: not a v1.2 webdataset index ({exc}); scanning {url!r}",
                       stacklevel=3)
         return None
-    if not samples or (size and data_end(samples) > size):
-        warnings.warn(f"ignoring the index {where!r}: it does not describe {url!r} ({len(samples)} samples, "
-                      f"data up to byte {data_end(samples)}, shard size {size or 'unknown'}); scanning the shard",
+    why = _mismatch(url, transport, samples, size)
+    if why is not None:
+        warnings.warn(f"ignoring the index {where!r}: it does not describe {url!r} ({why}); scanning the shard",
                       stacklevel=3)
         return None
     return samples
 
 
-def scan_stream(stream: IO[bytes], name: str) -> list[Sample]:
-    """Read a tar's headers from a forward-only stream and group its files into samples.
+def _mismatch(url: str, transport: Transport, samples: list[Sample], size: int) -> str | None:
+    """Why ``samples`` (a sidecar's) do not describe the shard, from its first and last members' headers
+    and the block after the last one (see the module docstring); None when they do."""
+    if not samples or not all(s.members for s in samples):
+        return f"{len(samples)} samples, some with no member"
+    end = data_end(samples)
+    if size and end > size:
+        return f"data up to byte {end}, shard size {size}"
+    first, last = samples[0].members[0], samples[-1].members[-1]
+    if min(first.offset, last.offset) < BLOCK or min(first.size, last.size) < 0:
+        return f"a member at offset {min(first.offset, last.offset)}, where no header fits before it"
+    tail = padded(last.offset + last.size)
+    if size and tail + BLOCK > size:
+        return f"the shard ends at byte {size}, with no end-of-archive block after the last member listed"
+    try:
+        first_block = transport.read_range(url, first.offset - BLOCK, BLOCK)
+        if tail + BLOCK - (last.offset - BLOCK) <= _ONE_READ:
+            span = transport.read_range(url, last.offset - BLOCK, tail + BLOCK - (last.offset - BLOCK))
+            last_block, after = span[:BLOCK], span[-BLOCK:]
+        else:
+            last_block = transport.read_range(url, last.offset - BLOCK, BLOCK)
+            after = transport.read_range(url, tail, BLOCK)
+    except RemoteError as exc:
+        if exc.status not in (206, 416):  # the shard cannot be read: a scan would fail the same way
+            raise
+        return str(exc)  # the shard ends before the bytes asked for
+    except ShardError as exc:
+        return str(exc)
+    found = first_problem([first_block, last_block], [samples[0].key, samples[-1].key], [first.size, last.size])
+    if found is not None:
+        member = (first, last)[found[0]]
+        return f"member {member.name!r} at offset {member.offset}: {found[1]}"
+    if any(after) and after[156] not in _NO_FILE_TYPES:
+        return f"the tar goes on after the last member listed (a header at offset {tail})"
+    return None
+
+
+def scan_stream(stream: IO[bytes], name: str, folder: Path | None = None) -> list[Sample]:
+    """Read a tar from a forward-only stream and group its files into samples, as a local shard's are.
+
+    The stream is copied to a temporary file in ``folder`` (the system's temporary folder when
+    None), read by :func:`~feedfast.sources.index.scan_tar` (feedfast's tar scanner), and
+    deleted. A key that comes back later in the tar keeps its first sample only, with the
+    warning local shards get.
 
     Raises:
-        ShardError: the stream is not a tar or ends inside a header; names ``name``.
+        ShardError: the stream is not a tar, or is cut short or corrupt (see :mod:`.tarscan`);
+            names ``name`` and the offset.
     """
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".scan-", suffix=".tar", dir=folder)
     try:
-        with tarfile.open(fileobj=stream, mode="r|") as tar:
-            members = [member_of(info) for info in tar if info.isreg()]
-    except tarfile.ReadError as exc:
-        raise ShardError(f"shard is not a readable tar file: {name!r} ({exc})") from exc
-    return group_members(members)
+        with os.fdopen(fd, "wb") as out:
+            shutil.copyfileobj(stream, out, 1 << 20)
+        try:
+            samples = scan_tar(tmp, keep_duplicates=True)
+        except ShardError as exc:  # named for the URL, not the temporary copy
+            raise ShardError(str(exc).replace(repr(tmp), repr(name)).replace(tmp, name)) from exc
+    finally:
+        os.unlink(tmp)
+    unique, repeated = split_duplicates(samples)
+    if repeated:
+        warn_once(repeated_message(name, [s.key for s in repeated]), RepeatedKeyWarning, stacklevel=3)
+    return unique

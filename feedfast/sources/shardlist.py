@@ -1,7 +1,9 @@
 """Shard lists: globs, brace patterns, list files, comma-separated lists -> shard paths and URLs.
 
-Remote entries (``http(s)://``, ``pipe:``, ``s3://``, ``gs://``) are brace-expanded and kept
-as given: no glob, no existence check (they are checked when indexed). A ``pipe:`` entry
+Remote entries (``http(s)://``, ``pipe:``, ``s3://``, ``gs://``: the prefixes the transports
+declare, :data:`feedfast.sources.schemes.REMOTE_PREFIXES`) are brace-expanded and kept as
+given: no glob, no existence check (they are checked when indexed); a scheme no transport
+declares is refused, naming it. A ``pipe:`` entry
 is one command, never split at commas; ``file://`` URLs become local paths.
 
 A list file's contents are data, never commands. ``@list.txt`` holds one shard per line
@@ -19,13 +21,13 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 from dataclasses import dataclass
 from typing import Sequence
 
 from feedfast.errors import ShardError
+from feedfast.sources import schemes
 
-REMOTE_PREFIXES = ("http://", "https://", "pipe:", "s3://", "gs://")
+REMOTE_PREFIXES = schemes.REMOTE_PREFIXES
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -45,7 +47,7 @@ def resolve_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[s
 
     Raises:
         ShardError: nothing matches, a listed local shard does not exist, or a URL scheme
-            is not one feedfast reads.
+            is not one feedfast reads (the error names it and the supported ones).
     """
     items = [shards] if isinstance(shards, (str, os.PathLike)) else list(shards)
     if not items:
@@ -70,7 +72,7 @@ class _Lists:
 
 
 def _expand_one(item: str, lists: _Lists) -> list[str]:
-    if item.startswith("pipe:"):
+    if item.startswith(schemes.PIPE.prefixes):  # one command, never split at commas
         return expand_braces(item)
     if "," in item and not lists.within and not os.path.exists(item):
         parts = _split_commas(item)
@@ -80,13 +82,10 @@ def _expand_one(item: str, lists: _Lists) -> list[str]:
         return _from_list_file(item[2:], _Lists(lists.commands, lists.within))
     if item.startswith("@"):
         return _from_list_file(item[1:], _Lists(False, lists.within))
-    if item.startswith("file://"):
-        item = item[len("file://"):]  # a local path from here on: `file://pipe:x` names a file, never a command
-    elif item.startswith(REMOTE_PREFIXES):
+    if item.startswith(schemes.FILE.prefixes):
+        item = item.split("://", 1)[1]  # a local path from here on: `file://pipe:x` names a file, never a command
+    elif schemes.url_kind(item) != schemes.FILE.name:  # a scheme no transport declares is refused here, naming it
         return expand_braces(item)
-    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", item):
-        raise ShardError(f"unsupported shard URL {item!r}: feedfast reads local paths, file://, http(s)://, "
-                         "pipe:CMD, s3:// and gs://")
     paths: list[str] = []
     for pattern in expand_braces(item):
         if glob.has_magic(pattern):
@@ -133,7 +132,7 @@ def _from_list_file(path: str, lists: _Lists) -> list[str]:
     for number, e in enumerate(lines, 1):
         if not e or e.startswith("#"):
             continue
-        if e.startswith("pipe:") and not lists.commands:
+        if e.startswith(schemes.PIPE.prefixes) and not lists.commands:
             raise ShardError(f"shard list file {path!r}, line {number}: {e[:200]!r} is a command; a list file's lines "
                              "are data, never run: to run the `pipe:` commands of a list you trust, give it with two at signs "
                              "(`@@list.txt`; a list inside it is read as `@@` only when named so there too)")
@@ -147,6 +146,6 @@ def _relative_to(base: str, entry: str) -> str:
     """A list line with its relative path (of a shard or of a nested ``@list``) taken from the list's folder."""
     at = "@@" if entry.startswith("@@") else "@" if entry.startswith("@") else ""
     rest = entry[len(at):]
-    if os.path.isabs(rest) or "://" in rest or rest.startswith("pipe:"):
+    if os.path.isabs(rest) or "://" in rest or rest.startswith(schemes.PIPE.prefixes):
         return entry
     return at + os.path.join(base, rest)

@@ -3,7 +3,10 @@
 Every scheme is one :class:`Transport`, picked by :func:`transport_for`; callers (the
 remote index, the shard cache) hold a transport and never ask which scheme they read, as
 fsspec's ``AbstractFileSystem`` does. Caching is one more layer that wraps any of them
-(:class:`feedfast.sources.cache.ShardCache`). Nothing here calls back up.
+(:class:`feedfast.sources.cache.ShardCache`). Nothing here calls back up. Each transport
+names its declaration in the one registry of kinds (:mod:`.schemes`: its URL schemes, and
+whether it reads ranges, is read by DALI natively, can be rescued, is cached), and
+:func:`transport_for` picks by that registry: a scheme no transport declares is an error.
 
 ==========  ===========================  ============================  ==========================
 scheme      ``stream`` (whole, retried)  ``read_range``                ``validators``
@@ -29,11 +32,11 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Callable, TypeVar
 
 from feedfast.errors import ShardError
-from feedfast.sources import objectstore
+from feedfast.sources import objectstore, schemes
 from feedfast.sources.remote import (
     DEFAULT_TRANSFER,
     Transfer,
@@ -42,20 +45,27 @@ from feedfast.sources.remote import (
     http_validators,
     open_pipe,
     retrying,
-    url_kind,
 )
 
 T = TypeVar("T")
 
 
 class Transport(ABC):
-    """How the shards of one URL scheme are read."""
+    """How the shards of one URL scheme are read; ``kind`` is its declaration in :mod:`.schemes`."""
 
-    ranged: bool = True  # whether read_range is supported (a pipe's bytes come only in order)
+    kind: schemes.Kind  # a class attribute, or a dataclass field where one class serves two kinds
+
+    @property
+    def ranged(self) -> bool:
+        """Whether :meth:`read_range` is supported (a pipe's bytes come only in order)."""
+        return self.kind.ranged
 
     @abstractmethod
     def stream(self, url: str, consume: Callable[[IO[bytes]], T]) -> T:
         """Hand the whole shard, as a forward stream, to ``consume``; a failed read restarts it.
+
+        The stream ends only at the shard's end: a body that ends early (a dropped
+        connection) is an error, retried, never a shorter shard.
 
         Raises:
             ShardError: the shard cannot be read; names it (a RemoteError with the HTTP status).
@@ -76,6 +86,8 @@ class Transport(ABC):
 
 class FileTransport(Transport):
     """Local paths and ``file://`` URLs."""
+
+    kind = schemes.FILE
 
     def stream(self, url: str, consume: Callable[[IO[bytes]], T]) -> T:
         try:
@@ -110,6 +122,7 @@ class HttpTransport(Transport):
     """http(s) URLs: ``GET``, ``Range`` requests on kept-alive connections, ``HEAD`` (see :mod:`.remote`)."""
 
     transfer: Transfer = DEFAULT_TRANSFER
+    kind: schemes.Kind = field(default=schemes.HTTP, init=False, repr=False)
 
     def stream(self, url: str, consume: Callable[[IO[bytes]], T]) -> T:
         return http_stream(url, consume, self.transfer)
@@ -126,6 +139,7 @@ class ObjectStoreTransport(Transport):
     """s3:// and gs:// URLs through fsspec (see :mod:`.objectstore`), retried as http is."""
 
     transfer: Transfer = DEFAULT_TRANSFER
+    kind: schemes.Kind = schemes.S3  # or schemes.GS
 
     def stream(self, url: str, consume: Callable[[IO[bytes]], T]) -> T:
         return retrying(url, self.transfer, lambda: objectstore.read(url, consume))
@@ -141,7 +155,7 @@ class ObjectStoreTransport(Transport):
 class PipeTransport(Transport):
     """``pipe:CMD`` shards: the command's stdout, once, in order; not retried (a command may not be repeatable)."""
 
-    ranged = False
+    kind = schemes.PIPE
 
     def stream(self, url: str, consume: Callable[[IO[bytes]], T]) -> T:
         with open_pipe(url) as out:
@@ -151,17 +165,23 @@ class PipeTransport(Transport):
         raise ShardError(f"a pipe: shard has no byte ranges: {url!r}; read it through the shard cache")
 
 
+_BY_KIND: dict[str, Callable[[Transfer], Transport]] = {
+    schemes.FILE.name: lambda transfer: FileTransport(),
+    schemes.HTTP.name: HttpTransport,
+    schemes.S3.name: lambda transfer: ObjectStoreTransport(transfer, schemes.S3),
+    schemes.GS.name: lambda transfer: ObjectStoreTransport(transfer, schemes.GS),
+    schemes.PIPE.name: lambda transfer: PipeTransport(),
+}
+
+
 def transport_for(url: str, transfer: Transfer = DEFAULT_TRANSFER) -> Transport:
-    """The transport that reads ``url``: by its scheme (local paths are ``file``)."""
-    kind = url_kind(url)
-    if kind == "http":
-        return HttpTransport(transfer)
-    if kind in ("s3", "gs"):
-        return ObjectStoreTransport(transfer)
-    if kind == "pipe":
-        return PipeTransport()
-    return FileTransport()
+    """The transport that reads ``url``: by its scheme in :mod:`.schemes` (local paths are ``file``).
+
+    Raises:
+        ShardError: no transport reads the URL's scheme; names it and the supported ones.
+    """
+    return _BY_KIND[schemes.url_kind(url)](transfer)
 
 
 def _path(url: str) -> str:
-    return url.removeprefix("file://")
+    return url[len(schemes.FILE.prefixes[0]):] if url.startswith(schemes.FILE.prefixes) else url
