@@ -22,12 +22,17 @@ What differs from DALI, by design:
 - a component with several matching members takes the first in tar order (as DALI's reader
   does); a missing one under ``missing: empty`` arrives as ``b""``.
 
+An image component pillow-simd cannot decode gets a second opinion from DALI's CPU decoder
+(:mod:`~feedfast.sources.second_decode`: in a check worker, under ``source.check_seconds``):
+what DALI decodes is delivered, in the decode op's colour, as the DALI backend delivers it, and
+the sample's program runs again on those pixels with the same draws.
+
 Each batch is built by one worker process (``workers=0``: in this process). A failure in a
 worker is re-raised here as the feedfast error it was: whatever a decoder or plugin raises
 while processing a sample (any exception class) is a ``SampleError`` naming shard, key and
 reason, with the traceback logged at DEBUG level on ``feedfast.pil``. Under
 ``on_error: skip`` such samples were left out or re-encoded by the check before the epoch
-(see :mod:`feedfast.sources.validate`), so a failure here means the check and PIL disagree.
+(see :mod:`feedfast.sources.validate`), so a failure here means the check and the decoders disagree.
 Warnings PIL gives while decoding (corrupt EXIF, truncated metadata) go to the same logger
 at DEBUG level, not to the terminal (:mod:`~feedfast.loader.pil_warnings`: per thread, so
 warnings of the training loop's own thread are left alone).
@@ -57,7 +62,9 @@ from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.rows import Rows, epoch_rows
+from feedfast.sources.second_decode import as_ppm, second_opinion
 from feedfast.sources.shardfiles import ShardFiles
+from feedfast.spec.model import CHECK_SECONDS
 
 log = logging.getLogger("feedfast.pil")
 
@@ -105,9 +112,11 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """Map-style dataset of one rank's epoch: item ``i`` is the whole batch of step ``start + i``."""
 
     def __init__(self, program: PilProgram, paths: tuple[str, ...], rows: Rows, ep: EpochPlan, *,
-                 batch_size: int, seed: int, epoch: int, start: int) -> None:
+                 batch_size: int, seed: int, epoch: int, start: int, check_seconds: float = CHECK_SECONDS) -> None:
         self.program, self.paths, self.rows, self.ep = program, paths, rows, ep
         self.batch_size, self.seed, self.epoch, self.start = batch_size, seed, epoch, start
+        self.check_seconds = check_seconds
+        self.decodes = image_decodes(program)
         self.files = ShardFiles(paths)  # pickled as paths: each worker process opens its own
 
     def __len__(self) -> int:
@@ -137,7 +146,13 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
             return _Failure("shard", str(exc))
         try:
             with routed(origins.lazy(i)):
-                out = self.program.run(raw, draws)
+                try:
+                    return self.program.run(raw, draws)
+                except Exception as exc:  # noqa: BLE001 - any decoder failure asks DALI about the images
+                    second = self._second(raw, draws, exc)
+                    if second is None:
+                        raise
+                    return second
         except DecodeFailure as exc:
             return _Failure("sample", "the PIL backend could not process a sample", shard, origins[i][1], str(exc))
         except Exception as exc:  # noqa: BLE001 - whatever a decoder or plugin raises names the sample
@@ -146,11 +161,58 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
             text = (str(exc).strip().splitlines() or [""])[0][:200]
             return _Failure("sample", "the PIL backend could not process a sample", shard, key,
                             f"{type(exc).__name__}: {text}")
-        return out
+
+    def _second(self, raw: list[bytes], draws: SampleDraws, exc: Exception) -> dict[str, Any] | None:
+        """The sample's outputs with DALI's pixels for each image PIL cannot decode, from the same draws;
+        None when PIL decodes every image (the failure is elsewhere).
+
+        Raises:
+            DecodeFailure: DALI cannot decode such an image either (both decoders' reasons).
+        """
+        fixed = list(raw)
+        for component, color in self.decodes:
+            failed = pil_failure(raw[component])
+            if failed is None or not raw[component] or fixed[component] is not raw[component]:
+                continue
+            pixels, reason = second_opinion(raw[component], color=color, seconds=self.check_seconds)
+            if pixels is None:
+                raise DecodeFailure(f"{exc}; {reason}") from None
+            fixed[component] = as_ppm(pixels)
+        if all(a is b for a, b in zip(fixed, raw)):
+            return None
+        return self.program.run(fixed, draws.replay())
 
     def close(self) -> None:
         """Close the shard files this process opened."""
         self.files.close()
+
+
+def image_decodes(program: PilProgram) -> list[tuple[int, str]]:
+    """(component, colour) of each step that decodes a component's bytes into an image, read from the
+    steps' declared signatures (encoded bytes in, an image out)."""
+    steps = program.steps
+    return [(s.inputs[0], str(s.params.get("color", "rgb"))) for s in steps
+            if s.inputs and s.sig.kind == "image" and steps[s.inputs[0]].op == "read"
+            and steps[s.inputs[0]].sig.kind == "encoded"]
+
+
+def pil_failure(data: bytes) -> str | None:
+    """Why PIL cannot decode ``data`` to pixels (``Type: message``), or None when it can."""
+    import io
+
+    from PIL import Image
+
+    from feedfast.sources.decoders import short, to_8bit
+
+    if not data:
+        return "the component is empty"
+    try:
+        img = Image.open(io.BytesIO(data))
+        img.load()
+        to_8bit(img)
+    except Exception as exc:  # noqa: BLE001 - any decoder failure is PIL's answer
+        return short(exc)
+    return None
 
 
 def _collate(values: list[Any], sig: Signature) -> Any:
@@ -210,7 +272,8 @@ def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
         ShardError: a shard or its index cannot be read.
     """
     program, rows = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
-    data = EpochBatches(program, shards.paths, rows, ep, batch_size=batch_size, seed=seed, epoch=epoch, start=start)
+    data = EpochBatches(program, shards.paths, rows, ep, batch_size=batch_size, seed=seed, epoch=epoch, start=start,
+                        check_seconds=plan.spec.check_seconds)
     loader = torch.utils.data.DataLoader(
         data, batch_size=None, shuffle=False, num_workers=workers, collate_fn=_identity,
         prefetch_factor=prefetch_factor if workers > 0 else None,

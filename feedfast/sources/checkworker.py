@@ -4,7 +4,9 @@ A hostile file can make a decoder loop for half a minute, write to the terminal,
 crash the process that decodes it. So feedfast checks images in a few worker processes
 (``python feedfast/sources/decoders.py``): one image per job (or a batch of header checks,
 which :mod:`feedfast.sources.imagechecks` asks again image by image when it fails), a
-wall-clock limit per job (the worker is killed and replaced when it runs over), a crash is
+limit of CPU time per job (the worker is killed and replaced when it runs over: CPU time, so
+that on a busy machine, where a valid file's check waits for a core, it is not failed; and at
+most :data:`WALL_FACTOR` times the limit in wall time, for a worker that makes no progress), a crash is
 a verdict like any other, and the workers' own output (DALI's ``[ERROR]`` lines, libpng warnings) goes to
 Python logging at DEBUG level instead of the terminal.
 
@@ -13,8 +15,10 @@ Jobs are tuples: ``("check", data, max_pixels, decode[, complete])`` answers a
 [complete, ...])`` a batch's :class:`~feedfast.sources.decoders.Verdicts` (see
 :mod:`feedfast.sources.imagechecks`); ``("png", data)`` answers PNG bytes or a
 failure reason (a string); ``("rescue", data, max_pixels)`` (after DALI failed a batch)
-answers a Verdict or a :class:`~feedfast.sources.decoders.Rescued` PNG. The pool is shared
-by a process and started on first use.
+answers a Verdict or a :class:`~feedfast.sources.decoders.Rescued` PNG; ``("decode", data,
+max_pixels, color)`` (the second opinion of :mod:`feedfast.sources.second_decode`) answers
+DALI's HWC uint8 pixels or a failure reason. The pool is shared by a process and started on
+first use.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ log = logging.getLogger("feedfast.check")
 
 DEFAULT_CHECK_SECONDS = CHECK_SECONDS  # the spec's ``source.check_seconds`` sets it per loader
 _START_SECONDS = 60.0
+WALL_FACTOR = 20.0
+"""A job may take this many times its CPU-time limit in wall time (a starved worker), no more."""
 
 
 @dataclass(frozen=True)
@@ -63,11 +69,41 @@ class _Worker:
         self.started = time.monotonic()
         self.ready = False
         self.job: tuple[int, float] | None = None  # (job number, deadline)
+        self.began = (0.0, 0.0)  # (wall clock, CPU seconds) when the current job was sent
         self.label = ""  # what the current job checks, for the log
 
     def send(self, job: Any) -> None:
         assert self.proc.stdin is not None
         write_message(self.proc.stdin, job)
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time the worker has used (all its threads), None when it cannot be read."""
+        import psutil
+
+        try:
+            times = psutil.Process(self.proc.pid).cpu_times()
+        except (psutil.Error, OSError):
+            return None
+        return float(times.user + times.system)
+
+    def begin(self, number: int, seconds: float) -> None:
+        """Mark job ``number`` as sent now, due after ``seconds`` of wall time (then its CPU time is read)."""
+        now = time.monotonic()
+        self.began = (now, self.cpu_seconds() or 0.0)
+        self.job = (number, now + seconds)
+
+    def extended(self, now: float, seconds: float) -> bool:
+        """At the job's deadline: whether it used less than ``seconds`` of CPU time (a busy machine) and may
+        run on, within ``WALL_FACTOR * seconds`` of wall time; if so its deadline moves to the earliest time
+        it could have used them."""
+        used = self.cpu_seconds()
+        if self.job is None or used is None or now - self.began[0] >= WALL_FACTOR * seconds:
+            return False
+        left = seconds - (used - self.began[1])
+        if left <= 0:
+            return False
+        self.job = (self.job[0], min(now + max(left, 0.02), self.began[0] + WALL_FACTOR * seconds))
+        return True
 
     def receive(self) -> Any:
         assert self.proc.stdout is not None
@@ -98,7 +134,7 @@ class _Worker:
 
 
 class CheckPool:
-    """A few worker processes that run check jobs, each under ``seconds`` of wall time."""
+    """A few worker processes that run check jobs, each under ``seconds`` of CPU time (see the module)."""
 
     def __init__(self, size: int, seconds: float = DEFAULT_CHECK_SECONDS) -> None:
         self.size, self.seconds = max(1, size), seconds
@@ -158,7 +194,7 @@ class CheckPool:
                 number, job, label = pending.popleft()
                 try:
                     w.send(job)
-                    w.job = (number, time.monotonic() + seconds)
+                    w.begin(number, seconds)
                     w.label = label
                 except OSError:  # it died while idle: a fresh worker takes the job once it has started
                     pending.appendleft((number, job, label))
@@ -190,8 +226,9 @@ class CheckPool:
                 w.job = None
         now = time.monotonic()
         for w in list(self._workers):
-            if w.job is not None and now > w.job[1]:
-                self._died(w, sel, answers, f"checking took longer than {seconds:g} s (a hostile or huge file)")
+            if w.job is not None and now > w.job[1] and not w.extended(now, seconds):
+                self._died(w, sel, answers, f"checking took longer than {seconds:g} s of CPU time (a hostile or "
+                                            "huge file)")
             elif not w.ready and now > w.started + _START_SECONDS:
                 raise BackendError(f"an image check worker did not start within {_START_SECONDS:g} s")
 

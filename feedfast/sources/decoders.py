@@ -5,11 +5,17 @@ worker (:mod:`feedfast.sources.checkworker`; this file is its program), a separa
 print to the terminal or crash the process. Every exception of every class a decoder
 raises becomes a :class:`Probe` with a reason; nothing here raises.
 
-``Probe.kind`` says why PIL failed: ``data`` (the bytes are broken: truncated, corrupt),
+``Probe.kind`` says why PIL failed: ``data`` (PIL calls the bytes broken: truncated, corrupt),
 ``support`` (this PIL build cannot read the format: no codec, an unimplemented variant,
-an unknown format) or ``limit`` (empty, or more pixels than allowed). Only a ``support``
-failure lets DALI's success deliver the image: a truncated JPEG that DALI fills with
-grey is still reported as truncated.
+an unknown format) or ``limit`` (empty, or more pixels than allowed). Any failure but a
+``limit`` lets DALI's success deliver the image, re-encoded: pillow-simd's limits are not
+the data's (libjpeg-turbo 2.1 stops at a stray marker that DALI's decoder reads past, and
+cannot read a lossless JPEG). DALI 2.4's CPU decoder refuses a truncated JPEG (it fills no
+rows with grey), so truncation stays ``bad``.
+
+A JPEG of many scans (:data:`PLAIN_SCANS`) is decoded even by a header check: each scan
+walks every block of the image, so 5,000 empty progressive scans over 67 MP decode for a
+minute from 741 KB; the check's time limit then stops it before any loader decodes it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
 DALI_FORMATS = frozenset({"JPEG", "MPO", "PNG", "TIFF", "BMP", "PPM", "JPEG2000", "WEBP"})
+PLAIN_SCANS = 64
+"""More scans than this (encoders write 1 to about 12) and a header check decodes the JPEG under the time limit."""
 
 
 @dataclass(frozen=True)
@@ -183,7 +191,7 @@ def to_8bit(img: Any) -> Any:
 class Verdict:
     """What the check decided for one image component."""
 
-    status: str  # "ok" | "convert" | "bad" (and "more": send the whole file, see check_image)
+    status: str  # "ok" | "convert" | "bad" (and "more", "whole": send the whole file, see check_image)
     reason: str = ""
 
 
@@ -205,9 +213,15 @@ def check_image(data: bytes, *, max_pixels: int, decode: bool, dali: DaliDecoder
 
 def _verdict(data: bytes, max_pixels: int, decode: bool, dali: DaliDecoder | None, complete: bool,
              pil: Probe) -> Verdict:
-    """check_image's verdict, given PIL's probe of the image."""
+    """check_image's verdict, given PIL's probe of the image (of its header only, without ``decode``)."""
     if pil.kind == "limit":
         return Verdict("bad", pil.reason)
+    if not decode and pil.ok and pil.fmt in ("JPEG", "MPO"):
+        progressive, scans = jpeg_scans(data)
+        if not complete and (progressive or scans > PLAIN_SCANS):  # more scans may follow: count them all
+            return Verdict("whole")
+        if scans > PLAIN_SCANS:  # a decode may run for minutes: decoded now, under the check's time limit
+            return _verdict(data, max_pixels, True, dali, complete, pil_probe(data, max_pixels=max_pixels, decode=True))
     use_dali = dali is not None and dali.available
     if not use_dali:
         return _pil_only(pil)
@@ -215,16 +229,46 @@ def _verdict(data: bytes, max_pixels: int, decode: bool, dali: DaliDecoder | Non
         return _pil_only(pil)
     if not complete:
         return Verdict("more")
-    _, dali_reason = dali.decode(data, max_pixels=max_pixels)  # type: ignore[union-attr]
-    if pil.ok and not dali_reason:
-        return _pil_only(pil)
     if pil.ok:
+        _, dali_reason = dali.decode(data, max_pixels=max_pixels)  # type: ignore[union-attr]
+        if not dali_reason:
+            return _pil_only(pil)
         return Verdict("convert", f"DALI's CPU decoder rejects this {pil.fmt} ({dali_reason}); PIL reads it: "
                                   "re-encoded as PNG")
-    if not dali_reason and pil.kind == "support":
+    _, dali_reason = dali.decode(data, max_pixels=max_pixels, color="any")  # type: ignore[union-attr]
+    if not dali_reason:
         return Verdict("convert", f"decoded by DALI only ({pil.reason}); re-encoded as PNG")
     reason = pil.reason if pil.kind == "data" or not dali_reason else f"{pil.reason}; {dali_reason}"
-    return Verdict("bad", reason if pil.kind != "data" else f"cannot decode: {reason}")
+    return Verdict("bad", reason if pil.kind != "data" else f"cannot decode: {reason}; {dali_reason}")
+
+
+_PROGRESSIVE = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
+_STANDALONE = frozenset({0x00, 0x01, *range(0xD0, 0xD9)})  # markers without a length (and escaped junk)
+
+
+def jpeg_scans(data: bytes) -> tuple[bool, int]:
+    """(progressive, scans) of a JPEG's bytes (as far as they go): the frame's type, read from the marker
+    segments before the first scan, and the SOS markers from there on (entropy-coded bytes hold none: an
+    ``FF`` there is followed by ``00`` or a restart marker). (False, 0) when no scan is reached."""
+    at, progressive = 2, False
+    while at + 4 <= len(data):
+        if data[at] != 0xFF:  # junk between segments, skipped as libjpeg and PIL skip it
+            at = data.find(b"\xff", at)
+            if at < 0:
+                break
+            continue
+        marker = data[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker in _STANDALONE:
+            at += 2
+            continue
+        if marker == 0xDA:
+            return progressive, 1 + data.count(b"\xff\xda", at + 2)
+        progressive = progressive or marker in _PROGRESSIVE
+        at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
+    return progressive, 0
 
 
 def _pil_only(pil: Probe) -> Verdict:
@@ -266,7 +310,11 @@ def rescue_image(data: bytes, *, max_pixels: int, dali: DaliDecoder | None) -> V
         return Verdict("ok")
     pil = pil_probe(data, max_pixels=max_pixels, decode=True)
     if not pil.ok:
-        return Verdict("bad", f"cannot decode: {pil.reason}; {dali_reason}")
+        pixels, other = dali.decode(data, max_pixels=max_pixels, color="any")  # e.g. a lossless grey JPEG
+        if pixels is None:
+            return Verdict("bad", f"cannot decode: {pil.reason}; {dali_reason}")
+        return Rescued(png_of(pixels), f"DALI's CPU decoder reads it only in its own colours ({dali_reason}; "
+                                        f"{pil.reason}): delivered re-encoded as PNG")
     try:
         png = pil_png(data)
     except Exception as exc:  # noqa: BLE001 - any decoder failure is a verdict
@@ -283,20 +331,48 @@ def convert_image(data: bytes, dali: DaliDecoder | None) -> bytes | str:
         pil_reason = f"PIL: {short(exc)}"
     if dali is None or not dali.available:
         return f"cannot re-encode: {pil_reason}"
-    pixels, reason = dali.decode(data)
+    pixels, reason = dali.decode(data, color="any")
     if pixels is None:
         return f"cannot re-encode: {pil_reason}; {reason}"
+    return png_of(pixels)
+
+
+def png_of(pixels: Any) -> bytes:
+    """PNG bytes of HWC uint8 pixels (1 channel: grey, 3: RGB)."""
     from PIL import Image
 
     out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "PNG", compress_level=1)
+    Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels).save(out, "PNG", compress_level=1)
     return out.getvalue()
+
+
+def dali_pixels(data: bytes, *, max_pixels: int | None, color: str, dali: DaliDecoder | None) -> tuple[Any, str]:
+    """DALI's pixels of an image PIL rejects, in ``color`` (``rgb`` or ``gray``): (HWC uint8, "") or (None, reason).
+
+    An image DALI reads only in its own colours (a lossless grey JPEG, refused as RGB) is converted from
+    them by PIL, as stock Pillow decodes such a file and converts it.
+    """
+    if dali is None or not dali.available:
+        return None, "DALI is not available"
+    pixels, reason = dali.decode(data, max_pixels=max_pixels, color=color)
+    if pixels is not None:
+        return pixels, ""
+    pixels, _ = dali.decode(data, max_pixels=max_pixels, color="any")
+    if pixels is None:
+        return None, reason
+    import numpy as np
+    from PIL import Image
+
+    img = Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels[:, :, :3])
+    out = np.asarray(img.convert("L" if color == "gray" else "RGB"))
+    return (out[:, :, None] if out.ndim == 2 else out), ""
 
 
 def answer(job: tuple[Any, ...], dali: DaliDecoder | None) -> tuple[Any, ...]:
     """A check worker's answer to one job, as plain data (see :mod:`feedfast.sources.checkworker`):
     ``("verdict", status, reason)``, ``("verdicts", [(status, reason), ...])`` (a ``checks`` job's batch),
-    ``("png", bytes)``, ``("rescued", png, reason)`` or ``("error", reason)``."""
+    ``("png", bytes)``, ``("rescued", png, reason)``, ``("pixels", array)`` (a ``decode`` job's) or
+    ``("error", reason)``."""
     if job[0] == "rescue":
         r = rescue_image(job[1], max_pixels=job[2], dali=dali)
         return ("rescued", r.png, r.reason) if isinstance(r, Rescued) else ("verdict", r.status, r.reason)
@@ -312,6 +388,9 @@ def answer(job: tuple[Any, ...], dali: DaliDecoder | None) -> tuple[Any, ...]:
     if job[0] == "png":
         out = convert_image(job[1], dali)
         return ("error", out) if isinstance(out, str) else ("png", out)
+    if job[0] == "decode":
+        pixels, reason = dali_pixels(job[1], max_pixels=job[2], color=job[3], dali=dali)
+        return ("error", reason) if pixels is None else ("pixels", pixels)
     return ("error", f"unknown check job {job[0]!r}")
 
 
@@ -409,12 +488,14 @@ class DaliDecoder:
     def _build(self, what: str) -> Any:
         from nvidia.dali import fn, pipeline_def, types
 
+        colors = {"rgb": types.RGB, "gray": types.GRAY, "any": types.ANY_DATA}
+
         @pipeline_def(batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1)
         def one_image() -> Any:
             raw = fn.external_source(name="raw", dtype=types.UINT8, ndim=1)
             if what == "peek":
                 return fn.peek_image_shape(raw, dtype=types.INT64)
-            return fn.decoders.image(raw, device="cpu", output_type=types.RGB)
+            return fn.decoders.image(raw, device="cpu", output_type=colors[what])
 
         pipe = one_image()
         pipe.build()
@@ -442,8 +523,11 @@ class DaliDecoder:
             raise
         return np.array(out.as_array()[0])
 
-    def decode(self, data: bytes, *, max_pixels: int | None = None) -> tuple[Any, str]:
-        """(HWC uint8 array, "") when DALI decodes ``data``, else (None, reason)."""
+    def decode(self, data: bytes, *, max_pixels: int | None = None, color: str = "rgb") -> tuple[Any, str]:
+        """(HWC uint8 array, "") when DALI decodes ``data``, else (None, reason).
+
+        ``color``: ``rgb`` (as the DALI backend decodes), ``gray``, or ``any`` (the file's own channels).
+        """
         if not self.available:
             return None, "DALI is not available"
         try:
@@ -451,7 +535,7 @@ class DaliDecoder:
                 h, w = (int(x) for x in self._run("peek", data)[:2])
                 if h * w > max_pixels:
                     return None, f"DALI: image of {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels}"
-            return self._run("decode", data), ""
+            return self._run(color, data), ""
         except Exception as exc:  # noqa: BLE001 - any DALI failure is a verdict
             return None, f"DALI: {_dali_reason(exc)}"
 

@@ -7,7 +7,9 @@ time limit as a whole. A batch that runs over it, whose worker crashes, or durin
 decoder printed an error line (which the verdict of one image would carry) is checked
 again one image a message, so every verdict and reason is the one the image gets alone,
 and a hostile image costs at most twice the limit. Full decodes (``decode=True``) go one
-image a message, as each may take up to the limit.
+image a message, as each may take up to the limit. A progressive JPEG larger than its sniffed
+bytes is asked again with the whole file (its scans are counted: one of many scans is
+decoded under the limit, see :data:`~feedfast.sources.decoders.PLAIN_SCANS`).
 
 The images of several shards go through one stream of messages, so the workers stay busy
 across shard boundaries; :func:`run_checks` takes the shards lazily, so that what makes the
@@ -74,7 +76,22 @@ def run_checks(shards: Iterable[tuple[str, Sequence[Where]]], max_pixels: int, d
             verdicts[n] += answer.items
         else:  # ran over its time, crashed, or printed: image by image, as each would be alone
             verdicts[n] += next(again)
-    return verdicts
+    return _whole(taken, verdicts, max_pixels, seconds)
+
+
+def _whole(shards: Sequence[tuple[str, Sequence[Where]]], verdicts: list[list[Verdict]], max_pixels: int,
+           seconds: float | None) -> list[list[Verdict]]:
+    """The verdicts, those that asked for the ``whole`` file (a progressive JPEG) checked again with it."""
+    wanted = [(path, [w for w, v in zip(where, found) if v.status == "whole"])
+              for (path, where), found in zip(shards, verdicts)]
+    if not any(where for _, where in wanted):
+        return verdicts
+    redone = iter(_one_by_one(wanted, max_pixels, False, seconds, whole=True))
+    out = []
+    for found in verdicts:
+        second = iter(next(redone))
+        out.append([next(second) if v.status == "whole" else v for v in found])
+    return out
 
 
 def _growing(items: list[tuple[int, Sequence[Where]]]) -> Iterator[tuple[int, Sequence[Where]]]:
@@ -129,13 +146,14 @@ def _close(opened: tuple[int, io.BufferedReader, mmap.mmap | bytes] | None) -> N
 
 
 def _one_by_one(shards: Sequence[tuple[str, Sequence[Where]]], max_pixels: int, decode: bool,
-                seconds: float | None) -> list[list[Verdict]]:
-    """The verdicts with one image a message (full decodes, and batches asked again)."""
+                seconds: float | None, *, whole: bool = False) -> list[list[Verdict]]:
+    """The verdicts with one image a message (full decodes, batches asked again, and with ``whole`` the
+    header checks that need the whole file)."""
     def jobs() -> Iterator[tuple[object, ...]]:
         for path, where in shards:
             with open_shard(path) as f:
                 for _, off, size, _ in where:
-                    cut = size if decode else min(size, SNIFF_BYTES)
+                    cut = size if decode or whole else min(size, SNIFF_BYTES)
                     yield ("check", read_member(f, off, cut), max_pixels, decode, cut == size)
 
     if not any(where for _, where in shards):
