@@ -43,12 +43,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     args = p.parse_args(argv)
 
-    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # set by torchrun
-    if cuda:
-        torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device = rank_device(args.device, local_rank, local_world)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         if args.shards:
@@ -61,6 +61,29 @@ def main(argv: list[str] | None = None) -> None:
         train(args, shards, device, rank, world)
     finally:
         dist.destroy_process_group()
+
+
+def rank_device(choice: str, local_rank: int, local_world: int) -> torch.device:
+    """This rank's device: its own GPU, ``cuda:LOCAL_RANK``, or the CPU.
+
+    NCCL needs one GPU per rank. With more ranks on this node than GPUs, ``auto`` runs every
+    rank on the CPU (gloo), saying so, and ``cuda`` stops with what to run instead: rank 1 of
+    two on a one-GPU machine has no ``cuda:1`` to set.
+    """
+    count = torch.cuda.device_count() if choice != "cpu" and torch.cuda.is_available() else 0
+    if choice == "cpu" or (choice == "auto" and count == 0):
+        return torch.device("cpu")
+    if max(local_rank + 1, local_world) <= count:
+        return torch.device("cuda", local_rank)
+    fix = f"run torchrun --nproc_per_node={count} (one rank per GPU), or pass --device cpu" if count else \
+        "pass --device cpu"
+    if choice == "cuda":
+        raise SystemExit(f"rank {local_rank} of {local_world} on this node has no GPU of its own: torch sees {count} "
+                         f"CUDA device(s) and NCCL needs one per rank; {fix}")
+    if local_rank == 0:
+        print(f"{local_world} ranks on this node and {count} GPU(s): every rank runs on the CPU (gloo); {fix} "
+              "to choose", flush=True)
+    return torch.device("cpu")
 
 
 def train(args: argparse.Namespace, shards: str | list[str], device: torch.device, rank: int, world: int) -> None:

@@ -90,6 +90,7 @@ class FakeEvent:
         gpu.events.append(self)
 
     def record(self, stream: FakeStream | None = None) -> None:
+        self.gpu.note_use()
         self.stream = stream.name if stream is not None else self.gpu.active
         self.done = self.gpu.auto
         self.gpu.log.append(("record", self.stream, self.id))
@@ -107,11 +108,17 @@ class FakeGpu:
 
     Device tensors are CPU tensors; ``copy_in`` clones on the active stream and logs it.
     With ``auto=False`` events stay pending until :meth:`complete` is called.
+
+    It also stands in for each thread's current CUDA device (0 on a thread that did not call
+    :meth:`bind_thread`, as with CUDA): every copy and event record notes the calling thread's
+    current device in ``used_devices``, the spy for "the producer thread sets its device first".
     """
 
     cuda = True
 
     def __init__(self, auto: bool = True) -> None:
+        import threading
+
         import torch
 
         self.device = torch.device("cuda", 0)
@@ -121,6 +128,20 @@ class FakeGpu:
         self.training = FakeStream(self, "training")
         self.streams = 0
         self.active = "training"
+        self._current = threading.local()
+        self.used_devices: list[tuple[str, int]] = []  # (thread name, its current device) at each copy and record
+
+    def bind_thread(self) -> None:
+        self._current.index = self.device.index
+
+    def current_device(self) -> int:
+        """The calling thread's current device: 0 until it binds, as a new CUDA thread's is."""
+        return int(getattr(self._current, "index", 0))
+
+    def note_use(self) -> None:
+        import threading
+
+        self.used_devices.append((threading.current_thread().name, self.current_device()))
 
     def new_stream(self) -> FakeStream:
         self.streams += 1
@@ -158,6 +179,7 @@ class FakeGpu:
         return torch.empty(shape, dtype=dtype)
 
     def copy_in(self, host: Any) -> Any:
+        self.note_use()
         self.log.append(("copy", self.active, host.data_ptr()))
         return host.clone()
 

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -50,7 +51,7 @@ def test_train_resnet_on_the_demo_set_checkpoints_the_loader_and_resumes(cache: 
     assert "generating 256 demo JPEGs" in out and "32 batches per epoch" in out
     saved = torch.load(ckpt, map_location="cpu")
     state = json.loads(saved["loader"])  # the loader's state travels as JSON text
-    assert saved["epoch"] == 1 and state["version"] == 1 and state["stats"]["batches"] == 3
+    assert saved["epoch"] == 1 and state["version"] == 2 and state["stats"]["batches"] == 3
 
     out = _run([str(EXAMPLES / "train_resnet.py"), "--steps", "2", *SMALL, "--resume", str(ckpt)], cache,
                timeout=120)
@@ -81,6 +82,37 @@ def test_ddp_on_two_gloo_ranks_gives_equal_batch_counts(cache: Path, shards: lis
     assert per_epoch == {"0": "3", "1": "3"}, out  # 23 samples: 12 and 11 per rank, 3 batches of <= 4 each
     assert ran == {"0": "3", "1": "3"}, out
     assert "batches per epoch on every rank: [3, 3]" in out
+
+
+def _ddp_module(monkeypatch: pytest.MonkeyPatch) -> object:
+    """examples/ddp.py imported as a module (its sibling import needs examples/ on the path)."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    spec = importlib.util.spec_from_file_location("ddp_example", EXAMPLES / "ddp.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ddp_with_more_ranks_than_gpus_never_sets_a_device_that_is_not_there(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two ranks on a one-GPU machine: rank 1 has no cuda:1; ``cuda`` stops saying what to run, ``auto`` uses gloo."""
+    ddp: Any = _ddp_module(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    set_to: list[Any] = []
+    monkeypatch.setattr(torch.cuda, "set_device", set_to.append)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(SystemExit, match="no GPU of its own"):
+        ddp.main(["--device", "cuda"])
+    assert set_to == []
+    with pytest.raises(SystemExit, match=r"rank 1 of 2 on this node has no GPU of its own.*--nproc_per_node=1"):
+        ddp.rank_device("cuda", 1, 2)
+    assert ddp.rank_device("auto", 1, 2) == torch.device("cpu") == ddp.rank_device("auto", 0, 2)
+    assert "every rank runs on the CPU (gloo)" in capsys.readouterr().out
+    assert ddp.rank_device("auto", 0, 1) == torch.device("cuda", 0) == ddp.rank_device("cuda", 0, 1)
+    assert ddp.rank_device("cpu", 0, 1) == torch.device("cpu")
 
 
 @pytest.mark.slow

@@ -16,11 +16,24 @@ from feedfast.errors import SpecError
 from feedfast.ops.registry import OPS
 
 
+def forced_onto_gpu(plan: Plan) -> list[str]:
+    """The key paths (``pipeline.image[2]``) of the ops a spec forces onto the GPU (``device: gpu``).
+
+    Such an op makes the whole pipeline GPU-placed whatever placement was asked (see
+    :func:`place`), so whoever resolves where the pipeline runs and DALI's ``device_id``
+    must ask this first: a pipeline with GPU operators built with ``device_id=None`` is
+    limited to CPU operators by DALI.
+    """
+    return [n.key for n in plan.nodes if n.op != "read" and not OPS[n.op].host and n.override == "gpu"]
+
+
 def place(plan: Plan, placement: str) -> None:
     """Assign each node a device for ``placement`` (``cpu`` or ``gpu``), honouring per-op overrides.
 
     Data moves from the CPU to the GPU once: an op forced onto the CPU after one on the GPU
-    is a SpecError, and a forced GPU op needs a GPU placement or CUDA (``auto``).
+    is a SpecError. An op forced onto the GPU makes the plan GPU-placed under ``cpu`` too
+    (``plan.placement`` says ``gpu``); the loader resolves its delivery and DALI's
+    ``device_id`` for that placement (:func:`forced_onto_gpu`), never for the one asked.
     """
     plan.placement = placement  # type: ignore[assignment]
     for n in plan.nodes:

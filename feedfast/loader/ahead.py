@@ -36,11 +36,15 @@ class Ahead(Generic[T]):
         depth: finished items the queue holds (the producer blocks when it is full).
         name: the thread's name (shows in ``py-spy`` and tracebacks).
         timeout: seconds ``next()`` waits for an item before a FeedfastError (None: forever).
+        setup: run first on the thread, before ``produce()``: the loader binds the delivery device
+            there (:meth:`~feedfast.loader.devices.DeviceLayer.bind_thread`), so that no CUDA call
+            of the thread lands on another device; a failure in it reaches the consumer like any other.
     """
 
     def __init__(self, produce: Callable[[], Iterator[T]], depth: int, name: str = "feedfast-ahead",
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, setup: Callable[[], None] | None = None) -> None:
         self._produce = produce
+        self._setup = setup
         self._timeout = timeout
         self.stopped = False  # closed by the consumer before the end
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
@@ -52,6 +56,8 @@ class Ahead(Generic[T]):
     def _run(self) -> None:
         items = None
         try:
+            if self._setup is not None:
+                self._setup()
             items = self._produce()
             for item in items:
                 if not self._put(item):

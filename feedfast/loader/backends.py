@@ -34,7 +34,7 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import UserError
 from feedfast.loader import nativelog, rescue
 from feedfast.loader.diagnose import diagnose
-from feedfast.loader.epoch import Batch, EpochPipe, make_pipeline, release_memory, run_epoch
+from feedfast.loader.epoch import CHECKPOINT_EVERY, Batch, EpochPipe, make_pipeline, release_memory, run_epoch
 from feedfast.loader.knobs import Knobs
 from feedfast.loader.prefetch import PinnedRing
 from feedfast.sources.assign import EpochPlan
@@ -72,17 +72,19 @@ class DaliSource:
         ring: the pinned ring that moves outputs to the consumer's device.
         device_id: DALI's GPU, or None for a CPU pipeline.
         keep_pools: keep DALI's memory pools across epochs (on a GPU: nvJPEG's pools are not rebuilt).
+        checkpoint_every: take DALI's checkpoint after every this many steps (``Batch.checkpoint``).
     """
 
     name = "dali"
 
     def __init__(self, plan: Plan, shards_for: Callable[[int], ShardSet], ring: PinnedRing, *, rank: int, world: int,
                  batch_size: int, threads: int, device_id: int | None, seed: int, prefetch: int,
-                 plan_for: Callable[[int], EpochPlan], keep_pools: bool, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+                 plan_for: Callable[[int], EpochPlan], keep_pools: bool, max_pixels: int = DEFAULT_MAX_PIXELS,
+                 checkpoint_every: int = CHECKPOINT_EVERY) -> None:
         self.plan, self.shards_for, self.ring, self.plan_for = plan, shards_for, ring, plan_for
         self.rank, self.world, self.batch_size, self.threads = rank, world, batch_size, threads
         self.device_id, self.seed, self.prefetch, self.keep_pools = device_id, seed, prefetch, keep_pools
-        self.max_pixels = max_pixels
+        self.max_pixels, self.checkpoint_every = max_pixels, checkpoint_every
         self.patches = rescue.Patches()  # images DALI rejected and PIL decoded, re-encoded (kept across epochs)
         self.capture: nativelog.Capture | None = None  # DALI's native log lines to logging while pipelines live
         self.pipe: EpochPipe | None = None  # the open epoch's pipeline
@@ -102,11 +104,11 @@ class DaliSource:
             shards = self.shards_for(epoch)
             recover = partial(self._recover, epoch, ep) if rescue.rescuable(shards) else None
             suspects = partial(self._suspects, epoch, ep, self.pipe.depth)
-            for batch in run_epoch(self.pipe, self.plan, ep, self.ring, rng, shards,
-                                   max_pixels=self.max_pixels, suspects=suspects, recover=recover):
+            for batch in run_epoch(self.pipe, self.plan, ep, self.ring, rng, shards, max_pixels=self.max_pixels,
+                                   suspects=suspects, recover=recover, every=self.checkpoint_every):
+                yield batch  # handed over first: the consumer need not wait out the next epoch's build
                 if self.pipe.all_scheduled and self.ahead is None:
                     self._prepare(epoch + 1)
-                yield batch
         finally:
             self.ring.drain()  # the side stream may still read DALI's buffers
             pipe, self.pipe = self.pipe, None

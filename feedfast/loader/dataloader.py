@@ -12,33 +12,28 @@ from typing import Any, Iterator, Sequence, cast
 import torch
 
 from feedfast import _env
-from feedfast.compile.plan import Plan, build_plan
+from feedfast.compile.passes import forced_onto_gpu
+from feedfast.compile.plan import Plan, build_plan, lower
 from feedfast.errors import FeedfastError, UserError
 from feedfast.loader.ahead import Ahead
 from feedfast.loader.backends import DaliSource, EpochSource, ProgramSource, choose_backend
 from feedfast.loader.batchinfo import BatchInfo
 from feedfast.loader.batchsize import check_batch_size, sample_bytes
 from feedfast.loader.devices import DeviceLayer, delivery_here, layer_for
-from feedfast.loader.epoch import Batch
+from feedfast.loader.epoch import CHECKPOINT_EVERY, Batch
 from feedfast.loader.knobs import Knobs
 from feedfast.loader.options import (
     at_least_zero,
     check_pin_memory_device,
     check_torch_kwargs,
     positive,
+    rank_cores,
     settle_spec,
     threads_for,
     timeout_seconds,
 )
 from feedfast.loader.prefetch import PinnedRing
-from feedfast.loader.state import (
-    STATE_VERSION,
-    check_state,
-    decode_checkpoint,
-    encode_checkpoint,
-    shard_set_digest,
-    spec_digest,
-)
+from feedfast.loader.state import Identity, LoaderState, ResumePoint, parse_state, shard_set_digest, spec_digest
 from feedfast.loader.tune import Tuner, budget_batches
 from feedfast.ops.color import normalize_tensor
 from feedfast.sources.assign import EpochPlan, partition_for, plan_epoch
@@ -96,8 +91,9 @@ class DataLoader:
             (``shuffle.block``, ``shuffle.window``; a state resumes at the same world size).
         drop_last: True drops incomplete batches (``last_batch: drop``).
         num_workers: CPU threads of the ``dali`` and ``threads`` backends (0 means 1), worker
-            processes of the ``pil`` backend; default: the spec's ``loader.threads``, else all
-            usable cores.
+            processes of the ``pil`` backend; default: the spec's ``loader.threads``, else this
+            rank's share of the usable cores (divided by ``LOCAL_WORLD_SIZE``: ranks on one node
+            share them).
         pin_memory: stage CUDA copies in pinned memory (default True).
         pin_memory_device: torch's meaning: the device pinned memory serves; "" or the
             delivery device's type (it never moves batches: use ``device``).
@@ -159,8 +155,8 @@ class DataLoader:
                                  run.prefetch or 2)
         backend = backend or run.backend or "auto"
         self._tune = self.spec.tune.enabled if tune is None else bool(tune)
-        # a tuned loader may go up to one thread per usable core plus one, and twice the batches ahead
-        self.knobs = Knobs(self.threads, self.prefetch, max_threads=_env.usable_cores() + 1 if self._tune else 0,
+        # a tuned loader may go up to one thread per core of its rank's share plus one, and twice the batches ahead
+        self.knobs = Knobs(self.threads, self.prefetch, max_threads=rank_cores() + 1 if self._tune else 0,
                            max_prefetch=2 * self.prefetch if self._tune else 0)
         dr, dw = _dist_rank() if rank is None or world_size is None else (rank, world_size)
         self.rank, self.world = (dr if rank is None else rank), (dw if world_size is None else world_size)
@@ -171,7 +167,7 @@ class DataLoader:
 
             compile_pil(self.spec)  # an op without a PIL form fails here, not mid-epoch
             placement = "cpu"
-        delivery = delivery_here(placement or self.spec.device, device)
+        delivery = delivery_here(self._placement(placement or self.spec.device), device)
         self.device = delivery.device
         check_pin_memory_device(pin_memory_device, self.device.type)
         self.device_id = delivery.device_id  # DALI's GPU: the same index as the output tensors and streams
@@ -205,20 +201,21 @@ class DataLoader:
         # slots: the producer's queue (prefetch, as deep as a tuner may make it), the batch being made, and a spare
         self.ring = PinnedRing(self.device, depth=self.knobs.max_prefetch + 2, pin=pin_memory, layer=self._layer())
         self.epoch = 0
-        self._resume: tuple[int, str | None, int] | None = None  # (step, DALI checkpoint, samples consumed)
+        self._resume: ResumePoint | None = None  # where the next iteration starts, from load_state_dict
         self._ep: EpochPlan | None = None  # the plan of the iteration in progress
         self._stats = {"delivered": 0, "skipped": len(self.shards.skipped), "padded": 0, "dropped": 0, "batches": 0}
         self.last_origins: list[tuple[str, str]] = []
         self.last_valid = 0
         self._step = 0
-        self._checkpoint: str | None = None  # the backend's state after the last batch handed to the caller
+        # the backend's last checkpoint at or before the last batch handed to the caller: (its step, checkpoint)
+        self._anchor: tuple[int, str | None] = (0, None)
         self._producer: Ahead[Batch] | None = None  # the background thread of the open epoch
         self._open = False  # an epoch was started and not closed
         self.source: EpochSource = self._source(num_workers)
         self._tuner: Tuner | None = None
         if self._tune:  # only the threaded path changes its threads live; the others tune their batches ahead
             live = ("threads", "prefetch") if self.backend == "threads" else ("prefetch",)
-            self._tuner = Tuner(self.knobs, cores=_env.usable_cores(), tunable=live,
+            self._tuner = Tuner(self.knobs, cores=rank_cores(), tunable=live,
                                 budget=budget_batches(self.spec.tune.budget, len(self)))
         # what a state must match, computed once (a state is taken per batch under sample_info);
         # no shard digest under a Mix, whose draw changes per epoch
@@ -226,14 +223,28 @@ class DataLoader:
                          spec_digest(self.spec.to_dict()))
         _LIVE.add(self)
 
+    def _placement(self, requested: str) -> str:
+        """Where the pipeline runs: ``requested``, or ``gpu`` when the spec forces an op onto the GPU (the plan
+        is then GPU-placed whatever was asked, and the delivery rule and DALI's ``device_id`` must follow it)."""
+        forced = forced_onto_gpu(lower(self.spec))
+        if not forced or requested == "gpu":
+            return requested
+        if not _env.cuda_available():
+            raise UserError(f"{forced[0]} has device: gpu, which needs a usable CUDA device and torch sees none: "
+                            f"remove its device: gpu (or set it to auto), or run on a machine with CUDA")
+        return "gpu"
+
     def _source(self, num_workers: int | None) -> EpochSource:
         """The backend's epoch source (see :mod:`feedfast.loader.backends`)."""
         common: dict[str, Any] = dict(rank=self.rank, world=self.world, batch_size=self.spec.batch_size,
                                       seed=self.spec.seed, prefetch=self.prefetch)
         if self.backend == "dali":
+            # DALI's checkpoint costs (on a GPU a device read-back): every batch only when each batch carries its
+            # state (sample_info), else every CHECKPOINT_EVERY batches, and a resume steps forward from the last
             return DaliSource(self.plan, self.shards_for, self.ring, threads=self.threads, device_id=self.device_id,
                               plan_for=self.epoch_plan, keep_pools=self.plan.placement == "gpu",
-                              max_pixels=self.max_pixels, **common)
+                              max_pixels=self.max_pixels, checkpoint_every=1 if self.sample_info else CHECKPOINT_EVERY,
+                              **common)
         if self.backend == "threads":
             from feedfast.loader.thread_epoch import run_thread_epoch
 
@@ -301,9 +312,17 @@ class DataLoader:
         """Iterate one epoch: the one set by ``set_epoch``/``load_state_dict`` at the first ``next()``."""
         return self._iterate()
 
-    def _batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Batch]:
-        """The epoch's batches, made on the producer thread (see :mod:`feedfast.loader.ahead`)."""
-        for batch in self.source.batches(epoch, ep, start, checkpoint):
+    def _batches(self, epoch: int, ep: EpochPlan, point: ResumePoint) -> Iterator[Batch]:
+        """The epoch's batches from ``point``, made on the producer thread (see :mod:`feedfast.loader.ahead`).
+
+        The backend starts at the point's checkpoint; the batches from there to the point's step
+        were handed out before the state was taken, and are made again and dropped here.
+        """
+        skip = point.skip
+        for batch in self.source.batches(epoch, ep, point.checkpoint_step, point.checkpoint):
+            if skip > 0:
+                skip -= 1
+                continue
             yield batch if batch.ready is not None else self._upload_host(batch)
         self.source.prepare(epoch + 1)  # loops go on to the next epoch: its first batches are made now
 
@@ -326,16 +345,16 @@ class DataLoader:
 
     def _iterate(self) -> Iterator[Any]:
         # runs at the first next(), like torch's DataLoader: a set_epoch after iter() counts
-        epoch, start, checkpoint, consumed = self.epoch, 0, None, 0
-        if self._resume is not None:
-            (start, checkpoint, consumed), self._resume = self._resume, None
-        ep = self.epoch_plan(epoch, consumed)
+        epoch = self.epoch
+        point, self._resume = self._resume or ResumePoint(epoch), None
+        ep = self.epoch_plan(epoch, point.consumed)
         self._close_current()
         self._ep = ep
-        self._step, self._checkpoint = start, checkpoint
-        producer: Ahead[Batch] = Ahead(lambda: self._batches(epoch, ep, start, checkpoint),
+        self._step, self._anchor = point.step, (point.checkpoint_step, point.checkpoint)
+        # the producer binds the delivery device before its first CUDA call (a new thread's is device 0)
+        producer: Ahead[Batch] = Ahead(lambda: self._batches(epoch, ep, point),
                                        depth=self.knobs.prefetch, name=f"feedfast-rank{self.rank}-epoch{epoch}",
-                                       timeout=self.timeout)
+                                       timeout=self.timeout, setup=self.ring.layer.bind_thread)
         self._producer, self._open = producer, True
         tuner, fresh = self._tuner, True
         try:
@@ -351,7 +370,8 @@ class DataLoader:
                 fresh = False
                 fields = self.ring.hand_over(batch.ready) if batch.ready is not None else batch.fields
                 self._step += 1
-                self._checkpoint = batch.checkpoint
+                if batch.checkpoint is not None:
+                    self._anchor = (self._step, batch.checkpoint)
                 self._count(batch, ep)
                 if self._step == ep.steps:  # the epoch is complete once its last batch is out
                     self.epoch = epoch + 1
@@ -416,24 +436,30 @@ class DataLoader:
         return self._tuner.report() if self._tuner is not None else {"state": "off"}
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-safe state to resume from: epoch, step, seed, backend, and DALI's checkpoint.
+        """JSON-safe state to resume from: epoch, step, seed, the backend's checkpoint, counts (see
+        :mod:`feedfast.loader.state` for its fields).
 
         It describes the point after the last batch handed to the caller, however many
         batches the loader made ahead. Taken after an epoch's last batch, it points at the
         start of the next epoch.
         """
+        return self._state().to_dict()
+
+    def _state(self) -> LoaderState:
         ep = self._ep if self._open and self._ep is not None else self.epoch_plan()
         mid = self._open and 0 < self._step < ep.steps
-        consumed = ep.consumed + self._step * self.world * self.spec.batch_size if mid and ep.partition == "global" else 0
-        return {
-            "version": STATE_VERSION, "epoch": self.epoch, "step": self._step if mid else 0,
-            "seed": self.spec.seed, "rank": self.rank, "world_size": self.world, "backend": self.backend,
-            "batch_size": self.spec.batch_size, "shards": self._digests[0], "spec": self._digests[1],
-            "dali": encode_checkpoint(self._checkpoint) if mid and self._checkpoint else None,
-            "partition": self._partition, "consumed": consumed,
-            "tuned": self.knobs.as_dict() if self._tuner is not None and self._tuner.done else None,
-            "stats": self.stats(),
-        }
+        global_order = mid and ep.partition == "global"
+        consumed = ep.consumed + self._step * self.world * self.spec.batch_size if global_order else 0
+        if not mid:
+            resume = ResumePoint(self.epoch)
+        elif self.backend == "dali":
+            resume = ResumePoint(self.epoch, self._step, consumed, self._anchor[1], self._anchor[0])
+        else:  # the threads and pil backends resume from the step alone: their randomness is per sample
+            resume = ResumePoint(self.epoch, self._step, consumed, None, self._step)
+        identity = Identity(self.spec.seed, self.rank, self.world, self.spec.batch_size, self._partition,
+                            *self._digests)
+        tuned = self.knobs.as_dict() if self._tuner is not None and self._tuner.done else None
+        return LoaderState(resume, identity, self.backend, self.stats(), tuned)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields what the interrupted run would have yielded next.
@@ -443,30 +469,45 @@ class DataLoader:
         or worker count, with no sample lost or repeated for the rest of the epoch (and the
         same global sequence when ``world * batch_size`` is unchanged). Otherwise the state
         resumes the same rank, world size and batch size only.
+
+        Raises:
+            UserError: the state cannot be honoured here (what differs), or it is damaged,
+                truncated, tampered with or foreign (the field that is wrong); nothing changes then.
         """
-        elastic = isinstance(state, dict) and state.get("partition") == "global" == self._partition
-        check_state(state, seed=self.spec.seed, rank=state.get("rank", self.rank) if elastic else self.rank,
-                    world=state.get("world_size", self.world) if elastic else self.world,
-                    batch_size=None if elastic else self.spec.batch_size,
-                    shards=self._digests[0], spec=self._digests[1])
-        saved = state.get("backend", "dali" if state.get("dali") else self.backend)
-        if saved != self.backend:
-            raise UserError(f"this state was taken with backend={saved!r} and this loader uses {self.backend!r}: the "
-                            f"two draw different orders and augmentations; pass backend={saved!r} to resume it")
-        self.epoch = int(state["epoch"])
-        self._stats = {k: v for k, v in state["stats"].items() if k != "converted"}
-        step, consumed = int(state["step"]), int(state.get("consumed", 0))
-        same = (state["rank"], state["world_size"], state.get("batch_size")) == (self.rank, self.world,
-                                                                                self.spec.batch_size)
-        if elastic and not (same and consumed == step * self.world * self.spec.batch_size):
-            self._resume = (0, None, consumed) if consumed else None  # a cursor into the epoch's global order
-        elif state["dali"]:
-            self._resume = (step, decode_checkpoint(state["dali"]), 0)
-        else:  # the threads and pil backends resume from the step alone: their randomness is per sample
-            self._resume = (step, None, 0) if step else None
-        tuned = state.get("tuned")
-        if self._tuner is not None and isinstance(tuned, dict):  # a resumed tuned run keeps its settings
-            self._tuner.pin(int(tuned["threads"]), int(tuned["prefetch"]), "resumed with the tuned settings")
+        parsed = parse_state(state)
+        saved = parsed.identity
+        elastic = saved.partition == "global" == self._partition
+        parsed.check_matches(seed=self.spec.seed, rank=saved.rank if elastic else self.rank,
+                             world=saved.world_size if elastic else self.world,
+                             batch_size=None if elastic else self.spec.batch_size,
+                             shards=self._digests[0], spec=self._digests[1])
+        if parsed.backend != self.backend:
+            raise UserError(f"this state was taken with backend={parsed.backend!r} and this loader uses "
+                            f"{self.backend!r}: the two draw different orders and augmentations; pass "
+                            f"backend={parsed.backend!r} to resume it")
+        r = parsed.resume
+        same = (saved.rank, saved.world_size, saved.batch_size) == (self.rank, self.world, self.spec.batch_size)
+        if elastic and not (same and r.consumed == r.step * self.world * self.spec.batch_size):
+            point = ResumePoint(r.epoch, consumed=r.consumed)  # a cursor into the epoch's global order
+        else:
+            point = ResumePoint(r.epoch, r.step, 0, r.checkpoint, r.checkpoint_step)
+        self._check_point(point)
+        self.epoch = r.epoch
+        self._stats = dict(parsed.stats)
+        self._resume = point if point.step or point.consumed else None
+        if self._tuner is not None and parsed.tuner is not None:  # a resumed tuned run keeps its settings
+            self._tuner.pin(parsed.tuner["threads"], parsed.tuner["prefetch"], "resumed with the tuned settings")
+
+    def _check_point(self, point: ResumePoint) -> None:
+        """A resume point's cursor and step must lie inside its epoch here (UserError naming the field)."""
+        total = sum(self.shards_for(point.epoch).sizes)
+        if point.consumed >= total:
+            raise UserError(f"cannot resume from this state: field 'consumed' must be an integer in [0, {total}) "
+                            f"(the samples of an epoch here), got {point.consumed}")
+        steps = self.epoch_plan(point.epoch, point.consumed).steps
+        if point.step >= max(1, steps):
+            raise UserError(f"cannot resume from this state: field 'step' must be an integer in [0, {steps}) "
+                            f"(the batches of epoch {point.epoch} here), got {point.step}")
 
     def close(self) -> None:
         """Stop the background thread, release the backend's pipelines and pooled memory (iteration can start again)."""

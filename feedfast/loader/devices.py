@@ -27,7 +27,14 @@ stream and its events.
 
 The device layer (:class:`CudaLayer`, :class:`HostLayer`) is the only code that touches
 ``torch.cuda`` streams and events. Tests swap in a stand-in layer that records what was
-ordered after what, so the prefetch ordering is checked without a GPU.
+ordered after what, so the prefetch ordering is checked without a GPU. A thread that
+touches CUDA for the loader (its producer thread) calls :meth:`DeviceLayer.bind_thread`
+before anything else, as torch's pin-memory thread does: a new thread's current device is
+0, and ``torch.cuda.stream`` saves and restores the *current* device's stream, so an
+unbound producer of rank 1 would open a CUDA context on GPU 0.
+
+The stall meter finds its device with the same rule (:func:`rank_cuda_device`), so its
+events are recorded on the stream the loader delivers to.
 """
 
 from __future__ import annotations
@@ -57,6 +64,19 @@ def rank_cuda_index(*, local_rank: int | None, count: int, current: int) -> int:
     if local_rank is not None and 0 <= local_rank < count:
         return local_rank
     return current
+
+
+def rank_cuda_device() -> torch.device | None:
+    """The rank's CUDA device in this process (``cuda:{LOCAL_RANK}`` under a launcher, else the current
+    device), or None without CUDA: what ``device='cuda'`` means to the loader and to the stall meter.
+
+    It never initializes CUDA: before torch has, the current device is 0.
+    """
+    if not _env.cuda_available():
+        return None
+    current = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    index = rank_cuda_index(local_rank=_env.launcher_local_rank(), count=torch.cuda.device_count(), current=current)
+    return torch.device("cuda", index)
 
 
 def resolve_delivery(placement: str, device: str | torch.device | None, *, cuda: bool, count: int = 0,
@@ -126,6 +146,9 @@ class DeviceLayer(Protocol):
     device: torch.device
     cuda: bool
 
+    def bind_thread(self) -> None:
+        """Make this layer's device the calling thread's current device (first thing on a new thread)."""
+
     def new_stream(self) -> Any: ...  # noqa: D102
 
     def current_stream(self) -> Any: ...  # noqa: D102
@@ -177,6 +200,9 @@ class HostLayer:
     def __init__(self) -> None:
         self.device = torch.device("cpu")
 
+    def bind_thread(self) -> None:  # noqa: D102 - no device to bind
+        return None
+
     def new_stream(self) -> NullStream:  # noqa: D102
         return NullStream()
 
@@ -209,6 +235,10 @@ class CudaLayer:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+
+    def bind_thread(self) -> None:
+        """``torch.cuda.set_device`` on the calling thread, before its first CUDA call."""
+        torch.cuda.set_device(self.device)
 
     def new_stream(self) -> Any:  # noqa: D102
         return torch.cuda.Stream(self.device)

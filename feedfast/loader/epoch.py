@@ -22,6 +22,14 @@ from feedfast.sources.assign import EpochPlan
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 
+CHECKPOINT_EVERY = 16
+"""Batches between two of DALI's checkpoints when no batch carries its own state (``sample_info`` off).
+
+``Pipeline.checkpoint()`` serializes every stateful operator's state (on a GPU, its random
+generators' states read back from the device); a state taken between two checkpoints resumes
+from the last one and makes at most this many batches again (see :mod:`feedfast.loader.state`).
+"""
+
 
 @dataclass
 class Batch:
@@ -30,7 +38,7 @@ class Batch:
     fields: dict[str, Any]
     origins: Sequence[tuple[str, str]]  # a list, or Origins read from the index when first asked for
     valid: int
-    checkpoint: str | None = None  # the backend's state after this batch (DALI's checkpoint)
+    checkpoint: str | None = None  # the backend's state after this batch (DALI's checkpoint), when it took one
     ready: Any = None  # the event that marks the batch's device tensors ready (see PinnedRing)
 
 
@@ -45,6 +53,9 @@ def make_pipeline(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
     step ``first_step``; its checkpoints then carry what rebuilding it needs.
     """
     spec = plan.spec
+    if plan.placement == "gpu" and device_id is None:  # DALI would limit the pipeline to CPU operators
+        raise BackendError("a GPU-placed plan needs DALI's device_id (the delivery rule gave none): "
+                           "this is a feedfast bug; please report it")
     reader = ReaderConfig(
         paths=[shards.paths[i] for i in ep.shard_order],
         index_paths=[shards.index_paths[i] for i in ep.shard_order],
@@ -171,7 +182,8 @@ class EpochPipe:
 def run_epoch(ep_pipe: EpochPipe, plan: Plan, ep: EpochPlan, ring: PinnedRing, rng: random.Random,
               shards: ShardSet, *, max_pixels: int = DEFAULT_MAX_PIXELS,
               suspects: Callable[[int], list[tuple[str, str]]] | None = None,
-              recover: Callable[[int, RuntimeError], EpochPipe] | None = None) -> Iterator[Batch]:
+              recover: Callable[[int, RuntimeError], EpochPipe] | None = None,
+              every: int = CHECKPOINT_EVERY) -> Iterator[Batch]:
     """Yield this rank's batches of the epoch from the pipe's start step on (run on the producer thread).
 
     Each batch's device tensors are copied on the ring's side stream; ``Batch.ready`` is the
@@ -180,6 +192,9 @@ def run_epoch(ep_pipe: EpochPipe, plan: Plan, ep: EpochPlan, ring: PinnedRing, r
     when it cannot: see :mod:`feedfast.loader.rescue`); without it, the failure is raised,
     ``suspects(step)`` (the samples of the steps in flight) narrowing
     :func:`~feedfast.loader.diagnose.diagnose`'s search for the sample to name.
+
+    DALI's checkpoint is taken after every ``every``-th step of the epoch (``Batch.checkpoint``;
+    None after the others): 1 when each batch carries its state.
     """
     step = ep_pipe.start
     while step < ep.steps:
@@ -193,7 +208,7 @@ def run_epoch(ep_pipe: EpochPipe, plan: Plan, ep: EpochPlan, ring: PinnedRing, r
                                candidates=candidates) from exc
             ep_pipe = recover(step, exc)
             continue
-        checkpoint = ep_pipe.checkpoint()
+        checkpoint = ep_pipe.checkpoint() if (step + 1) % every == 0 else None
         size, valid = ep.batch_sizes[step], ep.valid[step]
         raw_at = len(omap.fields)
         where = omap.stream.origins(step, size) if omap.stream else convert.origins(outs[raw_at], size)

@@ -12,7 +12,8 @@ drop_last                  mapped       True: ``last_batch: drop``; False: ``par
                                         the spec says ``drop`` (an explicit argument wins);
                                         None (unset): the spec's policy
 num_workers                mapped       threads of the ``dali``/``threads`` backends (0 means 1),
-                                        worker processes of ``pil``; None: all usable cores
+                                        worker processes of ``pil``; None: this rank's share of
+                                        the usable cores (divided by ``LOCAL_WORLD_SIZE``)
 pin_memory                 supported    pinned staging ring for a CUDA delivery device
 prefetch_factor            mapped       batches made ahead on the loader's thread (and DALI's
                                         queue depth)
@@ -92,10 +93,22 @@ def at_least_zero(name: str, v: int) -> int:
     return v
 
 
+def rank_cores() -> int:
+    """This rank's share of the usable cores: ranks on one node share them, so they are divided by the
+    launcher's ``LOCAL_WORLD_SIZE`` (8 ranks on 16 cores: 2 each), at least 1.
+
+    Raises:
+        UserError: ``LOCAL_WORLD_SIZE`` is set but not an integer.
+    """
+    local_world = _env.launcher_int("LOCAL_WORLD_SIZE")
+    return max(1, _env.usable_cores() // max(1, local_world or 1))
+
+
 def threads_for(num_workers: int | None) -> int:
-    """DALI CPU threads for torch's ``num_workers``: all usable cores when None, 0 means 1."""
+    """DALI CPU threads for torch's ``num_workers``: this rank's share of the cores when None
+    (:func:`rank_cores`), 0 means 1."""
     if num_workers is None:
-        return _env.usable_cores()
+        return rank_cores()
     return max(1, at_least_zero("num_workers", num_workers))
 
 

@@ -116,6 +116,11 @@ class CudaEvents:
         self._stream = stream
         self._device = torch.device(device) if device is not None else None
 
+    @property
+    def device(self) -> Any:
+        """The ``torch.device`` whose current stream the events are recorded on (None: the current device)."""
+        return self._device
+
     def __call__(self) -> TimingEvent:
         """Return a new, unrecorded CUDA event."""
         return _CudaEvent(self._stream, self._device)
@@ -133,6 +138,10 @@ def resolve_events(device: str | None, events: EventFactory | None) -> EventFact
     Args:
         device: ``"auto"`` (CUDA events when CUDA is available), ``"cpu"``/``None``
             (host wait only), or ``"cuda"``/``"cuda:N"`` (CUDA events, required).
+            ``auto`` and ``cuda`` mean the rank's GPU by feedfast.DataLoader's rule
+            (:func:`~feedfast.loader.devices.rank_cuda_device`: ``cuda:{LOCAL_RANK}`` under
+            torchrun, else the current device), so the events are recorded on the stream the
+            loader delivers to even when the script never called ``set_device``.
         events: An explicit factory; wins over ``device``.
 
     Returns:
@@ -157,11 +166,30 @@ def resolve_events(device: str | None, events: EventFactory | None) -> EventFact
         raise UserError(
             f"StallMeter: device got {device!r}; allowed: 'auto', 'cpu', 'cuda', 'cuda:N'"
         )
-    import torch
+    from feedfast.loader.devices import rank_cuda_device
 
-    if device == "auto":
-        return CudaEvents() if torch.cuda.is_available() else None
-    return CudaEvents(device=device)
+    if device.startswith("cuda:"):
+        return CudaEvents(device=device)
+    rank_device = rank_cuda_device()
+    if rank_device is None:
+        if device == "auto":
+            return None
+        return CudaEvents()  # raises: CUDA was asked for and is not there
+    return CudaEvents(device=rank_device)
+
+
+def gpu_index(events: EventFactory | None) -> int | None:
+    """The CUDA index of the GPU a meter with these events measures, for its NVML sampler.
+
+    The events' device when they are :class:`CudaEvents` on a known device, else the rank's
+    GPU by the loader's rule, else None (no CUDA: NVML then samples CUDA device 0, if any).
+    """
+    device = events.device if isinstance(events, CudaEvents) else None
+    if device is None:
+        from feedfast.loader.devices import rank_cuda_device
+
+        device = rank_cuda_device()
+    return None if device is None else int(device.index or 0)
 
 
 def basis_note(events: EventFactory | None) -> str:

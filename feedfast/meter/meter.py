@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from feedfast.errors import UserError
 from feedfast.meter import dist, plot, report
 from feedfast.meter.batch import BatchSize, check_batch_size, count_samples, unsized_message
-from feedfast.meter.events import EventFactory, TimingEvent, basis_note, basis_of, resolve_events
+from feedfast.meter.events import EventFactory, TimingEvent, basis_note, basis_of, gpu_index, resolve_events
 from feedfast.meter.forms import WaitScope, fetch, metered
 from feedfast.meter.samplers import SAMPLER_KEYS, Sampler
 from feedfast.meter.settings import build_samplers, check_callback, check_int, check_rate
@@ -51,9 +51,11 @@ class StallMeter:
             an int fixes it, a callable maps the batch to it.
         every: Call ``callback`` every this many steps (0: never).
         callback: Called with :func:`report.flatten` figures (run totals and window).
-        device: ``"auto"`` (CUDA events if CUDA is available), ``"cpu"``, ``"cuda[:N]"``.
+        device: ``"auto"`` (CUDA events if CUDA is available), ``"cpu"``, ``"cuda[:N]"``;
+            ``auto`` and ``cuda`` are the rank's GPU by the loader's rule (``cuda:{LOCAL_RANK}``
+            under torchrun, else the current device).
         events: An event factory overriding ``device`` (``CudaEvents``, ``SimulatedGpu``).
-        samplers: True (CPU and NVML), False, or a list of samplers.
+        samplers: True (CPU and NVML, NVML on the events' GPU), False, or a list of samplers.
         sample_hz: Samples per second of the default samplers.
         clock: The host clock in seconds.
 
@@ -84,7 +86,7 @@ class StallMeter:
         self._events = resolve_events(device, events)
         self._log = StepLog(gpu=self._events is not None, warmup=check_int("warmup", warmup, 0))
         self._min_steps = check_int("min_steps", min_steps, 1)
-        self._samplers = build_samplers(samplers, check_rate("sample_hz", sample_hz))
+        self._samplers = build_samplers(samplers, check_rate("sample_hz", sample_hz), gpu_index(self._events))
         self._clock = clock
         self._running = False
         self._t_wait: float | None = None

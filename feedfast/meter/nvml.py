@@ -11,6 +11,7 @@ unavailable and every figure is None.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from typing import Any
@@ -20,22 +21,60 @@ from feedfast.meter.samplers import Running, ThreadSampler, Unavailable
 _MIB = 1024 * 1024
 
 
+def nvml_target(cuda_index: int, visible: str | None) -> tuple[int | None, str | None]:
+    """The GPU NVML must sample for CUDA device ``cuda_index``: (NVML index, None) or (None, UUID).
+
+    CUDA numbers only the devices ``CUDA_VISIBLE_DEVICES`` lists, in its order, while NVML
+    numbers every GPU of the machine: with ``CUDA_VISIBLE_DEVICES=2,3``, ``cuda:1`` is NVML's
+    GPU 3. Entries may be indexes or UUIDs (``GPU-...``, ``MIG-...``); CUDA stops at the first
+    entry it cannot read, and so does this.
+
+    Args:
+        cuda_index: the CUDA device, as torch numbers it.
+        visible: ``CUDA_VISIBLE_DEVICES``, or None when unset (every GPU, in NVML's order).
+
+    Returns:
+        (None, None) when ``visible`` lists no such device.
+    """
+    if visible is None:
+        return cuda_index, None
+    entries: list[tuple[int | None, str | None]] = []
+    for entry in visible.split(","):
+        entry = entry.strip()
+        if entry.lstrip("-").isdigit():
+            if int(entry) < 0:
+                break
+            entries.append((int(entry), None))
+        elif entry.startswith(("GPU-", "MIG-")):
+            entries.append((None, entry))
+        else:
+            break
+    return entries[cuda_index] if 0 <= cuda_index < len(entries) else (None, None)
+
+
 class NvmlSampler(ThreadSampler):
     """GPU utilization, memory and SM activity of one GPU.
 
     Args:
-        index: NVML index of the GPU; used when no UUID finds one.
+        index: NVML index of the GPU, when it is known (wins over ``cuda_index``); also
+            what a UUID that finds no GPU falls back to.
         uuid: The GPU's UUID (``"GPU-..."``), which survives ``CUDA_VISIBLE_DEVICES``.
-            When None and torch has initialized CUDA, torch's current GPU is sampled.
+        cuda_index: The CUDA device to sample, as torch numbers it (default 0); the stall
+            meter passes its own device's. It is found by its UUID when torch has initialized
+            CUDA, else mapped through ``CUDA_VISIBLE_DEVICES`` (:func:`nvml_target`), never
+            from the sampler thread's current device (always 0 on a new thread).
         hz: Samples per second.
     """
 
     name = "gpu"
 
-    def __init__(self, *, index: int = 0, uuid: str | None = None, hz: float = 10.0) -> None:
+    def __init__(self, *, index: int | None = None, uuid: str | None = None, cuda_index: int | None = None,
+                 hz: float = 10.0) -> None:
         super().__init__(hz=hz)
-        self._index = index
-        self._uuid = uuid
+        self._cuda_index = 0 if cuda_index is None else cuda_index
+        self._index, self._uuid = index, uuid
+        if index is None and uuid is None:
+            self._index, self._uuid = nvml_target(self._cuda_index, os.environ.get("CUDA_VISIBLE_DEVICES"))
         self._nvml: Any = None
         self._handle: Any = None
         self._gpm_prev: Any = None
@@ -56,25 +95,35 @@ class NvmlSampler(ThreadSampler):
         self._nvml = pynvml
         try:
             self._handle = self._find_handle()
+        except Unavailable:
+            pynvml.nvmlShutdown()
+            self._nvml = None
+            raise
         except pynvml.NVMLError as exc:
             pynvml.nvmlShutdown()
             self._nvml = None
-            raise Unavailable(f"no GPU at NVML index {self._index}: {exc}") from exc
+            where = f"NVML index {self._index}" if self._index is not None else f"UUID {self._uuid}"
+            raise Unavailable(f"no GPU at {where} (CUDA device {self._cuda_index}): {exc}") from exc
         self._open_gpm()
 
     def _find_handle(self) -> Any:
         nvml = self._nvml
-        uuid = self._uuid or _torch_gpu_uuid()
+        uuid = self._uuid or _torch_gpu_uuid(self._cuda_index)
         if uuid is not None:
             try:
                 return nvml.nvmlDeviceGetHandleByUUID(uuid)
             except nvml.NVMLError as exc:
+                if self._index is None:
+                    raise
                 warnings.warn(
                     f"feedfast StallMeter: NVML found no GPU {uuid} ({exc}); "
                     f"sampling NVML index {self._index} instead",
                     RuntimeWarning,
                     stacklevel=1,
                 )
+        if self._index is None:
+            raise Unavailable(f"CUDA device {self._cuda_index} is not among CUDA_VISIBLE_DEVICES="
+                              f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}")
         return nvml.nvmlDeviceGetHandleByIndex(self._index)
 
     def _open_gpm(self) -> None:
@@ -151,16 +200,17 @@ class NvmlSampler(ThreadSampler):
             }
 
 
-def _torch_gpu_uuid() -> str | None:
-    """The UUID of torch's current GPU when torch has already initialized CUDA, else None.
+def _torch_gpu_uuid(cuda_index: int) -> str | None:
+    """The UUID of torch's GPU ``cuda_index`` when torch has already initialized CUDA, else None.
 
-    Never initializes CUDA itself (this runs in the sampler thread).
+    Never initializes CUDA itself (this runs in the sampler thread, whose current device is
+    not the training thread's: the index is given).
     """
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return None
     try:
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        props = torch.cuda.get_device_properties(cuda_index)
     except RuntimeError as exc:
         warnings.warn(
             f"feedfast StallMeter: torch could not name its GPU ({exc}); NVML samples by index",

@@ -45,14 +45,15 @@ def check_callback(every: int, callback: Callable[..., Any] | None) -> None:
         )
 
 
-def build_samplers(setting: bool | Sequence[Sampler], hz: float) -> list[Sampler]:
-    """The samplers a ``samplers=`` setting asks for (True: CPU and NVML).
+def build_samplers(setting: bool | Sequence[Sampler], hz: float, cuda_index: int | None = None) -> list[Sampler]:
+    """The samplers a ``samplers=`` setting asks for (True: CPU and NVML, the latter on CUDA device
+    ``cuda_index``: the meter's own device, default 0).
 
     Raises:
         UserError: The setting holds something that is not a Sampler.
     """
     if setting is True:
-        return [CpuSampler(hz=hz), NvmlSampler(hz=hz)]
+        return [CpuSampler(hz=hz), NvmlSampler(cuda_index=cuda_index, hz=hz)]
     if setting is False:
         return []
     samplers = list(setting)
