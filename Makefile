@@ -16,18 +16,27 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
-	@# pillow-simd builds from source and needs the libjpeg and zlib headers
-	@if [ ! -f /usr/include/jpeglib.h ] || [ ! -f /usr/include/zlib.h ]; then \
-	  echo "installing libjpeg and zlib headers for pillow-simd"; \
+	@# pillow-simd builds from source and links the codecs whose headers it finds: libjpeg and zlib, and libtiff,
+	@# OpenJPEG and libwebp, without which valid TIFF (LZMA, old-style JPEG), JPEG 2000 and WebP images that DALI
+	@# cannot read either are lost (`feedfast doctor` calls a missing one a problem)
+	@if ! printf '#include <jpeglib.h>\n#include <zlib.h>\n#include <tiffio.h>\n#include <webp/decode.h>\n' | \
+	    cc -E -x c - >/dev/null 2>&1 || ! ls /usr/include/openjpeg-2.*/openjpeg.h >/dev/null 2>&1; then \
+	  echo "installing the libjpeg, zlib, libtiff, OpenJPEG and libwebp headers for pillow-simd"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q libjpeg-dev zlib1g-dev; fi
+	  $$SUDO apt-get update -q && \
+	  $$SUDO apt-get install -y -q libjpeg-dev zlib1g-dev libtiff-dev libopenjp2-7-dev libwebp-dev; fi
 	@# pillow-simd's fast resize paths need AVX2 enabled when it is compiled (its default is SSE4): on a CPU with
-	@# AVX2, build it with CC="cc -mavx2" before the extras (which then find it), and rebuild an installed build
-	@# whose module does not record -mavx2 among its compiler flags (`feedfast doctor` says which build is in use)
-	@if echo ",$(EXTRAS)," | grep -q ",simd," && grep -qsw avx2 /proc/cpuinfo && \
-	  ! grep -qsa -e "-mavx2" $(VENV)/lib/python3*/site-packages/PIL/_imaging.*.so; then \
-	  echo "building pillow-simd with AVX2 (CC='cc -mavx2')"; \
-	  CC="cc -mavx2" $(PIP) install -q --force-reinstall --no-deps --no-binary pillow-simd --no-cache-dir "pillow-simd>=9.0"; fi
+	@# AVX2, build it with CC="cc -mavx2" before the extras (which then find it). An installed build is rebuilt
+	@# when its module does not record -mavx2 among its compiler flags (`feedfast doctor` says which build is in
+	@# use) or when it lacks libtiff, OpenJPEG or libwebp (built before their headers were there)
+	@if echo ",$(EXTRAS)," | grep -q ",simd,"; then \
+	  CC_SIMD="cc"; grep -qsw avx2 /proc/cpuinfo && CC_SIMD="cc -mavx2"; \
+	  if ! $(PY) -c "import sys, PIL.features as f; sys.exit(not all(f.check(c) for c in ('libtiff', 'jpg_2000', 'webp')))" \
+	      2>/dev/null || { [ "$$CC_SIMD" != cc ] && \
+	      ! grep -qsa -e "-mavx2" $(VENV)/lib/python3*/site-packages/PIL/_imaging.*.so; }; then \
+	    echo "building pillow-simd (CC='$$CC_SIMD') with libtiff, OpenJPEG and libwebp"; \
+	    CC="$$CC_SIMD" $(PIP) install -q --force-reinstall --no-deps --no-binary pillow-simd --no-cache-dir "pillow-simd>=9.0"; \
+	  fi; fi
 	@# the extras (Lightning in dev, DALI) resolve against the torch build installed above, never a newer torch from
 	@# PyPI: torch is pinned to it (none of them depends on a PIL, so pillow-simd's stays)
 	$(PY) -c 'import torch; print("torch==" + torch.__version__)' > $(VENV)/torch-pin.txt
@@ -78,12 +87,17 @@ clean:
 # The GPU check (benchmarks/gpu_check.py). It needs no venv and no network, so on a GPU machine it runs on that
 # machine's own python; WHEELS=DIR installs DALI from a folder of wheels (or NAME.part-* pieces) when it is missing.
 # Without CUDA (or with DRY_RUN=1) it is the CPU dry run. Exit 1 when a section errored or the budget ran out.
-GPU_PY   ?= $(if $(wildcard $(PY)),$(PY),python3)
-GPU_JSON ?= bench-results/gpu-check.json
+# It cannot lose the 15-minute GPU lease: sections start within GPU_BUDGET s, the script ends itself at GPU_LIMIT s
+# (tracebacks and the JSON written; exit 3), and `timeout` kills it 30 s later should even that not run.
+GPU_PY     ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_JSON   ?= bench-results/gpu-check.json
+GPU_BUDGET ?= 300
+GPU_LIMIT  ?= 360
 
 gpu-check:
 	@mkdir -p $(dir $(GPU_JSON))
-	$(GPU_PY) benchmarks/gpu_check.py $(if $(WHEELS),--wheels $(WHEELS)) $(if $(DRY_RUN),--dry-run) --json $(GPU_JSON)
+	timeout -k 5 $$(( $(GPU_LIMIT) + 30 )) $(GPU_PY) benchmarks/gpu_check.py $(if $(WHEELS),--wheels $(WHEELS)) \
+	  $(if $(DRY_RUN),--dry-run) --budget $(GPU_BUDGET) --limit $(GPU_LIMIT) --json $(GPU_JSON)
 
 # Wheel pieces for gpu-check on a GPU machine without network: run here (pip must reach PyPI); it downloads DALI for
 # CUDA 13 and what it needs for Python 3.12 (benchmarks/gpucheck_wheels.py PACKAGES) and cuts them into pieces of

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from feedfast.cli import sysprobe
-from feedfast.cli.doctor import limits, pil_simd_level, sample_jpeg
+from feedfast.cli.doctor import collect, limits, pil_simd_level, problems, sample_jpeg
 from feedfast.cli.main import main
+from feedfast.sources.decoders import IMAGE_CODECS, PIL_CODECS
 
 FAST = ["--decode-seconds", "0.05"]
 
@@ -19,10 +20,12 @@ def test_doctor_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--json", *FAST]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert set(rep) == {"versions", "cuda", "hw_jpeg_decoder", "cpu", "memory", "cache", "simd", "decode_benchmark",
-                        "limits", "pil_codecs", "native"}
+                        "limits", "pil_codecs", "native", "problems"}
     assert rep["native"] == {"built": True, "libjpeg_turbo": rep["native"]["libjpeg_turbo"]}
     assert not any("C extension" in line for line in rep["limits"])
     assert rep["pil_codecs"]["jpg"]["present"] is True and "zlib" in rep["pil_codecs"]
+    missing = [name for name in IMAGE_CODECS if not rep["pil_codecs"][name]["present"]]
+    assert missing == [] and rep["problems"] == [], "make setup builds pillow-simd with libtiff, OpenJPEG and libwebp"
     assert rep["simd"]["pil"]["level"] in ("AVX-512", "AVX2", "AVX", "SSE4", "none (no -msse4/-mavx flags)", "unknown")
     v = rep["versions"]
     for key in ("feedfast", "python", "torch", "dali", "webdataset"):
@@ -85,6 +88,26 @@ def test_pillow_simd_built_without_avx2_on_an_avx2_cpu_is_a_limit() -> None:
     assert any("built for SSE4 on a CPU with AVX2" in line and "-mavx2" in line for line in limits(rep))
     rep["simd"]["pil"]["level"] = "AVX2"
     assert not any("AVX2" in line for line in limits(rep))
+
+
+@pytest.mark.parametrize("simd", [True, False])
+def test_a_missing_image_codec_is_a_problem_with_its_fix(simd: bool, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    codecs = {name: {"present": name not in ("libtiff", "jpg_2000"), "reads": what} for name, what in PIL_CODECS.items()}
+    rep = {"versions": {"pil": {"simd": simd}}, "pil_codecs": codecs}
+    found = problems(rep)
+    assert [p["problem"].split(":")[0] for p in found] == ["this PIL has no libtiff codec",
+                                                            "this PIL has no jpg_2000 codec"]
+    assert "LZMA" in found[0]["problem"] and "left out" in found[0]["problem"]
+    if simd:
+        assert "apt-get install libtiff-dev libopenjp2-7-dev" in found[0]["fix"] and "pillow-simd" in found[0]["fix"]
+    else:
+        assert "pip install --force-reinstall --no-deps Pillow" in found[0]["fix"]
+    assert problems({**rep, "pil_codecs": {n: {**c, "present": True} for n, c in codecs.items()}}) == []
+    real = collect
+    monkeypatch.setattr("feedfast.cli.doctor.collect", lambda seconds: {**real(seconds), "problems": found})
+    assert main(["doctor", *FAST]) == 0
+    assert "problems:\n  - this PIL has no libtiff codec" in capsys.readouterr().out
 
 
 def _module_with(tmp_path: Path, producer: bytes) -> str:

@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import random
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import pytest
+from PIL import Image
 
+import feedfast
+from feedfast.errors import SampleError
 from feedfast.sources import checked, imagechecks
 from feedfast.sources.checked import check_members, check_shard, check_shards
-from feedfast.sources.checkworker import Failed
-from feedfast.sources.decoders import Verdicts
+from feedfast.sources.checkworker import CheckPool, Failed
+from feedfast.sources.decoders import PLAIN_SCANS, Verdicts, check_image, jpeg_scans
 from feedfast.sources.imagechecks import _cuts, _one_by_one, run_checks
 from feedfast.sources.index import scan_tar
-from feedfast.sources.validate import SNIFF_BYTES, Verdict
+from feedfast.sources.validate import SNIFF_BYTES, Verdict, to_png
 from tests.corpus import hostile_images, mutate, write_hostile, write_tar
+from tests.helpers import SMALL_SPEC
+from tests.jpegcases import fuzz_members, jpeg, scan_bomb
 
 MAX_PIXELS = 4_000_000
 
@@ -139,3 +150,79 @@ def test_check_members_of_a_shard_without_images_starts_no_worker(tmp_path: Path
     shard = str(write_tar(tmp_path / "labels.tar", [("a.cls", b"1"), ("b.cls", b"2")]))
     monkeypatch.setattr(imagechecks, "pool", lambda: pytest.fail("a pool for no images"))
     assert list(check_members(shard, scan_tar(shard), [{"jpg"}], MAX_PIXELS, False)) == []
+
+
+# --- what DALI decodes is not called broken (issue 24, item 4) -------------------------------------
+
+def test_skip_checks_convert_what_only_dali_decodes_and_leave_out_what_neither_does(tmp_path: Path) -> None:
+    path = str(write_tar(tmp_path / "fuzz-0000.tar", fuzz_members(broken=True)))
+    verdicts = {key: v for key, _, v in check_members(path, scan_tar(path), [{"jpg"}], MAX_PIXELS, True)}
+    for key, v in verdicts.items():
+        kind = key.split("-")[0]
+        expected = {"good": "ok", "dali": "convert", "lossless": "convert", "pil": "convert", "cut": "bad"}[kind]
+        assert v.status == expected, (key, v)
+        if kind in ("dali", "lossless"):
+            assert v.reason.startswith("decoded by DALI only (PIL: OSError: broken data stream"), v.reason
+    png = to_png(dict(fuzz_members(broken=False))["lossless.jpg"])  # the side shard's image: DALI's grey pixels
+    assert Image.open(io.BytesIO(png)).mode == "L"
+
+
+# --- time bounds that hold (issue 24, item 5) -----------------------------------------------------
+
+def test_a_header_check_counts_a_progressive_jpegs_scans_over_the_whole_file() -> None:
+    progressive, bomb = jpeg(0, 640, 480, progressive=True), scan_bomb(1024, 6000)
+    assert len(bomb) > SNIFF_BYTES and jpeg_scans(bomb) == (True, 6001) and jpeg_scans(jpeg(0)) == (False, 1)
+    sniffed = [check_image(data[:SNIFF_BYTES], max_pixels=MAX_PIXELS, decode=False, dali=None, complete=False)
+               for data in (progressive + bytes(SNIFF_BYTES), bomb)]
+    assert [v.status for v in sniffed] == ["whole", "whole"]
+    assert check_image(progressive, max_pixels=MAX_PIXELS, decode=False, dali=None).status == "ok"
+    cut = scan_bomb(256, 2 * PLAIN_SCANS)[:-40]  # many scans, cut short: only a decode sees it
+    assert check_image(cut, max_pixels=MAX_PIXELS, decode=False, dali=None).status == "bad"
+
+
+def test_a_scan_bomb_is_stopped_under_raise_before_any_loader_decodes_it(tmp_path: Path) -> None:
+    bomb = scan_bomb(2048, 6000)  # 110 kB: about 3 s of PIL decode on this kind of machine (a minute at 67 MP)
+    path = str(write_tar(tmp_path / "bomb-0000.tar", [("a.jpg", jpeg(0)), ("a.cls", b"0"), ("bomb.jpg", bomb),
+                                                     ("bomb.cls", b"1"), ("b.jpg", jpeg(1)), ("b.cls", b"2")]))
+    spec = {**SMALL_SPEC, "source": {"on_error": "raise", "check_seconds": 0.3}}
+    start = time.monotonic()
+    with pytest.raises(SampleError, match="longer than 0.3 s") as info:
+        feedfast.DataLoader(spec, shards=path, backend="pil", num_workers=0)
+    assert info.value.key == "bomb" and time.monotonic() - start < 15
+    spec["source"]["on_error"] = "skip"
+    loader = feedfast.DataLoader(spec, shards=path, backend="pil", num_workers=0, batch_size=2)
+    assert [s["key"] for s in loader.skipped_samples()] == ["bomb"]
+
+
+def _stopped_for(pool: CheckPool, seconds: float, job: tuple[Any, ...]) -> Any:
+    """The answer to ``job`` while its worker is stopped (SIGSTOP) for ``seconds`` of wall time: a machine so
+    busy that the check gets no core."""
+    list(pool.map([job]))  # the worker started and warm
+    pid = pool._workers[0].proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    timer = threading.Timer(seconds, os.kill, (pid, signal.SIGCONT))
+    timer.start()
+    try:
+        (answer,) = pool.map([job])
+    finally:
+        timer.cancel()
+        with contextlib.suppress(ProcessLookupError):  # killed for running over
+            os.kill(pid, signal.SIGCONT)
+    return answer
+
+
+def test_a_check_that_waits_for_a_core_is_not_failed() -> None:
+    pool = CheckPool(1, seconds=0.3)
+    try:
+        assert _stopped_for(pool, 1.2, ("check", jpeg(0), MAX_PIXELS, True)) == Verdict("ok")  # 4 x the limit
+    finally:
+        pool.close()
+
+
+def test_a_check_that_makes_no_progress_fails_after_its_wall_bound() -> None:
+    pool = CheckPool(1, seconds=0.05)  # wall bound: WALL_FACTOR x 0.05 s = 1 s
+    try:
+        answer = _stopped_for(pool, 1.5, ("check", jpeg(0), MAX_PIXELS, True))
+    finally:
+        pool.close()
+    assert isinstance(answer, Failed) and "longer than 0.05 s" in answer.reason

@@ -24,9 +24,12 @@ from feedfast.loader.pil_epoch import run_pil_epoch
 from feedfast.ops.registry import OPS
 from feedfast.sources.assign import EpochPlan, plan_epoch, step_positions
 from feedfast.sources.dataset import ShardSet, open_shards
+from feedfast.sources.decoders import DaliDecoder
 from feedfast.sources.index import load_index
 from feedfast.spec import load_spec
-from tests.helpers import shard_with_bad_sample
+from tests.helpers import SMALL_SPEC, shard_with_bad_sample
+from tests.jpegcases import jpeg as make_jpeg
+from tests.jpegcases import lossless_jpeg, pillow_rejects_dali_decodes
 
 ROOT = Path(__file__).resolve().parents[1]
 VAL = ROOT / "pipelines/imagenet-val.yaml"
@@ -247,6 +250,38 @@ def test_a_corrupt_jpeg_raises_sample_error_naming_shard_and_key(tmp_path: Path,
                            workers=workers, seed=0, epoch=0, start=0))
     assert (info.value.shard, info.value.key) == (path, "bad")
     assert "`decode` failed (pipeline.image[0])" in info.value.reason
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_an_image_only_dali_decodes_is_delivered_with_dalis_pixels(tmp_path: Path, workers: int) -> None:
+    good, grey = make_jpeg(0), np.asarray(Image.open(io.BytesIO(make_jpeg(5))).convert("L"))
+    cases = {"stray": pillow_rejects_dali_decodes(1)[0], "lossless": lossless_jpeg(grey)}
+    spec = load_spec({**SMALL_SPEC, "pipeline": {"image": ["decode", {"center_crop": {"size": [48, 64]}}],
+                                                 "label": ["label"]}}).replace(batch_size=4)
+    for key, bad in cases.items():
+        (tmp_path / key).mkdir()
+        path = shard_with_bad_sample(tmp_path / key, good, bad)
+        index, samples = load_index(path, tmp_path)
+        sset = ShardSet((path,), (str(index),), (len(samples),))  # unchecked: the backend itself meets the image
+        ep = plan_epoch([len(samples)], batch_size=4, rank=0, world=1, last_batch="partial")
+        (batch,) = run_pil_epoch(build_plan(spec, device="cpu"), sset, ep, rank=0, world=1, batch_size=4,
+                                 workers=workers, seed=0, epoch=0, start=0)
+        assert [k for _, k in batch.origins] == ["a", "b", "bad", "c"]
+        pixels = batch.fields["image"][2].numpy()
+        expected = DaliDecoder().decode(bad)[0] if key == "stray" else np.repeat(grey[:, :, None], 3, axis=2)
+        assert np.array_equal(pixels, expected), key
+
+
+def test_an_image_neither_decodes_raises_with_both_reasons(tmp_path: Path) -> None:
+    path = shard_with_bad_sample(tmp_path, make_jpeg(0), make_jpeg(1)[:400])
+    index, samples = load_index(path, tmp_path)
+    sset = ShardSet((path,), (str(index),), (len(samples),))
+    spec = load_spec(VAL).replace(batch_size=2)
+    ep = plan_epoch([len(samples)], batch_size=2, rank=0, world=1, last_batch="partial")
+    with pytest.raises(SampleError, match=r"sample 'bad'") as info:
+        list(run_pil_epoch(build_plan(spec, device="cpu"), sset, ep, rank=0, world=1, batch_size=2, workers=0,
+                           seed=0, epoch=0, start=0))
+    assert "cannot decode the image (OSError" in info.value.reason and "; DALI: " in info.value.reason, info.value.reason
 
 
 # --- through feedfast.DataLoader(backend="pil") ----------------------------------------------

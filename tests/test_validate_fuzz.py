@@ -169,3 +169,31 @@ def test_threaded_path_delivers_what_dali_decodes_under_raise(tmp_path: Path) ->
     assert sorted(threads) == sorted(dali)
     for key, pixels in dali.items():
         assert np.abs(pixels.astype(int) - threads[key].astype(int)).max() <= 1, key
+
+
+def _codec_members() -> tuple[list[tuple[str, bytes]], dict[str, np.ndarray]]:
+    """An LZMA TIFF, a JPEG 2000 and a lossless WebP of one picture (members named .jpg: the bytes decide)."""
+    import io
+
+    from tests.corpus import photo
+
+    img = photo(4, 64, 48)
+    members, pixels = [], {}
+    for n, (key, fmt, kw) in enumerate([("tiff", "TIFF", {"compression": "tiff_lzma"}), ("jp2", "JPEG2000", {}),
+                                        ("webp", "WEBP", {"lossless": True})]):
+        out = io.BytesIO()
+        img.save(out, fmt, **kw)
+        members += [(f"{key}.jpg", out.getvalue()), (f"{key}.cls", str(n).encode())]
+        pixels[key] = np.asarray(img)
+    return members, pixels
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+def test_tiff_jpeg2000_and_webp_are_delivered_by_both_backends(tmp_path: Path, policy: str) -> None:
+    members, pixels = _codec_members()
+    shard = str(write_tar(tmp_path / "codecs-0000.tar", members))
+    for backend in ("pil", "dali"):
+        got = _deliver(_fuzz_spec(policy), shard, backend)
+        assert sorted(got) == sorted(pixels), backend  # pillow-simd built with libtiff, OpenJPEG, libwebp
+        for key, expected in pixels.items():
+            assert np.array_equal(got[key], expected), (backend, key)

@@ -1,8 +1,8 @@
 """``feedfast doctor``: what this machine offers an input pipeline, and what would limit it.
 
 Versions, CUDA and GPUs, the hardware JPEG decoder, cores, memory, the cache folder, the SIMD
-level PIL was compiled for, and a one-second PIL decode micro-benchmark that turns the core
-count into an image rate.
+level PIL was compiled for and its codecs, and a one-second PIL decode micro-benchmark that
+turns the core count into an image rate. Problems (a missing image codec) come with their fix.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def collect(decode_seconds: float = 1.0) -> dict[str, Any]:
     jpeg = sample_jpeg()
     cuda = sysprobe.cuda()
     cpu = sysprobe.cpu()
-    report = {
+    report: dict[str, Any] = {
         "versions": sysprobe.versions(), "cuda": cuda,
         "hw_jpeg_decoder": sysprobe.hw_jpeg_decoder(cuda["available"], jpeg),
         "cpu": cpu, "memory": sysprobe.memory(), "cache": sysprobe.cache_folder(),
@@ -114,7 +114,27 @@ def collect(decode_seconds: float = 1.0) -> dict[str, Any]:
         "decode_benchmark": decode_benchmark(jpeg, decode_seconds, cpu["usable"]),
     }
     report["limits"] = limits(report)
+    report["problems"] = problems(report)
     return report
+
+
+def problems(r: dict[str, Any]) -> list[dict[str, str]]:
+    """What makes feedfast deliver less than it should here, each with its fix: a PIL without an image codec
+    loses the images only that codec reads (DALI cannot read them all)."""
+    from feedfast.sources.decoders import IMAGE_CODECS
+
+    codecs = r.get("pil_codecs", {})
+    missing = [name for name in IMAGE_CODECS if name in codecs and not codecs[name]["present"]]
+    if not missing:
+        return []
+    if r["versions"]["pil"].get("simd"):
+        fix = (f"install the headers (apt-get update && apt-get install {' '.join(IMAGE_CODECS[n] for n in missing)}) "
+               "and rebuild pillow-simd: CC=\"cc -mavx2\" pip install --force-reinstall --no-deps --no-binary "
+               "pillow-simd --no-cache-dir pillow-simd (make setup does both)")
+    else:
+        fix = "pip install --force-reinstall --no-deps Pillow (its wheels hold every codec)"
+    return [{"problem": f"this PIL has no {name} codec: {codecs[name]['reads']} images it alone reads are left out "
+                        "(on_error: skip) or raised (on_error: raise)", "fix": fix} for name in missing]
 
 
 def native_ext() -> dict[str, Any]:
@@ -164,11 +184,6 @@ def limits(r: dict[str, Any]) -> list[str]:
         out.append("feedfast's C extension is not built: the threaded CPU path decodes whole JPEG rows and normalizes "
                    "in NumPy (about 1.3x slower); install libjpeg-turbo's headers (apt-get install libjpeg-dev) and "
                    "reinstall feedfast")
-    missing = [f"{name} ({c['reads']})" for name, c in r.get("pil_codecs", {}).items() if not c["present"]]
-    if missing:
-        out.append(f"this PIL lacks {', '.join(missing)}: such images are checked and decoded by DALI and re-encoded "
-                   "as PNG (slower to load; without DALI they are left out); a PIL built with those libraries reads "
-                   "them directly")
     if not r["cache"]["writable"]:
         out.append(f"cache folder not writable ({r['cache']['reason']}): shard indexes are rebuilt on every run")
     return out
@@ -213,6 +228,10 @@ def _print(r: dict[str, Any]) -> None:
         ("decode", r["decode_benchmark"]["what"]),
     ]
     print("feedfast doctor\n" + table(rows))
+    if r["problems"]:
+        print("problems:")
+        for p in r["problems"]:
+            print(f"  - {p['problem']}\n    fix: {p['fix']}")
     print("what would limit throughput here:")
     for line in r["limits"]:
         print(f"  - {line}")

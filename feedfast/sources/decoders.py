@@ -129,15 +129,18 @@ def _missing_decoders(img: Any) -> str:
 
 
 PIL_CODECS = {
-    "jpg": "JPEG", "zlib": "PNG", "libtiff": "compressed TIFF (LZW, Deflate, JPEG-in-TIFF)", "webp": "WebP",
+    "jpg": "JPEG", "zlib": "PNG", "libtiff": "compressed TIFF (LZW, Deflate, LZMA, JPEG-in-TIFF)", "webp": "WebP",
     "jpg_2000": "JPEG 2000", "littlecms2": "ICC colour management (LAB and ICC-profiled images in the pil backend)",
 }
+IMAGE_CODECS = {"jpg": "libjpeg-dev", "zlib": "zlib1g-dev", "libtiff": "libtiff-dev", "jpg_2000": "libopenjp2-7-dev",
+                "webp": "libwebp-dev"}
+"""The PIL codecs without which images are lost, and the Debian/Ubuntu package of each one's headers."""
 
 
 def pil_codecs() -> dict[str, tuple[bool, str]]:
-    """{PIL feature: (present, what it reads)}: what ``feedfast doctor`` lists. A missing codec
-    does not lose images when DALI is installed: the check lets DALI decode such files and
-    re-encodes them as PNG (slower to load, more disk); without DALI they are left out."""
+    """{PIL feature: (present, what it reads)}: what ``feedfast doctor`` lists. A missing image codec
+    (:data:`IMAGE_CODECS`) loses images: DALI's CPU decoder cannot read every TIFF (LZMA, old-style
+    JPEG) or JPEG 2000 that stock Pillow reads, so such files are left out or raised."""
     from PIL import features
 
     out = {}
