@@ -7,8 +7,9 @@ repository's folder in place.
 
 ``feedfast._native`` (``feedfast/_native.c``) holds the threaded CPU path's hot loops: JPEG
 region decoding against the system's libjpeg-turbo (the libjpeg Pillow builds against;
-headers: ``libjpeg-dev``) and ``normalize`` in one pass, built without fused multiply-adds so
-its floats are NumPy's bit for bit. It is optional: where it does not build, the install goes
+headers: ``libjpeg-dev``), Pillow's resize (``feedfast/_resample.c``, a port) and ``normalize``
+in one pass, built without fused multiply-adds so its floats are NumPy's (and its resize's
+coefficients Pillow's) bit for bit. It is optional: where it does not build, the install goes
 on without it and feedfast runs those steps in Pillow and NumPy (``feedfast doctor`` says
 which). Everything else is declared in ``pyproject.toml``.
 """
@@ -39,7 +40,8 @@ class BuildPyWithPipelines(build_py):
             self.copy_file(str(spec), str(target / spec.name))
 
 
-NATIVE = Extension("feedfast._native", sources=["feedfast/_native.c"], libraries=["jpeg"],
+NATIVE = Extension("feedfast._native", sources=["feedfast/_native.c", "feedfast/_resample.c"],
+                   depends=["feedfast/_resample.h"], libraries=["jpeg"],
                    extra_compile_args=["-O3", "-ffp-contract=off"], optional=True)
 
 setup(cmdclass={"build_py": BuildPyWithPipelines}, ext_modules=[NATIVE])

@@ -40,11 +40,15 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <setjmp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
 #include <jpeglib.h>
+
+#include "_resample.h"
 
 #ifndef LIBJPEG_TURBO_VERSION
 #error "feedfast._native needs libjpeg-turbo's jpeglib.h (jpeg_crop_scanline, jpeg_skip_scanlines)"
@@ -82,36 +86,34 @@ clamp(unsigned long value, JDIMENSION limit)
     return value > limit ? limit : (JDIMENSION)value;
 }
 
-static PyObject *
-decode_region(PyObject *self, PyObject *args)
-{
-    Py_buffer data;
-    unsigned int denom;
-    unsigned long left, top, right, bottom;
-    int gray;
-    if (!PyArg_ParseTuple(args, "y*Ikkkkp", &data, &denom, &left, &top, &right, &bottom, &gray))
-        return NULL;
-    if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
-        PyBuffer_Release(&data);
-        return PyErr_Format(PyExc_ValueError, "denom must be 1, 2, 4 or 8, got %u", denom);
-    }
-    struct jpeg_decompress_struct cinfo;
-    ErrorManager err;
-    memset(&cinfo, 0, sizeof cinfo); /* jpeg_destroy_decompress is then safe whatever failed */
-    memset(&err, 0, sizeof err);
-    cinfo.err = jpeg_std_error(&err.pub);
-    err.pub.error_exit = error_exit;
-    err.pub.emit_message = emit_message;
+/* Where decode_rows puts the pixels: `allocate` gives the buffer once the region's size is known (NULL when it
+ * cannot, the decode then stops); the region decoded comes back in the other fields. */
+typedef struct {
+    unsigned char *(*allocate)(void *context, size_t size);
+    void *context;
+    JDIMENSION left, top, width, rows;
+    unsigned char *pixels;
+} RegionRows;
 
-    /* volatile: read after a longjmp */
-    PyObject *volatile pixels = NULL;
-    PyThreadState *volatile saved = PyEval_SaveThread();
-    volatile JDIMENSION x0 = 0, width = 0, y0 = 0, rows = 0;
+/* decode_region's work, without the GIL: the rows of the region (clamped, widened as libjpeg-turbo's crop
+ * needs) into `height` rows of width * channels bytes, then one row of slack. Returns with err->failed set and
+ * libjpeg's message on an error or a warning, else with region->pixels NULL when allocate gave none. */
+static void
+decode_rows(const Py_buffer *data, unsigned int denom, unsigned long left, unsigned long top, unsigned long right,
+            unsigned long bottom, int gray, RegionRows *region, ErrorManager *err)
+{
+    struct jpeg_decompress_struct cinfo;
+    memset(&cinfo, 0, sizeof cinfo); /* jpeg_destroy_decompress is then safe whatever failed */
+    memset(err, 0, sizeof *err);
+    cinfo.err = jpeg_std_error(&err->pub);
+    err->pub.error_exit = error_exit;
+    err->pub.emit_message = emit_message;
+    region->pixels = NULL;
     const int channels = gray ? 1 : 4;
 
-    if (setjmp(err.jump) == 0) {
+    if (setjmp(err->jump) == 0) {
         jpeg_create_decompress(&cinfo); /* inside: it may fail (memory) through error_exit */
-        jpeg_mem_src(&cinfo, (const unsigned char *)data.buf, (unsigned long)data.len);
+        jpeg_mem_src(&cinfo, (const unsigned char *)data->buf, (unsigned long)data->len);
         jpeg_read_header(&cinfo, TRUE);
         cinfo.scale_num = 1;
         cinfo.scale_denom = denom;
@@ -127,45 +129,76 @@ decode_region(PyObject *self, PyObject *args)
         JDIMENSION cw = x1 - xs;
         if (xs > 0 || cw < w)
             jpeg_crop_scanline(&cinfo, &xs, &cw);
-        if (ys > 0 && (jpeg_skip_scanlines(&cinfo, ys) != ys || cinfo.output_scanline != ys) && !err.failed) {
-            strcpy(err.message, "too few rows skipped");
-            err.failed = 1;
+        if (ys > 0 && (jpeg_skip_scanlines(&cinfo, ys) != ys || cinfo.output_scanline != ys) && !err->failed) {
+            strcpy(err->message, "too few rows skipped");
+            err->failed = 1;
         }
-        x0 = xs, width = cw, y0 = ys, rows = y1 - ys;
-        if (!err.failed) {
-            PyEval_RestoreThread(saved);
-            saved = NULL;
+        region->left = xs, region->width = cw, region->top = ys, region->rows = y1 - ys;
+        if (!err->failed) {
             /* one row of slack: Pillow maps a window of it with a stride only if a whole last stride fits */
-            pixels = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)width * channels * (rows + 1));
-            if (pixels != NULL) {
-                saved = PyEval_SaveThread();
-                unsigned char *out = (unsigned char *)PyBytes_AS_STRING(pixels);
-                size_t stride = (size_t)width * channels;
-                while (cinfo.output_scanline < y1 && !err.failed) {
-                    JSAMPROW row = out + stride * (cinfo.output_scanline - ys);
+            region->pixels = region->allocate(region->context, (size_t)cw * channels * (y1 - ys + 1));
+            if (region->pixels != NULL) {
+                size_t stride = (size_t)cw * channels;
+                while (cinfo.output_scanline < y1 && !err->failed) {
+                    JSAMPROW row = region->pixels + stride * (cinfo.output_scanline - ys);
                     if (jpeg_read_scanlines(&cinfo, &row, 1) != 1)
                         break;
                 }
-                if (cinfo.output_scanline < y1 && !err.failed) {
-                    strcpy(err.message, "too few rows decoded");
-                    err.failed = 1;
+                if (cinfo.output_scanline < y1 && !err->failed) {
+                    strcpy(err->message, "too few rows decoded");
+                    err->failed = 1;
                 }
             }
         }
     }
     jpeg_destroy_decompress(&cinfo);
-    if (saved != NULL)
-        PyEval_RestoreThread(saved);
+}
+
+typedef struct {
+    PyThreadState *saved;
+    PyObject *pixels;
+} BytesContext;
+
+/* decode_region's buffer: a bytes object, made with the GIL taken back for it. */
+static unsigned char *
+allocate_bytes(void *context, size_t size)
+{
+    BytesContext *bytes = (BytesContext *)context;
+    PyEval_RestoreThread(bytes->saved);
+    bytes->pixels = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    bytes->saved = PyEval_SaveThread();
+    return bytes->pixels != NULL ? (unsigned char *)PyBytes_AS_STRING(bytes->pixels) : NULL;
+}
+
+static PyObject *
+decode_region(PyObject *self, PyObject *args)
+{
+    Py_buffer data;
+    unsigned int denom;
+    unsigned long left, top, right, bottom;
+    int gray;
+    if (!PyArg_ParseTuple(args, "y*Ikkkkp", &data, &denom, &left, &top, &right, &bottom, &gray))
+        return NULL;
+    if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
+        PyBuffer_Release(&data);
+        return PyErr_Format(PyExc_ValueError, "denom must be 1, 2, 4 or 8, got %u", denom);
+    }
+    ErrorManager err;
+    BytesContext bytes = {NULL, NULL};
+    RegionRows region = {allocate_bytes, &bytes, 0, 0, 0, 0, NULL};
+    bytes.saved = PyEval_SaveThread();
+    decode_rows(&data, denom, left, top, right, bottom, gray, &region, &err);
+    PyEval_RestoreThread(bytes.saved);
     PyBuffer_Release(&data);
-    if (pixels == NULL && !err.failed)
+    if (bytes.pixels == NULL && !err.failed)
         return NULL; /* the allocation failed: MemoryError is set */
     if (err.failed) {
-        Py_XDECREF(pixels);
+        Py_XDECREF(bytes.pixels);
         PyErr_SetString(PyExc_ValueError, err.message);
         return NULL;
     }
-    return Py_BuildValue("(NIIII)", pixels, (unsigned int)x0, (unsigned int)y0, (unsigned int)width,
-                         (unsigned int)rows);
+    return Py_BuildValue("(NIIII)", bytes.pixels, (unsigned int)region.left, (unsigned int)region.top,
+                         (unsigned int)region.width, (unsigned int)region.rows);
 }
 
 /* One row of three interleaved channels (``pixel`` bytes apart) into three float planes. Inlined with a
@@ -295,6 +328,291 @@ jpeg_header(PyObject *self, PyObject *args)
     return result;
 }
 
+/* ---- resample_into and sample_into: Pillow's resize (feedfast/_resample.c), flips and normalize, in one call ---- */
+
+enum { OUT_UINT8, OUT_FLOAT32, OUT_FLOAT16 };
+
+/* Where a resized image goes: a C-contiguous array, uint8 H x W x C, or normalized float32 or float16,
+ * C x H x W (chw) or H x W x C; C is 1 for 1-byte pixels, 3 for 4-byte ones (the fourth byte dropped). */
+typedef struct {
+    Py_buffer buffer;
+    int kind, chw, width, height, channels;
+    float mean[3], inv[3];
+} Output;
+
+/* float32 -> float16 bits, rounded to nearest even as NumPy's astype and torch's .to(float16) round
+ * (F. Giesen's float_to_half_fast3_rtne; NaN becomes a quiet NaN of the same sign). */
+static inline uint16_t
+half_bits(float value)
+{
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    const uint32_t sign = bits & 0x80000000u;
+    bits ^= sign;
+    uint16_t half;
+    if (bits >= (127u + 16u) << 23) { /* 65536 and above: infinity (or NaN) */
+        half = bits > 255u << 23 ? 0x7e00 : 0x7c00;
+    } else if (bits < 113u << 23) { /* below 2 ** -14: a subnormal half, the float addition rounds */
+        const uint32_t magic_bits = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+        float magic, shifted;
+        memcpy(&magic, &magic_bits, sizeof magic);
+        memcpy(&shifted, &bits, sizeof shifted);
+        shifted += magic;
+        memcpy(&bits, &shifted, sizeof bits);
+        half = (uint16_t)(bits - magic_bits);
+    } else {
+        const uint32_t odd = (bits >> 13) & 1u;
+        bits += ((uint32_t)(15 - 127) << 23) + 0xfffu + odd;
+        half = (uint16_t)(bits >> 13);
+    }
+    return half | (uint16_t)(sign >> 16);
+}
+
+/* The out, mean and inv arguments of resample_into and sample_into, checked against a `pixel`-byte image. */
+static int
+parse_output(PyObject *out, PyObject *mean, PyObject *inv, int chw, int pixel, Output *o)
+{
+    memset(o, 0, sizeof *o);
+    if (PyObject_GetBuffer(out, &o->buffer, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    const char *format = o->buffer.format != NULL ? o->buffer.format : "B";
+    if (*format == '<' || *format == '=' || *format == '@' || *format == '|')
+        format++;
+    const char *problem = NULL;
+    o->kind = strcmp(format, "B") == 0 ? OUT_UINT8 : strcmp(format, "f") == 0 ? OUT_FLOAT32
+            : strcmp(format, "e") == 0 ? OUT_FLOAT16 : -1;
+    o->chw = chw;
+    int channels = pixel == 4 ? 3 : 1;
+    if (o->kind < 0)
+        problem = "out must be uint8, float32 or float16";
+    else if (o->buffer.ndim != 3)
+        problem = "out must have three dimensions: H x W x C, or C x H x W with chw";
+    else if ((o->kind == OUT_UINT8) != (mean == Py_None && inv == Py_None))
+        problem = "mean and inv go with a float out (normalized), None with a uint8 out";
+    else if (o->kind == OUT_UINT8 && chw)
+        problem = "a uint8 out is H x W x C (chw is for normalized outs)";
+    if (problem == NULL) {
+        const Py_ssize_t *shape = o->buffer.shape;
+        Py_ssize_t c = chw ? shape[0] : shape[2], h = chw ? shape[1] : shape[0], w = chw ? shape[2] : shape[1];
+        if (c != channels)
+            problem = pixel == 4 ? "out must have 3 channels for 4-byte pixels" : "out must have 1 channel for "
+                                                                                  "1-byte pixels";
+        else if (h < 1 || w < 1 || h > INT_MAX || w > INT_MAX)
+            problem = "out must be one pixel at least";
+        o->channels = channels, o->height = (int)h, o->width = (int)w;
+    }
+    if (problem == NULL && o->kind != OUT_UINT8) {
+        Py_buffer values[2];
+        PyObject *given[2] = {mean, inv};
+        for (int i = 0; i < 2 && problem == NULL; i++) {
+            if (PyObject_GetBuffer(given[i], &values[i], PyBUF_C_CONTIGUOUS) < 0) {
+                PyBuffer_Release(&o->buffer);
+                if (i == 1)
+                    PyBuffer_Release(&values[0]);
+                return -1;
+            }
+            if (values[i].len != (Py_ssize_t)(channels * sizeof(float)))
+                problem = "mean and inv must be float32, one per channel";
+            else
+                memcpy(i == 0 ? o->mean : o->inv, values[i].buf, channels * sizeof(float));
+            PyBuffer_Release(&values[i]);
+        }
+    }
+    if (problem != NULL) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        PyBuffer_Release(&o->buffer);
+        return -1;
+    }
+    return 0;
+}
+
+/* `image` (o->width x o->height) into the output, flipped as asked, normalized for a float out: out =
+ * ((float)pixel - mean) * inv, normalize_into's arithmetic. `row` holds width * channels floats. */
+static void
+emit(const FFImage *image, const Output *o, int hflip, int vflip, float *row)
+{
+    const int w = o->width, h = o->height, c = o->channels, pixel = image->pixel;
+    unsigned char *base = (unsigned char *)o->buffer.buf;
+    for (int y = 0; y < h; y++) {
+        const unsigned char *in = image->data + (ptrdiff_t)(vflip ? h - 1 - y : y) * image->stride;
+        if (o->kind == OUT_UINT8) {
+            unsigned char *dst = base + (size_t)y * w * c;
+            if (pixel == 1 && !hflip) {
+                memcpy(dst, in, (size_t)w);
+            } else if (pixel == 1) {
+                for (int x = 0; x < w; x++)
+                    dst[x] = in[w - 1 - x];
+            } else {
+                for (int x = 0; x < w; x++) {
+                    const unsigned char *p = in + (ptrdiff_t)(hflip ? w - 1 - x : x) * 4;
+                    dst[x * 3 + 0] = p[0], dst[x * 3 + 1] = p[1], dst[x * 3 + 2] = p[2];
+                }
+            }
+            continue;
+        }
+        for (int ch = 0; ch < c; ch++) { /* the row in the out's layout: c rows of w (chw), or w x c */
+            const float m = o->mean[ch], k = o->inv[ch];
+            float *values = o->chw ? row + (size_t)ch * w : row + ch;
+            const ptrdiff_t step = o->chw ? 1 : c;
+            for (int x = 0; x < w; x++)
+                values[x * step] = ((float)in[(ptrdiff_t)(hflip ? w - 1 - x : x) * pixel + ch] - m) * k;
+        }
+        for (int part = 0; part < (o->chw ? c : 1); part++) {
+            const size_t n = o->chw ? (size_t)w : (size_t)w * c;
+            const size_t at = o->chw ? ((size_t)part * h + y) * w : (size_t)y * w * c;
+            const float *values = row + part * n;
+            if (o->kind == OUT_FLOAT32) {
+                memcpy((float *)base + at, values, n * sizeof(float));
+            } else {
+                uint16_t *dst = (uint16_t *)base + at;
+                for (size_t i = 0; i < n; i++)
+                    dst[i] = half_bits(values[i]);
+            }
+        }
+    }
+}
+
+/* ff_resize, then emit; the GIL is not held. Returns FF_OK, FF_NOMEM, or FF_INVALID with *message. */
+static int
+resize_and_emit(const FFImage *src, int filter, const double box[4], double reducing_gap, int flavour, int hflip,
+                int vflip, const Output *o, const char **message)
+{
+    FFResized resized;
+    int status = ff_resize(src, o->width, o->height, filter, box, reducing_gap, flavour, &resized, message);
+    if (status != FF_OK)
+        return status;
+    float *row = o->kind == OUT_UINT8 ? NULL : malloc((size_t)o->width * o->channels * sizeof(float));
+    if (o->kind != OUT_UINT8 && row == NULL)
+        status = FF_NOMEM;
+    else
+        emit(&resized.image, o, hflip, vflip, row);
+    free(row);
+    ff_resized_free(&resized);
+    return status;
+}
+
+static PyObject *
+resize_error(int status, const char *message)
+{
+    if (status == FF_NOMEM)
+        return PyErr_NoMemory();
+    PyErr_SetString(PyExc_ValueError, message);
+    return NULL;
+}
+
+static PyObject *
+resample_into(PyObject *self, PyObject *args)
+{
+    Py_buffer src;
+    int width, height, pixel, filter, hflip, vflip, chw, flavour;
+    Py_ssize_t stride;
+    double box[4], reducing_gap;
+    PyObject *out, *mean, *inv;
+    if (!PyArg_ParseTuple(args, "y*iiin(dddd)idppOOOpi", &src, &width, &height, &pixel, &stride, &box[0], &box[1],
+                          &box[2], &box[3], &filter, &reducing_gap, &hflip, &vflip, &out, &mean, &inv, &chw, &flavour))
+        return NULL;
+    const char *problem = NULL;
+    if (pixel != 1 && pixel != 4)
+        problem = "pixel must be 1 (L) or 4 (RGB, RGBX) bytes";
+    else if (width < 1 || height < 1)
+        problem = "the image must be one pixel at least";
+    else if (stride < (Py_ssize_t)width * pixel || (height - 1) > (src.len - (Py_ssize_t)width * pixel) / stride ||
+             src.len < (Py_ssize_t)width * pixel)
+        problem = "pixels must hold height rows of stride bytes (the last one width * pixel)";
+    Output o;
+    if (problem != NULL) {
+        PyErr_SetString(PyExc_ValueError, problem);
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    if (parse_output(out, mean, inv, chw, pixel, &o) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    FFImage image = {(const unsigned char *)src.buf, stride, width, height, pixel};
+    const char *message = NULL;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = resize_and_emit(&image, filter, box, reducing_gap, flavour, hflip, vflip, &o, &message);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&o.buffer);
+    PyBuffer_Release(&src);
+    if (status != FF_OK)
+        return resize_error(status, message);
+    Py_RETURN_NONE;
+}
+
+static unsigned char *
+allocate_memory(void *context, size_t size)
+{
+    return (unsigned char *)malloc(size);
+}
+
+static PyObject *
+sample_into(PyObject *self, PyObject *args)
+{
+    Py_buffer data;
+    unsigned int denom;
+    unsigned long left, top, right, bottom;
+    long window[4];
+    int gray, filter, hflip, vflip, chw, flavour;
+    double box[4], reducing_gap;
+    PyObject *out, *mean, *inv;
+    if (!PyArg_ParseTuple(args, "y*Ip(kkkk)(llll)(dddd)idppOOOpi", &data, &denom, &gray, &left, &top, &right,
+                          &bottom, &window[0], &window[1], &window[2], &window[3], &box[0], &box[1], &box[2],
+                          &box[3], &filter, &reducing_gap, &hflip, &vflip, &out, &mean, &inv, &chw, &flavour))
+        return NULL;
+    Output o;
+    if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
+        PyBuffer_Release(&data);
+        return PyErr_Format(PyExc_ValueError, "denom must be 1, 2, 4 or 8, got %u", denom);
+    }
+    if (parse_output(out, mean, inv, chw, gray ? 1 : 4, &o) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    ErrorManager err;
+    RegionRows region = {allocate_memory, NULL, 0, 0, 0, 0, NULL};
+    const char *message = NULL;
+    int status = FF_OK;
+    Py_BEGIN_ALLOW_THREADS
+    decode_rows(&data, denom, left, top, right, bottom, gray, &region, &err);
+    if (!err.failed && region.pixels == NULL) {
+        status = FF_NOMEM;
+    } else if (!err.failed) { /* the window, within the region decoded; the box relative to it, within it */
+        const int pixel = gray ? 1 : 4;
+        long x0 = window[0] > (long)region.left ? window[0] : (long)region.left;
+        long y0 = window[1] > (long)region.top ? window[1] : (long)region.top;
+        long x1 = window[2] < (long)(region.left + region.width) ? window[2] : (long)(region.left + region.width);
+        long y1 = window[3] < (long)(region.top + region.rows) ? window[3] : (long)(region.top + region.rows);
+        if (x1 <= x0 || y1 <= y0) {
+            status = FF_INVALID;
+            message = "the window holds no pixel of the region decoded";
+        } else {
+            const ptrdiff_t stride = (ptrdiff_t)region.width * pixel;
+            FFImage image = {region.pixels + (y0 - (long)region.top) * stride + (x0 - (long)region.left) * pixel,
+                             stride, (int)(x1 - x0), (int)(y1 - y0), pixel};
+            double relative[4] = {box[0] - x0, box[1] - y0, box[2] - x0, box[3] - y0};
+            relative[0] = relative[0] > 0.0 ? relative[0] : 0.0;
+            relative[1] = relative[1] > 0.0 ? relative[1] : 0.0;
+            relative[2] = relative[2] < (double)image.width ? relative[2] : (double)image.width;
+            relative[3] = relative[3] < (double)image.height ? relative[3] : (double)image.height;
+            status = resize_and_emit(&image, filter, relative, reducing_gap, flavour, hflip, vflip, &o, &message);
+        }
+    }
+    free(region.pixels);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&o.buffer);
+    PyBuffer_Release(&data);
+    if (err.failed) {
+        PyErr_SetString(PyExc_ValueError, err.message);
+        return NULL;
+    }
+    if (status != FF_OK)
+        return resize_error(status, message);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"decode_region", decode_region, METH_VARARGS,
      "decode_region(data, denom, left, top, right, bottom, gray) -> (pixels, left, top, width, height)\n\n"
@@ -304,6 +622,15 @@ static PyMethodDef methods[] = {
     {"normalize_into", normalize_into, METH_VARARGS,
      "normalize_into(pixels, out, mean, inv, chw) -> None\n\n"
      "out = (pixels - mean) * inv in float32, HWC uint8 in, CHW (chw) or HWC float32 out, without the GIL."},
+    {"resample_into", resample_into, METH_VARARGS,
+     "resample_into(pixels, width, height, pixel, stride, box, filter, reducing_gap, hflip, vflip, out, mean, inv,"
+     " chw, flavour) -> None\n\n"
+     "Pillow's Image.resize of an 8-bit image into out (uint8, or normalized float32 or float16), flipped, without "
+     "the GIL."},
+    {"sample_into", sample_into, METH_VARARGS,
+     "sample_into(data, denom, gray, region, window, box, filter, reducing_gap, hflip, vflip, out, mean, inv, chw,"
+     " flavour) -> None\n\n"
+     "decode_region, then resample_into of a window of it, in one call without the GIL."},
     {NULL, NULL, 0, NULL},
 };
 
