@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 from collections import Counter
@@ -257,3 +259,90 @@ def test_every_scheme_reads_the_same_ranges_through_one_interface(local: list[st
     assert not pipe.ranged and pipe.stream(f"pipe:cat {local[1]}", lambda f: f.read()) == data
     with pytest.raises(ShardError, match="no byte ranges.*shard cache"):
         pipe.read_range(f"pipe:cat {local[1]}", 0, 4)
+
+
+# -- damage is never silent: cut tars, lying sidecars, shards that cannot be fetched --------------------------
+
+
+def _served(local: list[str], folder: Path, *names: int) -> list[str]:
+    folder.mkdir(exist_ok=True)
+    for i in names:
+        shutil.copy(local[i], folder)
+    return [os.path.basename(local[i]) for i in names]
+
+
+def _cut_after(path: str, samples: int) -> bytes:
+    """The tar cut right after its first ``samples`` samples' data: on a member boundary, no end-of-archive."""
+    last = scan_tar(path)[samples - 1].members[-1]
+    return open(path, "rb").read()[: -(-(last.offset + last.size) // 512) * 512]
+
+
+def test_a_remote_tar_cut_at_a_member_boundary_is_named_under_raise_and_costs_its_cut_samples_under_skip(
+        small_spec: dict, local: list[str], tmp_path: Path) -> None:
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "cut.tar").write_bytes(_cut_after(local[0], 3))  # 3 of its 5 samples, then nothing
+    with RangeServer(tmp_path / "served") as srv:
+        url = f"{srv.url}/cut.tar"
+        with pytest.raises(ShardError, match=r"'http://127\.0\.0\.1:\d+/cut\.tar'.*no end-of-archive block"):
+            feedfast.DataLoader(small_spec, shards=url, cache_dir=tmp_path / "c1")  # tarfile read it as whole
+        loader = feedfast.DataLoader(small_spec, shards=url, on_error="skip", cache_dir=tmp_path / "c2")
+        assert sum(len(keys) for keys, _, _ in _epoch(loader)) == 3
+        assert [(s["shard"], s["key"]) for s in loader.skipped_samples()] == [(url, "?")]  # those after the cut
+        loader.close()
+
+
+def _shifted_labels(path: str) -> str:
+    """An index of ``path`` whose ``.cls`` offsets point at the next sample's (the last sample's kept)."""
+    samples = scan_tar(path)
+    out = []
+    for s, after in zip(samples, samples[1:] + samples[-1:]):
+        label = next(m for m in after.members if m.ext == "cls")
+        out.append(type(s)(s.key, tuple(dataclasses.replace(m, offset=label.offset) if m.ext == "cls" else m
+                                        for m in s.members)))
+    return format_index(out)
+
+
+def test_a_sidecar_whose_label_offsets_point_at_the_next_sample_is_an_error_never_a_mislabel(
+        small_spec: dict, local: list[str], tmp_path: Path) -> None:
+    (name,) = _served(local, tmp_path / "served", 0)
+    (tmp_path / "served" / name.replace(".tar", ".idx")).write_text(_shifted_labels(local[0]))
+    with RangeServer(tmp_path / "served") as srv:
+        url = f"{srv.url}/{name}"
+        with pytest.raises(ShardError, match=r"index of shard .*train-0000\.tar' does not match the tar: sample "
+                                             r"'train-00000000' has a member at offset \d+.*of another sample"):
+            _run(small_spec, url, cache_dir=tmp_path / "c1")
+        skipped = _run(small_spec, url, on_error="skip", cache_dir=tmp_path / "c2")  # cached and scanned: right
+        assert [b[:2] for b in skipped] == [b[:2] for b in _run(small_spec, local[:1])]
+
+
+def test_a_sidecar_that_lists_half_the_shard_is_not_trusted(local: list[str], tmp_path: Path) -> None:
+    (name,) = _served(local, tmp_path / "served", 0)
+    (tmp_path / "served" / name.replace(".tar", ".idx")).write_text(format_index(scan_tar(local[0])[:2]))
+    with RangeServer(tmp_path / "served") as srv:
+        with pytest.warns(UserWarning, match=r"ignoring the index .*train-0000\.idx.*goes on after the last member"):
+            _, samples, _ = remote_index(f"{srv.url}/{name}", tmp_path / "cache", FAST)
+    assert samples == scan_tar(local[0])  # 5 of 5 (was 2)
+
+
+def test_a_shard_that_cannot_be_fetched_is_named_under_raise_and_counted_under_skip(
+        small_spec: dict, local: list[str], tmp_path: Path) -> None:
+    names = _served(local, tmp_path / "served", 0, 1)
+    boundary = len(_cut_after(local[1], 3))  # a drop on a member boundary: tarfile took the rest as a whole tar
+    with RangeServer(tmp_path / "served") as srv:
+        urls = [f"{srv.url}/{n}" for n in names]
+        srv.faults[f"/{names[1]}"] = [f"drop:{boundary}"] * 2  # both tries of the download
+        loader = feedfast.DataLoader(small_spec, shards=urls, on_error="skip", remote_retries=1,
+                                     cache_dir=tmp_path / "c")
+        [(shard, key, reason)] = [tuple(s.values()) for s in loader.skipped_samples()]
+        assert (shard, key) == (urls[1], "?") and re.search(r"after 2 tries: ShortBody.*cannot be fetched", reason)
+        assert sum(len(keys) for keys, _, _ in _epoch(loader)) == 5  # the other shard's samples
+        loader.close()
+        again = feedfast.DataLoader(small_spec, shards=urls, on_error="skip", cache_dir=tmp_path / "c")
+        assert again.skipped_samples() == [] and sum(len(k) for k, _, _ in _epoch(again)) == 10  # recovered: whole
+        again.close()
+        loader = feedfast.DataLoader(small_spec, shards=urls, remote_retries=1, cache_dir=tmp_path / "c",
+                                     backend="dali")
+        srv.faults[f"/{names[1]}"] = ["drop"] * 100  # mid-epoch, every ranged read of it
+        with pytest.raises(ShardError, match=rf"{re.escape(urls[1])}' at bytes \d+-\d+ after 2 tries: ShortBody"):
+            _epoch(loader)
+        loader.close()

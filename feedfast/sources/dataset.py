@@ -35,8 +35,8 @@ from feedfast.sources.checked import CHECK_RULES, SHARDS_AT_ONCE, check_shards
 from feedfast.sources.index import Sample, first_member, left_out, load_index, subset_index
 from feedfast.sources.indexing import prepare_indexes
 from feedfast.sources.order import BlockShuffle
-from feedfast.sources.remote import DEFAULT_TRANSFER, Transfer, url_kind
-from feedfast.sources.remote_index import remote_index
+from feedfast.sources.remote import DEFAULT_TRANSFER, NOT_THERE, RemoteError, Transfer, url_kind
+from feedfast.sources.remote_index import remote_index, unfetched_index
 from feedfast.sources.schemes import STREAM_KINDS  # kinds DALI's reader cannot open, from the one registry
 from feedfast.sources.shardlist import resolve_shards
 from feedfast.sources.validate import DEFAULT_MAX_PIXELS
@@ -147,9 +147,14 @@ def locate(name: str, cache_dir: Path, cache: ShardCache, *, check_locally: bool
         idx, samples = load_index(name, cache_dir, salvage=check_locally)
         return Located("file", idx, samples, name, os.path.getsize(name))
     if kind == "pipe" or check_locally:
-        path = cache.ensure(name)
         try:
-            idx, samples = load_index(path, cache_dir)
+            path = cache.ensure(name)
+        except RemoteError as exc:  # retried already; under skip its loss is listed (key '?'), not fatal,
+            if not check_locally or exc.status in NOT_THERE:  # unless the shard is not there at all
+                raise
+            return Located("cache", unfetched_index(name, cache_dir, exc), [], None, 0)
+        try:  # under skip, a damaged download's samples before the damage are read, as a local shard's
+            idx, samples = load_index(path, cache_dir, salvage=check_locally)
         except ShardError as exc:
             raise ShardError(f"shard {name!r} (cached as {str(path)!r}): {exc}") from exc
         return Located("cache", idx, samples, str(path), path.stat().st_size)

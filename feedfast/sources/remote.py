@@ -49,6 +49,7 @@ from feedfast.sources.deadline import Deadline
 
 T = TypeVar("T")
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+NOT_THERE = frozenset({403, 404, 410})  # statuses that say the URL names nothing to read (a 403: a private object)
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CHUNK = 1 << 20
 

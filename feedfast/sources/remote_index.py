@@ -48,12 +48,13 @@ from feedfast.sources.index import (
     warn_once,
     write_atomic,
 )
+from feedfast.sources.indexnotes import IndexNotes
 from feedfast.sources.memberheader import BLOCK, first_problem
-from feedfast.sources.remote import DEFAULT_TRANSFER, RemoteError, Transfer
+from feedfast.sources.remote import DEFAULT_TRANSFER, NOT_THERE, RemoteError, Transfer
 from feedfast.sources.tarscan import padded
 from feedfast.sources.transport import Transport, transport_for
 
-SIDECAR_MISSING = frozenset({403, 404, 410})
+SIDECAR_MISSING = NOT_THERE
 _ONE_READ = 256 * 1024  # the sidecar check reads the last member whole when it is smaller than this
 _NO_FILE_TYPES = frozenset(b"1234568")  # headers of links, devices, folders, FIFOs: no data a sample could hold
 
@@ -89,6 +90,14 @@ def remote_index(url: str, cache_dir: Path, transfer: Transfer = DEFAULT_TRANSFE
         raise ShardError(f"shard holds no samples: {url!r}")
     write_atomic(cached, format_index(found_samples))
     return cached, found_samples, size or data_end(found_samples)
+
+
+def unfetched_index(url: str, cache_dir: Path, error: ShardError) -> Path:
+    """An index of no samples for a shard that cannot be fetched, ``error`` on its first line
+    (:mod:`.indexnotes`): under ``on_error: skip`` the shard's loss is listed as a skip, with why."""
+    key = hashlib.sha1(url.encode()).hexdigest()
+    return write_atomic(cache_dir / "remote-index" / f"unfetched-{key}.idx",
+                        format_index([], IndexNotes(0, damaged=f"{error}; the shard cannot be fetched")))
 
 
 def _size(found: dict[str, str]) -> int:
