@@ -2,8 +2,8 @@
 
 Usage::
 
-    python benchmarks/gpu_check.py [--wheels DIR] [--dry-run] [--json out.json] [--budget 450]
-                                   [--samples N] [--only SECTION,...] [--target DIR]
+    python benchmarks/gpu_check.py [--wheels DIR] [--dry-run] [--json out.json] [--budget 300]
+                                   [--limit 360] [--samples N] [--only SECTION,...] [--target DIR]
 
 Sections, in order (the most important first, so that a short budget cuts the least). Each is
 independent: a failure is recorded as ``error: <one line>`` (with the traceback on stderr) and
@@ -17,18 +17,27 @@ the next section runs.
                         unpacked) and the target folder is put on ``sys.path``. The pieces are
                         made on a machine with network by ``make gpu-wheels`` (see
                         ``gpucheck_wheels.py``).
-``dataset``             ``--samples N`` photo-like JPEGs (2,048 on a GPU: one training run fits in
-                        one epoch), generated once into feedfast's cache.
+``dataset``             ``--samples N`` photo-like JPEGs (2,048 on a GPU: 32 batches an epoch, so a
+                        training row crosses epoch boundaries as training does), generated once
+                        into feedfast's cache.
 ``readme_default``      the README's call, ``feedfast.DataLoader("pipelines/imagenet-train.yaml",
                         shards=..., batch_size=64)`` with no device or placement: with CUDA it must
                         yield CUDA tensors on the current device from a GPU-placed plan.
-``train_feedfast_gpu``  (a) ResNet-50 (bf16 autocast, channels_last, SGD) fed by feedfast
-                        GPU-placed (``mixed`` nvJPEG decode) to ``cuda``.
-``train_feedfast_cpu``  (b) the same fed by feedfast CPU-placed through the pinned ring to ``cuda``
-                        (to the CPU in a dry run).
+``decode_gpu``          GPU decode + augment alone (imagenet-train, DALI GPU-placed, batch 256, no
+                        model): samples/s against one H200's feeding target, 7,950 images/s (MLPerf
+                        Training v4.0, NVIDIA's single-node H200 ResNet-50, ~63,400 over 8 GPUs).
+``pixels_hw``           every measured batch of hardware-decoded images (``hw_decoder_load=1.0``,
+                        imagenet-val) against DALI's CPU decode of the same samples: one image off
+                        by more than a few levels fails the check (a decoder race must not pass as
+                        speed).
+``train_feedfast_gpu``  (a) ResNet-50 (bf16 autocast, channels_last, SGD) fed by feedfast GPU-placed
+                        (DALI, ``mixed`` nvJPEG decode) to ``cuda``.
+``train_feedfast_cpu``  (b) the same fed by feedfast CPU-placed on DALI's CPU operators through the
+                        pinned ring to ``cuda`` (to the CPU in a dry run).
+``train_threads``       (b2) the same fed by feedfast's threaded CPU path (pillow-simd).
 ``train_torch``         (c) the same fed by the torchvision recipe (``make_torch_loader``, 16
-                        workers where there are 16 cores).
-``train_tuned``         (d) the same fed by feedfast CPU-placed with ``tune=True``: the search's
+                        workers where there are 16 cores), pinned and copied inside the measured wait.
+``train_tuned``         (d) the same fed by the threaded path with ``tune=True``: the search's
                         decision, reasons and trials are recorded with the rate (issue 16).
 ``sync_debug``          one whole epoch of CPU-placed -> cuda and one of GPU-placed under
                         ``torch.cuda.set_sync_debug_mode("error")``: any host sync fails it.
@@ -41,18 +50,27 @@ the next section runs.
 ``nvml``                the meter's NVML figures (gpu_util, gpu_mem_mb) under a GPU-bound loop.
 ======================  ========================================================================
 
-Each training feed (a, b, c) gives one row: samples/s, the meter's GPU stall fraction from
-CUDA events, NVML utilization, and seconds from creating the loader to the first batch.
+Each training feed gives one row: samples/s, the meter's GPU stall fraction from CUDA events
+over 60 measured steps (after 10 warm-up steps), NVML utilization over those steps only, and
+seconds from creating the loader to the first batch. A row runs the backend its label names
+(asked for by name and checked).
 
 Without CUDA (or with ``--dry-run``) everything that can runs on the CPU at tiny sizes: 64 px
 crops, a few batches, a small dataset, a tiny model when torchvision is missing, the meter's
 clock-backed GPU stand-in (``SimulatedGpu``) for the stall check; sections that need a GPU
 say ``skipped: no CUDA (dry run)``.
 
-One table is printed at the end; ``--json`` writes everything. A time budget (``--budget``,
-default 450 s) skips the sections left when it runs out. Exit status: 0 when every section
-ran (a dry run's GPU-only skips included), 1 when any section errored or was cut by the
-budget, 2 for a bad command line.
+One table is printed at the end; ``--json`` writes everything, and is rewritten after every
+section (``"complete": false`` until the end), so a run cut short keeps what it measured.
+
+Nothing can lose the 15-minute GPU lease: every loader has a timeout (60 s on a GPU), a
+section past its own limit prints every thread's traceback (``faulthandler``), a time budget
+(``--budget``, default 300 s) skips the sections left when it runs out, and an outer limit
+(``--limit``, default 360 s) ends the run whatever it is stuck in, after writing the JSON
+(see ``gpucheck_guard.py``): the lease then still holds the machine's start and a rerun. Exit
+status: 0 when every section ran (a dry run's GPU-only skips included), 1 when any section
+errored, hung past its limit or was cut by the budget, 2 for a bad command line, 3 when the
+outer limit ended the run.
 """
 
 from __future__ import annotations
@@ -76,6 +94,8 @@ if str(HERE) not in sys.path:  # the gpucheck_* modules beside this script, from
     sys.path.insert(0, str(HERE))
 
 from gpucheck_common import (  # noqa: E402
+    DEFAULT_BUDGET,
+    DEFAULT_LIMIT,
     DRY_SIZES,
     GPU_SIZES,
     Budget,
@@ -86,6 +106,8 @@ from gpucheck_common import (  # noqa: E402
     one_line,
     say,
 )
+from gpucheck_decode import decode_gpu_section, pixels_hw_section  # noqa: E402
+from gpucheck_guard import Watchdog, enable_crash_tracebacks  # noqa: E402
 from gpucheck_report import render, table_rows, write_json  # noqa: E402
 from gpucheck_sections import (  # noqa: E402
     dataset_section,
@@ -99,6 +121,7 @@ from gpucheck_smoke import readme_default_section, sync_debug_section  # noqa: E
 from gpucheck_train import (  # noqa: E402
     train_feedfast_cpu_section,
     train_feedfast_gpu_section,
+    train_threads_section,
     train_torch_section,
     train_tuned_section,
 )
@@ -120,10 +143,14 @@ STEPS = (
     Step("setup", "setup", setup_section),
     Step("dataset", "dataset", dataset_section),
     Step("readme_default", "README call, no device/placement", readme_default_section),
-    Step("train_feedfast_gpu", "(a) ResNet-50 <- feedfast GPU-placed", train_feedfast_gpu_section, needs_cuda=True),
-    Step("train_feedfast_cpu", "(b) ResNet-50 <- feedfast CPU-placed, pinned ring", train_feedfast_cpu_section),
+    Step("decode_gpu", "GPU decode + augment alone", decode_gpu_section),
+    Step("pixels_hw", "hardware-decoded pixels vs DALI CPU", pixels_hw_section),
+    Step("train_feedfast_gpu", "(a) ResNet-50 <- feedfast DALI GPU-placed", train_feedfast_gpu_section,
+         needs_cuda=True),
+    Step("train_feedfast_cpu", "(b) ResNet-50 <- feedfast DALI CPU-placed, pinned ring", train_feedfast_cpu_section),
+    Step("train_threads", "(b2) ResNet-50 <- feedfast threads CPU-placed, pinned ring", train_threads_section),
     Step("train_torch", "(c) ResNet-50 <- torchvision recipe", train_torch_section),
-    Step("train_tuned", "(d) ResNet-50 <- feedfast CPU-placed, tune=True", train_tuned_section),
+    Step("train_tuned", "(d) ResNet-50 <- feedfast threads CPU-placed, tune=True", train_tuned_section),
     Step("sync_debug", "sync-debug epoch", sync_debug_section),
     Step("loader_gpu", "loader GPU-placed -> cuda", loader_gpu_section, needs_cuda=True),
     Step("loader_cpu_cuda", "loader CPU-placed -> cuda", loader_cpu_cuda_section, needs_cuda=True),
@@ -133,15 +160,26 @@ STEPS = (
 )
 
 
-def run_step(step: Step, ctx: Context) -> Section:
-    """Run one section, recording a skip, an over-run or an error instead of raising."""
+def run_step(step: Step, ctx: Context, watchdog: Watchdog | None = None) -> Section:
+    """Run one section, recording a skip, an over-run or an error instead of raising.
+
+    Under ``watchdog`` the section runs within ``Sizes.section_limit``: past it every thread's
+    traceback is printed, and a section that then completes is still recorded as an error.
+    """
     sec = Section(step.name, step.title)
     started = time.perf_counter()
     try:
         if step.needs_cuda and not ctx.cuda:
             raise Skip("dry run (--dry-run)" if ctx.cuda_present else "no CUDA (dry run)")
         ctx.budget.check()
-        step.run(ctx, sec)
+        if watchdog is None:
+            step.run(ctx, sec)
+        else:
+            with watchdog.section(step.name, ctx.sizes.section_limit):
+                step.run(ctx, sec)
+            if step.name in watchdog.hung:
+                raise TimeoutError(f"ran {time.perf_counter() - started:.0f} s, past its limit of "
+                                   f"{ctx.sizes.section_limit:g} s (tracebacks on stderr)")
     except Skip as exc:
         sec.status, sec.note = "skipped", f"skipped: {exc}"
     except OverBudget as exc:
@@ -163,12 +201,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--target", type=Path, default=None, help="install folder (default: WHEELS/site-pyXY)")
     p.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (implied without CUDA)")
     p.add_argument("--json", dest="json_path", default=None, help="write the results here")
-    p.add_argument("--budget", type=float, default=450.0, help="seconds for the whole run (default 450)")
+    p.add_argument("--budget", type=float, default=DEFAULT_BUDGET,
+                   help=f"seconds in which sections may start (default {DEFAULT_BUDGET:g})")
+    p.add_argument("--limit", type=float, default=DEFAULT_LIMIT,
+                   help=f"seconds after which the run is ended, JSON written (default {DEFAULT_LIMIT:g})")
     p.add_argument("--samples", type=int, default=None, help="generate this many samples instead of the demo set")
     p.add_argument("--only", default=None, help="comma-separated sections to run (setup and dataset always run)")
     args = p.parse_args(argv)
-    if args.budget <= 0 or (args.samples is not None and args.samples < 1):
-        p.error("--budget must be > 0 and --samples >= 1")
+    if args.budget <= 0 or args.limit <= 0 or (args.samples is not None and args.samples < 1):
+        p.error("--budget and --limit must be > 0 and --samples >= 1")
     names = {s.name for s in STEPS}
     if args.only and not set(args.only.split(",")) <= names:
         p.error(f"--only {args.only!r}: sections are {', '.join(sorted(names))}")
@@ -190,19 +231,33 @@ def make_context(args: argparse.Namespace) -> Context:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run every section, print the table, write the JSON; the exit status."""
+    """Run every section, print the table, write the JSON (after every section too); the exit status."""
     args = parse_args(argv)
+    enable_crash_tracebacks()
     ctx = make_context(args)
     chosen = set(args.only.split(",")) | {"setup", "dataset"} if args.only else {s.name for s in STEPS}
-    sections = [run_step(step, ctx) for step in STEPS if step.name in chosen]
+    sections: list[Section] = []
+
+    def save(code: int | None, complete: bool) -> None:
+        if args.json_path:
+            write_json(args.json_path, code, ctx, sections, table_rows(sections), complete=complete,
+                       limit_s=args.limit)
+
+    watchdog = Watchdog(args.limit, lambda: save(3, False))
+    try:
+        for step in STEPS:
+            if step.name in chosen:
+                sections.append(run_step(step, ctx, watchdog))
+                save(None, False)
+    finally:
+        watchdog.stop()
     bad = [s.name for s in sections if s.status in ("error", "over-budget")]
     rows = table_rows(sections)
     print(render(rows), flush=True)
     code = 1 if bad else 0
     print(f"\n{len(sections)} sections in {ctx.budget.elapsed():.0f} s; "
           f"{'problems in: ' + ', '.join(bad) if bad else 'all ran'}", flush=True)
-    if args.json_path:
-        write_json(args.json_path, code, ctx, sections, rows)
+    save(code, True)
     return code
 
 

@@ -22,7 +22,7 @@ TOLERANCE = 0.05
 # ---------------------------------------------------------------------------- settings
 @dataclass(frozen=True)
 class Sizes:
-    """How much each section measures."""
+    """How much each section measures, and how long anything may wait."""
 
     batch: int
     image: int | None  # crop size override; None keeps the spec's 224
@@ -31,16 +31,32 @@ class Sizes:
     stall_steps: int
     nvml_seconds: float
     train_warmup: int
-    train_steps: int
+    train_steps: int  # measured steps per training row: at least the meter's 30 for a verdict (60 on a GPU)
     samples: int | None  # None: the demo dataset (1,024 samples)
     small_images: bool
+    loader_timeout: float  # seconds any loader's next() may wait (feedfast's and torch's timeout)
+    section_limit: float  # seconds a section may run before the watchdog prints every thread's traceback
+    decode_batch: int  # batch of the decode + augment section
+    decode_batches: int  # its measured batches
+    pixel_batches: int  # batches of hardware-decoded images compared pixel by pixel
 
 
-GPU_SIZES = Sizes(batch=64, image=None, warmup=5, batches=50, stall_steps=30, nvml_seconds=3.0,
-                  train_warmup=5, train_steps=25, samples=2048, small_images=False)
-"""2,048 samples: 32 batches an epoch, so a training run (30 batches) stays inside one epoch."""
+GPU_SIZES = Sizes(batch=64, image=None, warmup=5, batches=60, stall_steps=30, nvml_seconds=3.0,
+                  train_warmup=10, train_steps=60, samples=2048, small_images=False, loader_timeout=60.0,
+                  section_limit=120.0, decode_batch=256, decode_batches=60, pixel_batches=16)
+"""2,048 samples (32 batches of 64 an epoch: a training row's 70 steps cross two epoch boundaries, as
+training does); 60 measured steps per row, twice the meter's minimum for a verdict."""
 DRY_SIZES = Sizes(batch=16, image=64, warmup=1, batches=4, stall_steps=10, nvml_seconds=0.5,
-                  train_warmup=1, train_steps=3, samples=128, small_images=True)
+                  train_warmup=1, train_steps=3, samples=128, small_images=True, loader_timeout=120.0,
+                  section_limit=240.0, decode_batch=16, decode_batches=4, pixel_batches=2)
+FEED_TARGET = 7_950
+"""Images/s one H200 must be fed: NVIDIA's MLPerf Training v4.0 single-node H200 ResNet-50 result, about
+63,400 images/s over 8 GPUs."""
+DEFAULT_BUDGET = 300.0
+"""Seconds of the run's sections (each starts only inside it)."""
+DEFAULT_LIMIT = 360.0
+"""Seconds after which the watchdog ends the run, whatever runs: the 15-minute lease then still holds the
+machine's start, the wheels and a rerun."""
 
 
 @dataclass

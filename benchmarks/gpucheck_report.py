@@ -75,9 +75,18 @@ def environment(ctx: Context) -> dict[str, Any]:
             "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
 
 
-def write_json(path: str, code: int, ctx: Context, sections: Sequence[Section], rows: Sequence[Row]) -> None:
-    """Everything the run measured, its settings and environment, and the table, as JSON."""
-    out = {"version": 1, "exit_code": code, "wall_s": ctx.budget.elapsed(), "budget_s": ctx.budget.seconds,
-           "environment": environment(ctx), "sizes": asdict(ctx.sizes),
-           "sections": {s.name: asdict(s) for s in sections}, "table": [asdict(r) for r in rows]}
-    Path(path).write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
+def write_json(path: str, code: int | None, ctx: Context, sections: Sequence[Section], rows: Sequence[Row], *,
+               complete: bool = True, limit_s: float | None = None) -> None:
+    """Everything the run measured so far, its settings and environment, and the table, as JSON.
+
+    Written after every section (``complete`` false, ``exit_code`` null until the end; 3 when the outer
+    limit ended the run), through a temporary file, so a reader never sees half a report.
+    """
+    out = {"version": 1, "complete": complete, "exit_code": code, "wall_s": ctx.budget.elapsed(),
+           "budget_s": ctx.budget.seconds, "limit_s": limit_s, "environment": environment(ctx),
+           "sizes": asdict(ctx.sizes), "sections": {s.name: asdict(s) for s in list(sections)},
+           "table": [asdict(r) for r in rows]}
+    target = Path(path)
+    part = target.with_name(target.name + ".part")
+    part.write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(part, target)

@@ -79,11 +79,11 @@ def timed_batches(batches: Iterator[Any], ctx: Context, sync: Callable[[], None]
 
 
 def loader_rate(ctx: Context, sec: Section, placement: str, device: str) -> None:
-    """imagenet-train through feedfast.DataLoader: images/s, pinned bytes, plan placement."""
+    """imagenet-train through feedfast.DataLoader: images/s, pinned bytes, plan placement, and the backend that ran."""
     import feedfast
 
     loader = feedfast.DataLoader(SPEC, shards=need_shards(ctx), batch_size=ctx.sizes.batch, placement=placement,
-                                 device=device, overrides=ctx.overrides)
+                                 device=device, overrides=ctx.overrides, timeout=ctx.sizes.loader_timeout)
     batches = forever(loader)
     try:
         rate, (images, labels) = timed_batches(batches, ctx, synchronizer(device == "cuda"))
@@ -97,12 +97,13 @@ def loader_rate(ctx: Context, sec: Section, placement: str, device: str) -> None
         raise CheckFailed("a CPU pipeline feeding CUDA held no pinned staging memory")
     decode = next((n for n in loader.plan.nodes if "decode" in n.op), None)
     deferred = [n.op for n in loader.plan.nodes if n.deferred]
-    sec.add("images/s", rate, "img/s", f"{ctx.sizes.batches} batches of {ctx.sizes.batch} after "
-            f"{ctx.sizes.warmup} warm-up, {loader.threads} threads, {tuple(images.shape[1:])} {images.dtype}")
+    sec.add(f"images/s, backend {loader.backend}", rate, "img/s", f"{ctx.sizes.batches} batches of "
+            f"{ctx.sizes.batch} after {ctx.sizes.warmup} warm-up, {loader.threads} threads, "
+            f"{tuple(images.shape[1:])} {images.dtype}")
     sec.add("pinned bytes held", pinned / 2**20, "MiB", f"ring of {len(loader.ring.slots)} slots")
     sec.add("plan", loader.plan.placement, "", f"decode: {decode.device if decode else '?'} "
             f"{decode.dali_op if decode else ''}; deferred to {device}: {deferred or 'none'}")
-    sec.data.update(images_per_s=rate, pinned_bytes=pinned, placement=loader.plan.placement)
+    sec.data.update(images_per_s=rate, pinned_bytes=pinned, placement=loader.plan.placement, backend=loader.backend)
 
 
 def loader_gpu_section(ctx: Context, sec: Section) -> None:

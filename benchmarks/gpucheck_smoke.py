@@ -31,7 +31,8 @@ def readme_default_section(ctx: Context, sec: Section) -> None:
     import feedfast
 
     started = time.perf_counter()
-    loader = feedfast.DataLoader(README_SPEC, shards=need_shards(ctx), batch_size=64)
+    # the README's call; timeout= only bounds the wait (a hang must not lose the lease), it changes nothing else
+    loader = feedfast.DataLoader(README_SPEC, shards=need_shards(ctx), batch_size=64, timeout=ctx.sizes.loader_timeout)
     try:
         images, labels = next(iter(loader))
         synchronizer(images.is_cuda)()
@@ -74,7 +75,7 @@ def epoch_without_syncs(ctx: Context, placement: str, device: str) -> tuple[int,
     import feedfast
 
     loader = feedfast.DataLoader(SPEC, shards=need_shards(ctx), batch_size=ctx.sizes.batch, placement=placement,
-                                 device=device, overrides=ctx.overrides)
+                                 device=device, overrides=ctx.overrides, timeout=ctx.sizes.loader_timeout)
     batches, error, total = 0, None, torch.zeros((), device=device)
     try:
         with host_syncs_forbidden(ctx.cuda):

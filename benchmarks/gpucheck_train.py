@@ -1,8 +1,15 @@
-"""``gpu_check.py``'s training rows: ResNet-50 (bf16 autocast, channels_last, SGD) fed three ways.
+"""``gpu_check.py``'s training rows: ResNet-50 (bf16 autocast, channels_last, SGD) fed five ways.
 
-(a) feedfast GPU-placed, (b) feedfast CPU-placed through the pinned ring to CUDA, (c) the
-torchvision recipe; each gives one row: samples/s, the meter's stall fraction (CUDA events),
-NVML utilization and the seconds from creating the loader to the first batch.
+(a) feedfast GPU-placed (DALI, nvJPEG), (b) feedfast CPU-placed on DALI and (b2) on the threaded
+path, both through the pinned ring to CUDA, (c) the torchvision recipe, (d) the threaded path
+tuned; each gives one row: samples/s, the meter's stall fraction (CUDA events), NVML
+utilization and the seconds from creating the loader to the first batch.
+
+Every row is what its label says and measures the same way: the backend is asked for by name
+and checked after the run; at least ``Sizes.train_steps`` steps are measured (60 on a GPU, twice
+the meter's minimum for a verdict), after ``train_warmup`` steps that hold the pipeline's build
+and cuDNN's autotuning; NVML samples only the measured steps; and the torchvision batches are
+copied to the GPU inside the measured wait (pinned, non-blocking), as feedfast's are.
 """
 
 from __future__ import annotations
@@ -76,6 +83,7 @@ class TrainRun:
     model: str
     loss: float
     first_batch_s: float | None
+    nvml: dict[str, Any]  # the NVML sampler's figures and status over the measured steps only
 
 
 def prepare(ctx: Context) -> Trainee:
@@ -89,15 +97,21 @@ def prepare(ctx: Context) -> Trainee:
 
 
 def train(ctx: Context, trainee: Trainee, batches: Iterator[Any], started: float) -> TrainRun:
-    """Train on ``batches`` (bf16 autocast) under a StallMeter; ``started`` is when the loader was created."""
-    from feedfast.meter import StallMeter
+    """Train on ``batches`` (bf16 autocast) under a StallMeter; ``started`` is when the loader was created.
+
+    NVML is sampled from the first measured step to the last (not during the warm-up steps).
+    """
+    from feedfast.meter import NvmlSampler, StallMeter
 
     model, opt, loss_fn = trainee.model, trainee.opt, nn.CrossEntropyLoss()
-    meter = StallMeter(device="cuda" if ctx.cuda else "cpu", warmup=ctx.sizes.train_warmup)
+    meter = StallMeter(device="cuda" if ctx.cuda else "cpu", warmup=ctx.sizes.train_warmup, samplers=False)
+    nvml = NvmlSampler(cuda_index=torch.cuda.current_device() if ctx.cuda else None, hz=20.0)
     total, loss, first = ctx.sizes.train_warmup + ctx.sizes.train_steps, torch.zeros(()), None
     for step, (images, labels) in enumerate(meter.wrap(batches), 1):
         if first is None:
             first = time.perf_counter() - started
+        if step == ctx.sizes.train_warmup + 1:
+            nvml.start()  # the measured window: after the build's and cuDNN's warm-up steps
         images = images.to(ctx.device, non_blocking=True).contiguous(memory_format=torch.channels_last)
         labels = labels.to(ctx.device, non_blocking=True)
         with torch.autocast(ctx.device.type, dtype=torch.bfloat16):
@@ -110,7 +124,9 @@ def train(ctx: Context, trainee: Trainee, batches: Iterator[Any], started: float
             break
     synchronizer(ctx.cuda)()
     meter.stop()
-    return TrainRun(meter.summary(), trainee.name, float(loss.detach()), first)
+    nvml.stop()
+    return TrainRun(meter.summary(), trainee.name, float(loss.detach()), first,
+                    {**nvml.figures(), "status": nvml.status()})
 
 
 def epoch_note(ctx: Context) -> str:
@@ -126,40 +142,48 @@ def epoch_note(ctx: Context) -> str:
 def report_training(ctx: Context, sec: Section, run: TrainRun, feed: str) -> None:
     """The feed's row (samples/s, stall, GPU util, first batch); a loss that is not finite fails the check."""
     s = run.summary
-    util = "" if s["gpu_util"] is not None else f"; NVML: {s['samplers'].get('gpu', 'no sampler')}"
-    sec.add_feed("", samples_per_s=s["samples_per_s"], stall=s["stall_fraction"], gpu_util=s["gpu_util"],
+    util = run.nvml["gpu_util"]
+    nvml = "NVML over the measured steps" if util is not None else f"NVML: {run.nvml['status']}"
+    sec.add_feed("", samples_per_s=s["samples_per_s"], stall=s["stall_fraction"], gpu_util=util,
                  first_batch_s=run.first_batch_s,
                  note=f"{run.model} bf16 channels_last, batch {ctx.sizes.batch}, {feed}; {s['steps']} steps after "
-                      f"{s['warmup_steps']} warm-up; {s['verdict']} ({s['basis']}){util}{epoch_note(ctx)}")
+                      f"{s['warmup_steps']} warm-up; {s['verdict']} ({s['basis']}); {nvml}{epoch_note(ctx)}")
     sec.data.update({k: s[k] for k in ("samples_per_s", "stall_fraction", "verdict", "basis", "steps",
-                                       "gpu_util", "wait_p50_ms", "step_p50_ms")},
-                    model=run.model, loss=run.loss, first_batch_s=run.first_batch_s)
+                                       "wait_p50_ms", "step_p50_ms")},
+                    gpu_util=util, nvml=run.nvml, model=run.model, loss=run.loss, first_batch_s=run.first_batch_s)
     if not torch.isfinite(torch.tensor(run.loss)):
         raise CheckFailed(f"the loss is {run.loss}")
+    if s["steps"] < ctx.sizes.train_steps:
+        raise CheckFailed(f"{s['steps']} measured steps, fewer than the row's {ctx.sizes.train_steps}")
 
 
-def train_on_feedfast(ctx: Context, sec: Section, placement: str, device: str, tune: bool = False) -> None:
-    """The training loop fed by ``feedfast.DataLoader`` with this placement and delivery device (and tuning)."""
+def train_on_feedfast(ctx: Context, sec: Section, placement: str, device: str, backend: str,
+                      tune: bool = False) -> None:
+    """The training loop fed by ``feedfast.DataLoader`` with this placement, delivery device and backend (and
+    tuning); a loader that ran another backend or placement fails the row (its label would lie)."""
     import feedfast
 
     trainee = prepare(ctx)
     started = time.perf_counter()
     loader = feedfast.DataLoader(SPEC, shards=need_shards(ctx), batch_size=ctx.sizes.batch, placement=placement,
-                                 device=device, overrides=ctx.overrides, tune=tune)
+                                 device=device, overrides=ctx.overrides, tune=tune, backend=backend,
+                                 timeout=ctx.sizes.loader_timeout)
     batches = forever(loader)
     try:
         run = train(ctx, trainee, checked(batches, device), started)
     finally:
         batches.close()
         loader.close()
-    if loader.plan.placement != placement:
-        raise CheckFailed(f"asked for placement {placement!r}, the plan is {loader.plan.placement!r}")
-    feed = f"feedfast {placement}-placed -> {device}, {loader.threads} threads"
+    if loader.plan.placement != placement or loader.backend != backend:
+        raise CheckFailed(f"asked for {backend} {placement}-placed, ran {loader.backend} "
+                          f"{loader.plan.placement}-placed")
+    sec.data.update(backend=loader.backend, placement=loader.plan.placement)
+    feed = f"feedfast {backend} {placement}-placed -> {device}, {loader.threads} threads"
     if tune:
         tuning = sec.data["tuning"] = loader.tuning()
         decision = tuning["decision"]
-        feed = (f"feedfast {placement}-placed -> {device}, tune=True ({tuning['state']}: threads {decision['threads']}, "
-                f"prefetch {decision['prefetch']}; {tuning['reason'] or 'no decision yet'})")
+        feed = (f"feedfast {backend} {placement}-placed -> {device}, tune=True ({tuning['state']}: threads "
+                f"{decision['threads']}, prefetch {decision['prefetch']}; {tuning['reason'] or 'no decision yet'})")
     report_training(ctx, sec, run, feed)
 
 
@@ -173,19 +197,24 @@ def checked(batches: Iterator[Any], device: str) -> Generator[Any, None, None]:
 
 
 def train_feedfast_gpu_section(ctx: Context, sec: Section) -> None:
-    """(a) feedfast GPU-placed (``mixed`` nvJPEG decode, GPU augmentation) delivering to CUDA."""
-    train_on_feedfast(ctx, sec, "gpu", "cuda")
+    """(a) feedfast GPU-placed (DALI: ``mixed`` nvJPEG decode, GPU augmentation) delivering to CUDA."""
+    train_on_feedfast(ctx, sec, "gpu", "cuda", "dali")
 
 
 def train_feedfast_cpu_section(ctx: Context, sec: Section) -> None:
-    """(b) feedfast CPU-placed, through the pinned ring to CUDA (to the CPU in a dry run)."""
-    train_on_feedfast(ctx, sec, "cpu", "cuda" if ctx.cuda else "cpu")
+    """(b) feedfast CPU-placed on DALI's CPU operators, through the pinned ring to CUDA (the CPU in a dry run)."""
+    train_on_feedfast(ctx, sec, "cpu", "cuda" if ctx.cuda else "cpu", "dali")
+
+
+def train_threads_section(ctx: Context, sec: Section) -> None:
+    """(b2) feedfast CPU-placed on the threaded path (pillow-simd, reduced-size decode), through the pinned ring."""
+    train_on_feedfast(ctx, sec, "cpu", "cuda" if ctx.cuda else "cpu", "threads")
 
 
 def train_tuned_section(ctx: Context, sec: Section) -> None:
-    """(d) feedfast CPU-placed with ``tune=True``: the search runs in the first batches of this loop (issue 16);
-    the decision, its reasons and the trials are recorded beside the rate."""
-    train_on_feedfast(ctx, sec, "cpu", "cuda" if ctx.cuda else "cpu", tune=True)
+    """(d) feedfast's threaded path with ``tune=True``: the search runs in the first batches of this loop (issue
+    16); the decision, its reasons and the trials are recorded beside the rate."""
+    train_on_feedfast(ctx, sec, "cpu", "cuda" if ctx.cuda else "cpu", "threads", tune=True)
 
 
 def train_torch_section(ctx: Context, sec: Section) -> None:
@@ -199,9 +228,19 @@ def train_torch_section(ctx: Context, sec: Section) -> None:
     started = time.perf_counter()
     loader = make_torch_loader(ctx.shard_paths, batch_size=ctx.sizes.batch, num_workers=workers,
                                size=ctx.sizes.image or 224)
+    if workers > 0:
+        loader.timeout = ctx.sizes.loader_timeout  # torch's own: a worker that hangs raises instead
     batches = forever(loader)
     try:
-        run = train(ctx, trainee, batches, started)
+        run = train(ctx, trainee, on_device(batches, ctx.device), started)
     finally:
         batches.close()
-    report_training(ctx, sec, run, f"torchvision recipe, {workers} DataLoader workers")
+    report_training(ctx, sec, run, f"torchvision recipe, {workers} DataLoader workers, pinned, copied to "
+                                   f"{ctx.device.type} inside the measured wait")
+
+
+def on_device(batches: Iterator[Any], device: torch.device) -> Generator[Any, None, None]:
+    """``batches`` copied to ``device`` (non-blocking from pinned memory) before each is handed over, so that the
+    copy is ordered before the meter's ready event, inside the measured wait, as feedfast's copy is."""
+    for images, labels in batches:
+        yield images.to(device, non_blocking=True), labels.to(device, non_blocking=True)

@@ -21,8 +21,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-SECTIONS = ["setup", "dataset", "readme_default", "train_feedfast_gpu", "train_feedfast_cpu", "train_torch",
-            "train_tuned", "sync_debug", "loader_gpu", "loader_cpu_cuda", "loader_cpu_cpu", "stall", "nvml"]
+SECTIONS = ["setup", "dataset", "readme_default", "decode_gpu", "pixels_hw", "train_feedfast_gpu", "train_feedfast_cpu",
+            "train_threads", "train_torch", "train_tuned", "sync_debug", "loader_gpu", "loader_cpu_cuda",
+            "loader_cpu_cpu", "stall", "nvml"]
 NEEDS_CUDA = ("train_feedfast_gpu", "loader_gpu", "loader_cpu_cuda")
 
 
@@ -72,10 +73,11 @@ def test_dry_run_prints_one_table_and_records_every_section(tmp_path: Path) -> N
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["what", "samples/s", "stall", "GPU", "util", "%", "1st", "batch", "s", "figure", "note"]
     assert set(lines[1]) == {"-"} and sum(set(line) == {"-"} for line in lines) == 1  # one table
-    assert "13 sections" in proc.stdout and "all ran" in proc.stdout
+    assert "16 sections" in proc.stdout and "all ran" in proc.stdout
 
     report = json.loads(out.read_text())
-    assert report["exit_code"] == 0 and report["environment"]["dry_run"] is True
+    assert report["exit_code"] == 0 and report["environment"]["dry_run"] is True and report["complete"] is True
+    assert report["limit_s"] == 360 and not out.with_name(out.name + ".part").exists()
     sections = report["sections"]
     assert list(sections) == SECTIONS
     for name, sec in sections.items():
@@ -97,12 +99,23 @@ def test_dry_run_prints_one_table_and_records_every_section(tmp_path: Path) -> N
     assert abs(stall["sleep_20ms"]["measured"] - 0.5) < 0.1 and stall["sleep_5ms"]["measured"] < 0.05
     assert sections["nvml"]["status"] == "skipped" and "NVML" in sections["nvml"]["note"]
     assert sections["train_tuned"]["data"]["tuning"]["tunable"] == ["threads", "prefetch"]
-    for name in ("train_feedfast_cpu", "train_torch", "train_tuned"):
+    for name in ("train_feedfast_cpu", "train_threads", "train_torch", "train_tuned"):
         data = sections[name]["data"]
         assert data["samples_per_s"] > 0 and data["stall_fraction"] is not None and data["verdict"]
         assert data["first_batch_s"] > 0 and data["model"] == "TinyNet (dry run)"
+        assert data["steps"] == report["sizes"]["train_steps"] and "NVML" in sections[name]["rows"][0]["note"]
         (row,) = sections[name]["rows"]
         assert row["samples_per_s"] == data["samples_per_s"] and row["stall"] == data["stall_fraction"]
+    # each row ran what its label says
+    assert sections["train_feedfast_cpu"]["data"]["backend"] == "dali" and "DALI" in sections["train_feedfast_cpu"]["title"]
+    for name in ("train_threads", "train_tuned"):
+        assert sections[name]["data"]["backend"] == "threads" and "threads" in sections[name]["title"]
+    assert "inside the measured wait" in sections["train_torch"]["rows"][0]["note"]
+    decode = sections["decode_gpu"]["data"]
+    assert decode["images_per_s"] > 0 and decode["target"] == 7950 and decode["backend"] == "dali"
+    assert decode["share_of_target"] == pytest.approx(decode["images_per_s"] / 7950)
+    pixels = sections["pixels_hw"]["data"]
+    assert pixels["bad_batches"] == [] and pixels["images"] > 0 and pixels["mean_levels"] == 0.0
     rows = report["table"]
     assert any(r["what"] == "loader GPU-placed -> cuda" and r["note"].startswith("skipped") for r in rows)
 
@@ -150,6 +163,126 @@ def test_a_spent_budget_skips_every_section_and_exits_1(gc: ModuleType, tmp_path
         else:
             assert sec["status"] == "over-budget" and sec["note"].startswith("skipped: time budget"), name
     assert "problems in: setup" in capsys.readouterr().out
+
+
+def test_the_json_is_rewritten_after_every_section(gc: ModuleType, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out.json"
+    seen: list[list[str]] = []
+
+    def look(ctx: Any, sec: Any) -> None:
+        seen.append(list(json.loads(out.read_text())["sections"]) if out.exists() else [])
+
+    steps = tuple(gc.Step(name, name, look) for name in ("one", "two", "three"))
+    monkeypatch.setattr(gc, "STEPS", steps)
+    assert gc.main(["--dry-run", "--json", str(out)]) == 0
+    assert seen == [[], ["one"], ["one", "two"]]
+    report = json.loads(out.read_text())
+    assert report["complete"] is True and list(report["sections"]) == ["one", "two", "three"]
+
+
+def test_a_section_past_its_limit_prints_every_threads_traceback_and_fails(
+        gc: ModuleType, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    import time
+    from dataclasses import replace
+
+    guard = importlib.import_module("gpucheck_guard")
+    ctx = gc.make_context(gc.parse_args(["--dry-run"]))
+    ctx.sizes = replace(ctx.sizes, section_limit=0.3)
+    watchdog = guard.Watchdog(60.0, lambda: None, poll_s=0.05)
+    try:
+        sec = gc.run_step(gc.Step("slow", "slow", lambda c, s: time.sleep(0.8)), ctx, watchdog)
+        fast = gc.run_step(gc.Step("fast", "fast", lambda c, s: None), ctx, watchdog)
+    finally:
+        watchdog.stop()
+    assert sec.status == "error" and "past its limit of 0.3 s" in sec.note and fast.status == "ok"
+    err = capfd.readouterr().err
+    assert "section 'slow' is past its limit" in err and "test_gpu_check.py" in err  # the sleeping frame
+
+
+def test_the_outer_limit_ends_a_hung_run_with_the_json_written(tmp_path: Path) -> None:
+    """A section that never returns: the run ends at --limit with exit 3, tracebacks, and the JSON so far."""
+    out = tmp_path / "out.json"
+    code = (f"import sys, time; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import gpu_check as gc\n"
+            "gc.STEPS = (gc.Step('quick', 'quick', lambda c, s: s.add('x', 1.0)),\n"
+            "            gc.Step('hang', 'hang', lambda c, s: time.sleep(600)))\n"
+            f"sys.exit(gc.main(['--dry-run', '--limit', '3', '--json', {str(out)!r}]))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(ROOT), os.environ.get("PYTHONPATH", ""))))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                          check=False)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "past its outer limit of 3 s" in proc.stderr and "time.sleep(600)" not in proc.stdout
+    assert "in <lambda>" in proc.stderr  # the hung frame, from faulthandler
+    report = json.loads(out.read_text())
+    assert report["complete"] is False and report["exit_code"] == 3 and list(report["sections"]) == ["quick"]
+
+
+def test_a_wrong_pixel_fails_the_hardware_decode_check(gc: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    decode = importlib.import_module("gpucheck_decode")
+    check_failed = importlib.import_module("gpucheck_common").CheckFailed
+    ctx = gc.make_context(gc.parse_args(["--dry-run"]))
+    good = torch.zeros(4, 3, 8, 8)
+    corrupt = good.clone()
+    corrupt[2, :, :4] = 2.0  # half of one image garbled, as a decoder race leaves it
+    keys = ["a", "b", "c", "d"]
+
+    class Ran:
+        class plan:  # noqa: N801 - stands in for loader.plan
+            placement = "cpu"
+
+    runs = {"cpu": iter([([(good, keys), (corrupt, keys)], 100.0, Ran), ([(good, keys), (good, keys)], 50.0, Ran)])}
+    monkeypatch.setattr(decode, "pixel_batches", lambda c, placement, device, count: next(runs["cpu"]))
+    sec = gc.Section("pixels_hw", "pixels")
+    with pytest.raises(check_failed, match="differ from DALI's CPU decode in batches \\[1\\]"):
+        decode.pixels_hw_section(ctx, sec)
+    assert sec.data["bad_batches"] == [1] and sec.data["far_share"] == pytest.approx(0.5)
+    one_level = good.clone() + 1 / decode.STD_LEVELS  # every value one level off: IDCT noise, passes
+    assert decode.image_differences(one_level, good)["mean_levels"] == pytest.approx(1.0)
+
+
+def test_nvml_samples_only_the_measured_steps_and_the_torch_copy_is_inside_the_wait(
+        gc: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    import feedfast.meter
+
+    train = importlib.import_module("gpucheck_train")
+    ctx = gc.make_context(gc.parse_args(["--dry-run"]))
+    handed: list[int] = []
+    started_at: list[int] = []
+
+    class Sampler:
+        def __init__(self, **kw: Any) -> None:
+            return None
+
+        def start(self) -> None:
+            started_at.append(len(handed))
+
+        def stop(self) -> None:
+            return None
+
+        def status(self) -> str:
+            return "fake"
+
+        def figures(self) -> dict[str, Any]:
+            return {"gpu_util": 50.0}
+
+    def batches() -> Any:
+        while True:
+            handed.append(1)
+            yield torch.zeros(2, 3, 8, 8), torch.zeros(2, dtype=torch.int64)
+
+    monkeypatch.setattr(feedfast.meter, "NvmlSampler", Sampler)
+    run = train.train(ctx, train.prepare(ctx), batches(), 0.0)
+    assert started_at == [ctx.sizes.train_warmup + 1] and run.nvml["gpu_util"] == 50.0  # after the warm-up steps
+    fed: list[str] = []
+    monkeypatch.setattr(train, "train", lambda c, t, b, s: fed.append(b.__name__) or run)
+    monkeypatch.setattr(train, "report_training", lambda *a: None)
+    ctx.shards, ctx.shard_paths = "x", ["x.tar"]
+    class TorchLoader(list):  # what make_torch_loader returns, with no batches
+        timeout = 0.0
+
+    monkeypatch.setattr("feedfast.baseline.torch_recipe.make_torch_loader", lambda *a, **k: TorchLoader())
+    train.train_torch_section(ctx, gc.Section("train_torch", "t"))
+    assert fed == ["on_device"]  # the copy happens in next(), before the meter's ready event
 
 
 def test_wheel_pieces_are_joined_installed_once_and_put_on_the_path(gcw: ModuleType, tmp_path: Path,
