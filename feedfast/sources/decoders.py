@@ -254,9 +254,11 @@ _STANDALONE = frozenset({0x00, 0x01, *range(0xD0, 0xD9)})  # markers without a l
 def jpeg_scans(data: bytes, *, count: bool = True) -> tuple[bool, int]:
     """(progressive, scans) of a JPEG's bytes (as far as they go): the frame's type, read from the marker
     segments before the first scan, and for a progressive frame the SOS markers from there on
-    (entropy-coded bytes hold none: an ``FF`` there is followed by ``00`` or a restart marker; a
-    sequential frame has one scan per component at most, counted as 1; without ``count``, a progressive
-    frame's first only: 60 us a 64 kB less). (False, 0) when no scan is reached."""
+    (entropy-coded bytes hold none: an ``FF`` there is followed by ``00`` or a restart marker). A
+    sequential frame counts as 1: its scans code every block in 2 bits at least, so its decode time
+    follows the file's size, where a progressive scan skips every block with one end-of-band run of a
+    few bytes. Without ``count``, a progressive frame's first only (60 us a 64 kB less). (False, 0)
+    when no scan is reached."""
     at, progressive, end = 2, False, len(data) - 4
     while at <= end:
         if data[at] != 0xFF:  # junk between segments, skipped as libjpeg and PIL skip it
