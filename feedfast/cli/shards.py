@@ -37,7 +37,8 @@ INDEX_EXAMPLES = """examples:
 """
 
 INSPECT_EXAMPLES = """examples:
-  feedfast shards inspect 'data/train-*.tar'            # counts, components, label mixing, problems
+  feedfast shards inspect 'data/train-*.tar'            # counts, components, label mixing, problems:
+                                                        # damaged or compressed tars, untrusted indexes, repeated keys
   feedfast shards inspect 'data/train-*.tar' --check    # also decode every image, as the loader checks them
   feedfast shards inspect 'data/*.tar' --json > report.json
 """
@@ -76,7 +77,9 @@ def add_parser(sub: Any) -> None:
                        formatter_class=raw)
     idx.add_argument("shards", nargs="+", help="shard paths, globs or brace patterns")
     idx.set_defaults(func=index)
-    ins = s.add_parser("inspect", help="count samples and components, report problems", epilog=INSPECT_EXAMPLES,
+    ins = s.add_parser("inspect", help="count samples and components, report problems (damaged tars, indexes the "
+                       "loader would rebuild, repeated keys, labels) and what the loader does with each",
+                       epilog=INSPECT_EXAMPLES,
                        formatter_class=raw)
     ins.add_argument("shards", nargs="+", help="shard paths, globs or brace patterns")
     ins.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -149,7 +152,7 @@ def inspect(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"shards": [], "samples": 0, "components": Counter(), "problems": []}
     labels: list[list[int]] = []
     for p in _progress(resolve_shards(args.shards), "inspecting"):
-        shard = inspect_shard(p, check=args.check, image_exts=_exts(args.image_ext))
+        shard = inspect_shard(p, check=args.check, image_exts=_exts(args.image_ext), cache_dir=_env.cache_dir())
         report["shards"].append({"path": p, "samples": shard.samples, "components": shard.components,
                                  "distinct_labels": len(set(shard.labels))})
         report["samples"] += shard.samples

@@ -13,6 +13,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from feedfast.sources.index import Member, parse_index
@@ -118,36 +119,74 @@ class ShardReport:
 
 
 def inspect_shard(path: str, *, check: bool = False, image_exts: set[str] | frozenset[str] = frozenset(),
-                  max_pixels: int | None = None) -> ShardReport:
+                  max_pixels: int | None = None, cache_dir: Path | None = None) -> ShardReport:
     """Count a shard's samples and components, and say what is wrong and what the loader does about it.
 
-    Reports zero-byte members, differing component counts, keys repeated in the shard,
+    Reports a compressed shard, a damaged tar (cut, truncated, corrupt: what each policy reads
+    of it), an index the loader would not trust (short, stale, offsets off their members,
+    another content fingerprint: :func:`~feedfast.sources.index.checked_index`), zero-byte
+    members, differing component counts, keys repeated in the shard (adjacent copies too),
     labels (``.cls``) that are not non-negative integers, and with ``check`` the images
     (extensions in ``image_exts``) that the loader's check would leave out or re-encode.
-    ``samples`` counts what the loader reads: the first sample of each repeated key.
+    ``samples`` counts what the loader reads: the first sample of each repeated key, and of a
+    damaged tar what ``on_error: skip`` reads.
     """
     from collections import Counter
 
-    from feedfast.sources.index import scan_tar, split_duplicates
+    from feedfast.errors import ShardError
+    from feedfast.sources.index import salvage_tar, split_duplicates
     from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 
-    every = scan_tar(path, keep_duplicates=True)
-    samples, repeated = split_duplicates(every)
+    try:
+        scanned = salvage_tar(path, keep_duplicates=True)
+    except ShardError as exc:  # compressed, sparse, missing: nothing of it can be read
+        return ShardReport(0, {}, [f"{path}: {exc} (the loader refuses it under either on_error)"])
+    problems = _damage_problems(path, scanned) + _index_problems(path, cache_dir)
+    samples, repeated = split_duplicates(scanned.samples)
     exts = Counter(e for s in samples for e in s.exts)
     counts = Counter(len(s.members) for s in samples)
-    problems = [f"{path}: {m.name}: zero-byte member (an image is left out under on_error: skip, an error "
-                "under raise)" for s in samples for m in s.members if m.size == 0]
+    problems += [f"{path}: {m.name}: zero-byte member (an image is left out under on_error: skip, an error "
+                 "under raise)" for s in samples for m in s.members if m.size == 0]
     if len(counts) > 1:
         problems.append(f"{path}: samples have differing component counts {dict(counts)} (samples lacking a "
                         "component follow the spec's `missing` setting)")
     for s in repeated:
         problems.append(f"{path}: key {s.key!r} repeats an earlier sample of this shard ({', '.join(s.exts)}): "
-                        "the loader reads only the first sample of a key")
+                        "the loader reads only the first sample of a key (with a warning, counted as skipped)")
     labels: list[int] = []
     problems += _label_problems(path, samples, labels)
     if check and image_exts:
         problems += _image_problems(path, samples, image_exts, max_pixels or DEFAULT_MAX_PIXELS)
     return ShardReport(len(samples), dict(exts), problems, labels)
+
+
+def _damage_problems(path: str, scanned: Any) -> list[str]:
+    """What the loader does with a damaged tar, under each policy."""
+    damage = scanned.damage
+    if damage is None:
+        return []
+    lost = f"; sample {scanned.lost[0]!r}, cut by it, is left out" if scanned.lost else ""
+    return [f"{path}: {damage.message} (under on_error: skip the {len(scanned.samples)} complete sample(s) before "
+            f"the damage are read{lost} and the rest counted as skipped; under raise the loader stops with "
+            "this error)"]
+
+
+def _index_problems(path: str, cache_dir: Path | None) -> list[str]:
+    """The indexes of the shard the loader would find and not trust (it indexes the shard again)."""
+    from feedfast import _env
+    from feedfast.sources.index import cached_index_path, checked_index, default_index_path
+
+    out = []
+    for index in (default_index_path(path), cached_index_path(path, cache_dir or _env.cache_dir())):
+        if not index.is_file():
+            continue
+        found = checked_index(path, index)
+        if found is None:
+            out.append(f"{path}: the index {str(index)!r} is older than the shard (the loader indexes it again)")
+        elif isinstance(found, str):
+            out.append(f"{path}: the index {str(index)!r} does not describe the shard: {found} (the loader "
+                       "indexes the shard again, with a warning)")
+    return out
 
 
 def _label_problems(path: str, samples: list, labels: list[int]) -> list[str]:  # type: ignore[type-arg]

@@ -44,7 +44,7 @@ from feedfast.sources.index import (
     load_index,
     warn_once,
 )
-from feedfast.sources.indexcheck import shard_fingerprint
+from feedfast.sources.indexcheck import fingerprint_matches
 from feedfast.sources.indexnotes import parse_header
 
 MAX_CHUNK = 32  # shards per message at most; fewer when there are few shards per worker
@@ -144,7 +144,7 @@ def _looks_fresh(index: Path, shard: os.stat_result, path: str | os.PathLike[str
             f.seek(max(0, st.st_size - TAIL_BYTES))
             tail = f.read()
         notes = parse_header(head.decode("utf-8").rstrip("\r\n"), INDEX_VERSION)
-        if notes.fingerprint and notes.fingerprint != shard_fingerprint(path, shard.st_size):
+        if notes.fingerprint and not fingerprint_matches(path, notes.fingerprint, shard.st_size):
             return False
     except (OSError, UnicodeDecodeError, ValueError):
         return False

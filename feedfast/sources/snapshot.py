@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from feedfast.sources.index import write_atomic
-from feedfast.sources.indexcheck import shard_fingerprint
+from feedfast.sources.indexcheck import fingerprint_matches, shard_fingerprint
 
 FORMAT = 2
 
@@ -50,6 +50,14 @@ def _identity(path: str, fingerprint: bool = False) -> list[Any]:
     return found + [shard_fingerprint(path, st.st_size)] if fingerprint else found
 
 
+def _unchanged(path: str, identity: list[Any]) -> bool:
+    """Whether the file is as recorded: its path, size, mtime, and a shard's fingerprint (two small reads)."""
+    st = os.stat(path)
+    if [os.path.abspath(path), st.st_size, st.st_mtime_ns] != identity[:3]:
+        return False
+    return len(identity) < 4 or fingerprint_matches(path, identity[3], st.st_size)
+
+
 def digest(shards: Sequence[str], settings: dict[str, Any]) -> str | None:
     """The record's name for these local shards and settings; None when a shard is missing (no record)."""
     h = hashlib.sha256(json.dumps([FORMAT, settings], sort_keys=True).encode())
@@ -66,7 +74,7 @@ def load(cache_dir: Path, name: str) -> Opened | None:
     record = cache_dir / "opened" / f"{name}.json"
     try:
         data = json.loads(record.read_text(encoding="utf-8"))
-        if data["format"] != FORMAT or any(_identity(p, len(i) == 4) != list(i) for p, i in data["files"]):
+        if data["format"] != FORMAT or not all(_unchanged(p, list(i)) for p, i in data["files"]):
             return None
         return Opened(tuple(data["paths"]), tuple(data["index_paths"]), tuple(data["sizes"]),
                       tuple(map(tuple, data["skipped"])), tuple(map(tuple, data["converted"])),  # type: ignore[arg-type]

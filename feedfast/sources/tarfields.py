@@ -60,6 +60,30 @@ def first_bad_header(headers: Sequence[bytes]) -> int | None:
     return int(bad[0]) if len(bad) else None
 
 
+def checksums_match(rows: np.ndarray) -> np.ndarray:
+    """Whether each 512-byte header (a row of uint8) holds its own checksum, as tarfile checks it."""
+    return _checksums_match(rows)
+
+
+_SIZE_WEIGHTS = 8 ** np.arange(10, -1, -1, dtype=np.int64)
+
+
+def sizes_of(rows: np.ndarray) -> np.ndarray:
+    """The size field of each 512-byte header (a row of uint8), as :func:`number` reads it; -1 where it is
+    not a number. The usual form (11 octal digits, then NUL or space) is read for all rows at once."""
+    field = rows[:, 124:136]
+    digits = field[:, :11].astype(np.int64) - ord("0")
+    usual = ((digits >= 0) & (digits <= 7)).all(axis=1) & ((field[:, 11] == 0) | (field[:, 11] == 32))
+    out = np.where(usual, digits @ _SIZE_WEIGHTS, -1)
+    for i in np.flatnonzero(~usual):
+        try:
+            value = number(bytes(field[i]))
+        except ValueError:
+            continue
+        out[i] = value if 0 <= value < 2**62 else -1
+    return out
+
+
 def _numbers(fields: np.ndarray) -> np.ndarray:
     """Whether each row of ``fields`` reads as a number, asked once per distinct value (a tar's modes, owners
     and times repeat). As ``S`` strings the values lose their trailing NULs, which the reading ignores."""
