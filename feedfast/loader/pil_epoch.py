@@ -23,7 +23,7 @@ What differs from DALI, by design:
   does); a missing one under ``missing: empty`` arrives as ``b""``.
 
 An image component pillow-simd cannot decode gets a second opinion from DALI's CPU decoder
-(:mod:`~feedfast.sources.second_decode`: in a check worker, under ``source.check_seconds``):
+(:mod:`~feedfast.loader.second_run`; in a check worker, under ``source.check_seconds``):
 what DALI decodes is delivered, in the decode op's colour, as the DALI backend delivers it, and
 the sample's program runs again on those pixels with the same draws.
 
@@ -56,13 +56,13 @@ from feedfast.loader import convert
 from feedfast.loader.draws import SampleDraws, batch_draws
 from feedfast.loader.epoch import Batch
 from feedfast.loader.pil_warnings import routed
+from feedfast.loader.second_run import image_decodes, second_raw
 from feedfast.ops.base import Signature
 from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.rows import Rows, epoch_rows
-from feedfast.sources.second_decode import as_ppm, second_opinion
 from feedfast.sources.shardfiles import ShardFiles
 from feedfast.spec.model import CHECK_SECONDS
 
@@ -169,50 +169,12 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         Raises:
             DecodeFailure: DALI cannot decode such an image either (both decoders' reasons).
         """
-        fixed = list(raw)
-        for component, color in self.decodes:
-            failed = pil_failure(raw[component])
-            if failed is None or not raw[component] or fixed[component] is not raw[component]:
-                continue
-            pixels, reason = second_opinion(raw[component], color=color, seconds=self.check_seconds)
-            if pixels is None:
-                raise DecodeFailure(f"{exc}; {reason}") from None
-            fixed[component] = as_ppm(pixels)
-        if all(a is b for a, b in zip(fixed, raw)):
-            return None
-        return self.program.run(fixed, draws.replay())
+        fixed = second_raw(self.program, raw, exc, seconds=self.check_seconds, decodes=self.decodes)
+        return None if fixed is None else self.program.run(fixed, draws.replay())
 
     def close(self) -> None:
         """Close the shard files this process opened."""
         self.files.close()
-
-
-def image_decodes(program: PilProgram) -> list[tuple[int, str]]:
-    """(component, colour) of each step that decodes a component's bytes into an image, read from the
-    steps' declared signatures (encoded bytes in, an image out)."""
-    steps = program.steps
-    return [(s.inputs[0], str(s.params.get("color", "rgb"))) for s in steps
-            if s.inputs and s.sig.kind == "image" and steps[s.inputs[0]].op == "read"
-            and steps[s.inputs[0]].sig.kind == "encoded"]
-
-
-def pil_failure(data: bytes) -> str | None:
-    """Why PIL cannot decode ``data`` to pixels (``Type: message``), or None when it can."""
-    import io
-
-    from PIL import Image
-
-    from feedfast.sources.decoders import short, to_8bit
-
-    if not data:
-        return "the component is empty"
-    try:
-        img = Image.open(io.BytesIO(data))
-        img.load()
-        to_8bit(img)
-    except Exception as exc:  # noqa: BLE001 - any decoder failure is PIL's answer
-        return short(exc)
-    return None
 
 
 def _collate(values: list[Any], sig: Signature) -> Any:
