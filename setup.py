@@ -40,8 +40,12 @@ class BuildPyWithPipelines(build_py):
             self.copy_file(str(spec), str(target / spec.name))
 
 
-NATIVE = Extension("feedfast._native", sources=["feedfast/_native.c", "feedfast/_resample.c"],
-                   depends=["feedfast/_resample.h"], libraries=["jpeg"],
+NATIVE = Extension("feedfast._native", sources=["feedfast/_native.c", "feedfast/_resample.c",
+                                                 "feedfast/_resample_simd.c"],
+                   depends=["feedfast/_resample.h", "feedfast/_resample_simd.h"], libraries=["jpeg"],
                    extra_compile_args=["-O3", "-ffp-contract=off"], optional=True)
 
-setup(cmdclass={"build_py": BuildPyWithPipelines}, ext_modules=[NATIVE])
+PLAN = Extension("feedfast._plan", sources=["feedfast/_plan.c"], libraries=["jpeg"],
+                 extra_compile_args=["-O3", "-ffp-contract=off"], optional=True)
+
+setup(cmdclass={"build_py": BuildPyWithPipelines}, ext_modules=[NATIVE, PLAN])

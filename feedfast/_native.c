@@ -41,6 +41,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <limits.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -613,7 +614,137 @@ sample_into(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ---- sample_batch: sample_into over a chunk of planned samples (feedfast/_plan.c), one GIL release ---- */
+
+/* Columns of a plan row (feedfast/_plan.c, feedfast.loader.batchplan). */
+enum { P_COLS = 24, P_STATUS = 0, P_FACTOR = 3, P_REGION = 4, P_BOX = 8, P_CLIP = 14, P_RESAMPLE = 18, P_HFLIP = 19,
+       P_VFLIP = 20 };
+
+/* One planned sample into its slot `o`: feedfast.loader.thread_epoch._one_call's window and region, then
+ * sample_into's work. 1 when written. */
+static int
+planned_sample(const unsigned char *raw, Py_ssize_t len, const double *row, int gray, long margin, double gap,
+               int flavour, const Output *o)
+{
+    const double f = row[P_FACTOR];
+    const long left = (long)row[P_REGION], top = (long)row[P_REGION + 1];
+    const long right = (long)row[P_REGION + 2], bottom = (long)row[P_REGION + 3];
+    long wl = (long)floor(row[P_CLIP] / f), wt = (long)floor(row[P_CLIP + 1] / f);
+    long wr = (long)ceil(row[P_CLIP + 2] / f), wb = (long)ceil(row[P_CLIP + 3] / f);
+    long window[4] = {wl > left ? wl : left, wt > top ? wt : top, wr < right ? wr : right, wb < bottom ? wb : bottom};
+    double box[4] = {row[P_BOX] / f, row[P_BOX + 1] / f, row[P_BOX + 2] / f, row[P_BOX + 3] / f};
+    Py_buffer data;
+    memset(&data, 0, sizeof data);
+    data.buf = (void *)raw, data.len = len;
+    ErrorManager err;
+    RegionRows region = {allocate_memory, NULL, 0, 0, 0, 0, NULL};
+    const char *message = NULL;
+    int status = FF_OK;
+    decode_rows(&data, (unsigned int)f, (unsigned long)(left > margin ? left - margin : 0),
+                (unsigned long)(top > margin ? top - margin : 0), (unsigned long)(right + margin),
+                (unsigned long)(bottom + margin), gray, &region, &err);
+    if (!err.failed && region.pixels == NULL) {
+        status = FF_NOMEM;
+    } else if (!err.failed) {
+        const int pixel = gray ? 1 : 4;
+        long x0 = window[0] > (long)region.left ? window[0] : (long)region.left;
+        long y0 = window[1] > (long)region.top ? window[1] : (long)region.top;
+        long x1 = window[2] < (long)(region.left + region.width) ? window[2] : (long)(region.left + region.width);
+        long y1 = window[3] < (long)(region.top + region.rows) ? window[3] : (long)(region.top + region.rows);
+        if (x1 <= x0 || y1 <= y0) {
+            status = FF_INVALID;
+        } else {
+            const ptrdiff_t stride = (ptrdiff_t)region.width * pixel;
+            FFImage image = {region.pixels + (y0 - (long)region.top) * stride + (x0 - (long)region.left) * pixel,
+                             stride, (int)(x1 - x0), (int)(y1 - y0), pixel};
+            double relative[4] = {box[0] - x0, box[1] - y0, box[2] - x0, box[3] - y0};
+            relative[0] = relative[0] > 0.0 ? relative[0] : 0.0;
+            relative[1] = relative[1] > 0.0 ? relative[1] : 0.0;
+            relative[2] = relative[2] < (double)image.width ? relative[2] : (double)image.width;
+            relative[3] = relative[3] < (double)image.height ? relative[3] : (double)image.height;
+            status = resize_and_emit(&image, (int)row[P_RESAMPLE], relative, f > 1.0 ? gap : 0.0, flavour,
+                                     row[P_HFLIP] != 0.0, row[P_VFLIP] != 0.0, o, &message);
+        }
+    }
+    free(region.pixels);
+    return !err.failed && status == FF_OK;
+}
+
+static PyObject *
+sample_batch(PyObject *self, PyObject *args)
+{
+    PyObject *raws, *template, *batch, *mean, *inv;
+    Py_buffer plans, done;
+    int gray, chw, flavour;
+    long margin;
+    double gap;
+    if (!PyArg_ParseTuple(args, "O!y*w*OOOOpplid", &PyList_Type, &raws, &plans, &done, &template, &batch, &mean, &inv,
+                          &gray, &chw, &margin, &flavour, &gap))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(raws);
+    PyObject *result = NULL;
+    Output o;
+    Py_buffer out;
+    const unsigned char **data = NULL;
+    Py_ssize_t *lens = NULL;
+    int have_o = 0, have_out = 0;
+    if (plans.len != n * P_COLS * (Py_ssize_t)sizeof(double) || done.len != n) {
+        PyErr_SetString(PyExc_ValueError, "sample_batch: plans or done do not match raws");
+        goto finish;
+    }
+    if (parse_output(template, mean, inv, chw, gray ? 1 : 4, &o) < 0)
+        goto finish;
+    have_o = 1;
+    if (PyObject_GetBuffer(batch, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        goto finish;
+    have_out = 1;
+    if (out.len != n * o.buffer.len) {
+        PyErr_SetString(PyExc_ValueError, "sample_batch: the batch holds a slot per raw, each the template's size");
+        goto finish;
+    }
+    data = PyMem_Calloc((size_t)n + 1, sizeof *data);
+    lens = PyMem_Calloc((size_t)n + 1, sizeof *lens);
+    if (data == NULL || lens == NULL) {
+        PyErr_NoMemory();
+        goto finish;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(raws, i);
+        if (PyBytes_Check(item))
+            data[i] = (const unsigned char *)PyBytes_AS_STRING(item), lens[i] = PyBytes_GET_SIZE(item);
+    }
+    Py_BEGIN_ALLOW_THREADS /* the list keeps the bytes alive */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const double *row = (const double *)plans.buf + i * P_COLS;
+        char *flag = (char *)done.buf + i;
+        *flag = 0;
+        if (data[i] == NULL || row[P_STATUS] != 0.0 || row[P_RESAMPLE] < 0.0)
+            continue;
+        Output slot = o;
+        slot.buffer.buf = (char *)out.buf + i * o.buffer.len;
+        *flag = (char)planned_sample(data[i], lens[i], row, gray, margin, gap, flavour, &slot);
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+finish:
+    PyMem_Free(data);
+    PyMem_Free(lens);
+    if (have_out)
+        PyBuffer_Release(&out);
+    if (have_o)
+        PyBuffer_Release(&o.buffer);
+    PyBuffer_Release(&plans);
+    PyBuffer_Release(&done);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"sample_batch", sample_batch, METH_VARARGS,
+     "sample_batch(raws, plans, done, template, batch, mean, inv, gray, chw, margin, flavour, reducing_gap)\n\n"
+     "sample_into over a chunk of planned samples (feedfast.loader.batchplan), one GIL release: each sample "
+     "whose plan row is OK and resamples is written into its slot of `batch` (shaped as `template`, one slot "
+     "per raw) and its `done` byte set to 1; 0 where it was not (the caller makes it another way)."},
     {"decode_region", decode_region, METH_VARARGS,
      "decode_region(data, denom, left, top, right, bottom, gray) -> (pixels, left, top, width, height)\n\n"
      "Decode only a region of a JPEG (libjpeg-turbo's skip and crop of scanlines), without the GIL."},

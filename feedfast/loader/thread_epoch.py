@@ -40,16 +40,26 @@ import numpy as np
 import torch
 
 from feedfast import _env
-from feedfast.compile.pil import PilProgram, compile_pil
+from feedfast.compile.pil import PilProgram, PilStep, compile_pil
 from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, FeedfastError, SampleError
-from feedfast.loader import convert, native
-from feedfast.loader.draws import SampleDraws, batch_draws
+from feedfast.loader import batchplan, convert, native
+from feedfast.loader.draws import SampleDraws, batch_draws, draws_key
 from feedfast.loader.epoch import Batch
 from feedfast.loader.knobs import Knobs, LivePool
 from feedfast.loader.pil_epoch import epoch_samples, members_of
-from feedfast.loader.thread_sample import NeedsFallback, fast_program, fast_values, program_values
+from feedfast.loader.pil_fast import REGION_MARGIN, JpegHeader, decode_region
+from feedfast.loader.thread_sample import (
+    REDUCING_GAP,
+    NeedsFallback,
+    View,
+    _pixels,
+    fast_program,
+    fast_values,
+    program_values,
+)
 from feedfast.ops.generic import DecodeFailure
+from feedfast.ops.registry import OPS
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
@@ -166,6 +176,11 @@ class _Epoch:
         self.buffers = _Buffers(limit=pixel_fields * (knobs.max_prefetch + 3))  # in flight, the consumer's, a spare
         self.files = ShardFiles(paths)
         self._local = threading.local()
+        self.chain = batchplan.chain_of(program) if self.fast else None
+        self.key = draws_key(seed, epoch)
+        self.host_chains = _host_chains(program) if self.chain is not None else {}
+        if self.chain is not None and set(program.outputs) != {self.chain.output, *self.host_chains}:
+            self.chain = None  # an output the plan does not make (a component passed through as it is)
 
     def submit(self, pool: LivePool, step: int) -> _Job:
         batch = self.rows.take(step_positions(step, self.batch_size, self.ep.rank_samples, self.ep.batch_sizes[step]))
@@ -217,18 +232,95 @@ class _Epoch:
 
     def _fill(self, job: _Job, a: int, b: int) -> None:
         arrays = {name: out.numpy() for name, out in job.outputs.items() if isinstance(out, torch.Tensor)}
+        planned = self._planned(job, a, b, arrays) if self.chain is not None else {}
         for i in range(a, b):
             if job.cancelled or job.error is not None:
                 return
-            values = self._sample(job, i)
+            values = planned.get(i)
+            if values is None:
+                values = self._sample(job, i)
             for f in self.fields:
                 value = values[f.name]
+                if value is _WRITTEN:
+                    continue
                 if f.name not in arrays:
                     job.outputs[f.name][i] = value
                 elif f.normalize is None:
                     np.copyto(arrays[f.name][i], value)
                 else:
                     self._normalize_into(arrays[f.name][i], value, f.name)
+
+    def _planned(self, job: _Job, a: int, b: int, arrays: dict[str, np.ndarray]) -> dict[int, dict[str, Any]]:
+        """Rows ``a .. b`` of the batch whose image chain :mod:`.batchplan` planned, computed from the plan.
+
+        Each component's bytes are read for the chunk at once, the image chain's geometry
+        planned at once (:mod:`.batchplan`) and the host fields computed per field; then the
+        pixels are made by the extension straight into the batch, the whole chunk in one call
+        (``sample_batch``: decode, resize, flips, normalize; the value is then :data:`_WRITTEN`)
+        where :func:`~feedfast.loader.batchplan.one_call` says so, else by Pillow from the
+        planned region. A sample the plan leaves out (or whose region does not decode, or whose
+        host op fails) is not in the result: :meth:`_sample` takes it the Python way, from the
+        same draws, and raises what is wrong.
+        """
+        from PIL import Image
+
+        chain = self.chain
+        assert chain is not None
+        rows = job.rows
+        fds = self.files.fds(rows.shard[a:b])
+        raws = [batchplan.read(fds, rows.offsets[a:b, c], rows.sizes[a:b, c]) for c in range(rows.offsets.shape[1])]
+        images = raws[chain.component]
+        plans = batchplan.plan(chain, images, rows.samples[a:b], self.key, Image.MAX_IMAGE_PIXELS)
+        host = {name: _host_column(steps, raws) for name, steps in self.host_chains.items()}
+        done = self._one_call(chain, images, plans, arrays, a, b)
+        statuses = plans[:, batchplan.STATUS].tolist()
+        out: dict[int, dict[str, Any]] = {}
+        for j, status in enumerate(statuses):
+            if status != batchplan.OK:
+                continue
+            values = {name: column[j] for name, column in host.items()}
+            if any(v is _FAILED for v in values.values()):
+                continue
+            if done is not None and done[j]:
+                values[chain.output] = _WRITTEN
+            else:
+                pixels = self._pillow_pixels(chain, images[j], plans[j].tolist())
+                if pixels is None:
+                    continue
+                values[chain.output] = pixels
+            out[a + j] = values
+        return out
+
+    def _one_call(self, chain: batchplan.Chain, images: list[bytes | None], plans: np.ndarray,
+                  arrays: dict[str, np.ndarray], a: int, b: int) -> list[bool] | None:
+        """The planned samples' pixels written into the batch by the extension in one call, where
+        :func:`~feedfast.loader.batchplan.one_call` says so: which were (None: none was tried)."""
+        target = arrays.get(chain.output)
+        if target is None or not batchplan.one_call():
+            return None
+        flavour = native.resample_flavour()
+        assert native.ext is not None and flavour is not None
+        mean, inv = self.flat.get(chain.output, (None, None))
+        spec = next(f for f in self.fields if f.name == chain.output).normalize
+        done = np.zeros(b - a, dtype=np.int8)
+        native.ext.sample_batch(images, plans, done, target[a], target[a:b], mean, inv, chain.gray,
+                                bool(spec) and spec["layout"] == "CHW", REGION_MARGIN, flavour, REDUCING_GAP)
+        return done.astype(bool).tolist()
+
+    def _pillow_pixels(self, chain: batchplan.Chain, raw: bytes | None, row: list[float]) -> np.ndarray | None:
+        """A planned sample's pixels made by Pillow from its planned region (None: the region did not decode)."""
+        assert raw is not None  # planned: read, and a JPEG
+        header = JpegHeader((int(row[batchplan.WIDTH]), int(row[batchplan.HEIGHT])), "L" if chain.gray else "RGB")
+        factor = int(row[batchplan.FACTOR])
+        r, bx, sz, c = batchplan.REGION, batchplan.BOX, batchplan.SIZE, batchplan.CLIP
+        region = decode_region(header, raw, factor, (int(row[r]), int(row[r + 1]), int(row[r + 2]), int(row[r + 3])))
+        if region is None:
+            return None
+        resample = int(row[batchplan.RESAMPLE])
+        view = View(chain.decode, (row[bx], row[bx + 1], row[bx + 2], row[bx + 3]), (int(row[sz]), int(row[sz + 1])),
+                    (int(row[c]), int(row[c + 1]), int(row[c + 2]), int(row[c + 3])),
+                    None if resample < 0 else resample, bool(row[batchplan.HFLIP]), bool(row[batchplan.VFLIP]))
+        return _pixels(region[0], view, float(factor), (region[1], region[2]))
 
     def _normalize_into(self, out: np.ndarray, pixels: np.ndarray, name: str) -> None:
         """``normalize`` of one image's uint8 HWC pixels into its slot of the batch.
@@ -278,6 +370,50 @@ class _Epoch:
     def close(self) -> None:
         """Close the shard files."""
         self.files.close()
+
+
+_WRITTEN = object()
+"""A planned sample's image value when its pixels were written into the batch already."""
+_FAILED = object()
+"""A host value that could not be computed by :func:`_host_column` (the Python way says why)."""
+
+
+def _host_chains(program: PilProgram) -> dict[str, list[PilStep]]:
+    """Each host output's steps, from the one after its component's read to the output."""
+    chains = {}
+    for name, sid in program.outputs.items():
+        steps = []
+        while program.steps[sid].op != "read":
+            steps.append(program.steps[sid])
+            sid = program.steps[sid].inputs[0]
+        if steps and all(OPS[step.op].host for step in steps):
+            chains[name] = steps[::-1]
+    return chains
+
+
+def _host_column(steps: list[PilStep], raws: list[list[bytes | None]]) -> list[Any]:
+    """A host field's values over a chunk: its steps (ops that draw nothing) from the component's bytes.
+
+    A ``label`` read straight from its component takes a batch fast path where every label is
+    plain ASCII digits (what ``label`` accepts, without its checks); any sample that fails is
+    :data:`_FAILED`.
+    """
+    column: list[Any] = raws[steps[0].inputs[0]]
+    if len(steps) == 1 and steps[0].op == "label":
+        offset = steps[0].params["offset"]
+        if all(r is not None and r.isdigit() and len(r) <= 18 for r in column):
+            return [int(r) - offset for r in column]  # type: ignore[arg-type]
+    values = []
+    for value in column:
+        try:
+            for step in steps:
+                if value is None:
+                    break
+                value = OPS[step.op].pil(value, step.params, None)  # type: ignore[misc, arg-type]
+        except Exception:  # noqa: BLE001 - the Python way raises the error that names the sample
+            value = None
+        values.append(_FAILED if value is None else value)
+    return values
 
 
 def _constants(params: dict[str, Any], chw: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -155,14 +155,15 @@ class ColumnarIndex:
             raise IndexError(f"sample numbers outside [0, {len(self)})")
         order = np.argsort(samples, kind="stable")
         ordered = samples[order]
-        bounds = [0, *(np.flatnonzero(np.diff(ordered) != 1) + 1).tolist(), len(samples)]
-        firsts = ordered[bounds[:-1]].tolist()
         width, fd, base = self._width, self._rows, self._first
-        if len(firsts) == len(samples):  # no two consecutive: one read each
-            gathered = np.empty_like(out)
-            if _gather is not None and _gather(fd, base + ordered * width, width, gathered):  # in C, without the GIL
+        bounds = [0, *(np.flatnonzero(np.diff(ordered) != 1) + 1).tolist(), len(samples)]
+        if _gather is not None and 2 * len(bounds) > len(samples):  # mostly apart (a shuffled batch): in C,
+            gathered = np.empty_like(out)  # one read each, without the GIL
+            if _gather(fd, base + ordered * width, width, gathered):
                 out[order] = gathered
                 return out
+        firsts = ordered[bounds[:-1]].tolist()
+        if len(firsts) == len(samples):  # no two consecutive: one read each
             out[order] = np.frombuffer(b"".join(os.pread(fd, width, base + f * width) for f in firsts),
                                        dtype=np.int64).reshape(len(samples), -1)
             return out

@@ -39,6 +39,18 @@ class ShardFiles:
             raise ShardError(f"shard is truncated: {path!r} ends before byte {offset + size}")
         return data
 
+    def fds(self, shards: Any) -> Any:
+        """The descriptor of each shard number in ``shards`` (an int array), opened where not yet: an int32 array."""
+        import numpy as np
+
+        numbers = np.asarray(shards)
+        unique, inverse = np.unique(numbers, return_inverse=True)
+        try:
+            table = np.array([self._fd(int(s)) for s in unique.tolist()], dtype=np.int32)
+        except OSError as exc:
+            raise ShardError(f"cannot open a shard: {exc}") from exc
+        return table[inverse]
+
     def _fd(self, shard: int) -> int:
         fd = self._fds.get(shard)
         if fd is None:

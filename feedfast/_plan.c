@@ -1,0 +1,497 @@
+/* feedfast._plan: a batch's image geometry for the threaded CPU path, in C, without the GIL.
+ *
+ * The threaded path (feedfast.loader.thread_sample) walks a sample's image chain in Python: it
+ * reads the JPEG's frame header, draws the random crop and the flips, and composes the chain
+ * into one view (a box of the source resampled to a size), then picks the DCT scaling and the
+ * region to decode. That is tens of microseconds of Python per sample. plan_batch does the same
+ * for a whole batch in one call, with the same arithmetic (IEEE doubles, libm's exp and sqrt,
+ * round half to even, the counter-based draws of feedfast.loader.draws), so it gives the same
+ * numbers: tests/test_plan_native.py checks it against the Python walk, sample for sample.
+ *
+ * read_batch(fds, offsets, sizes) -> list of bytes
+ *   fds: int32, offsets and sizes: int64, one each per sample: pread of each, the GIL released.
+ *   A read that fails or comes short gives None in its place (the caller reads it again in
+ *   Python, which raises the error that names the shard).
+ *
+ * gather(fd, offsets, width, out) -> bool
+ *   pread of `width` bytes at each of the int64 `offsets` of `fd`, into consecutive `width`-byte
+ *   slots of the writable buffer `out`, the GIL released; False when a read fails or comes short.
+ *
+ * plan_batch(raws, samples, key, program, max_pixels, out)
+ *   raws: a list of the samples' JPEG bytes (None: no such sample data, status NOT_JPEG).
+ *   samples: int64 canonical sample numbers (the draws are keyed by them); key: the draws key.
+ *   program: float64, OP_SLOTS values per op (see the OP_ codes): the image chain after decode.
+ *   max_pixels: Pillow's Image.MAX_IMAGE_PIXELS (0: no limit).
+ *   out: float64 [n, PLAN_COLS], written row per sample (the COL_ indices below).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jpeglib.h>
+
+enum { OP_SLOTS = 12 };
+enum { OP_DECODE = 1, OP_RRC = 2, OP_RESIZE_SHORT = 3, OP_RESIZE_HW = 4, OP_CENTER_CROP = 5, OP_FLIP = 6 };
+/* OP_DECODE: gray, the DCT scalings allowed (a bit mask: 8 -> 8, 4 -> 4, 2 -> 2). OP_RRC: out_h, out_w, scale_lo, scale_hi, log_ratio_lo, log_ratio_hi, ratio_lo, ratio_hi,
+ * filter. OP_RESIZE_SHORT: size, filter. OP_RESIZE_HW: h, w, filter. OP_CENTER_CROP: h, w. OP_FLIP: p_h, p_v. */
+
+enum { PLAN_COLS = 24 };
+enum {
+    COL_STATUS = 0, COL_WIDTH, COL_HEIGHT, COL_FACTOR, COL_REGION, /* 4 .. 7 */
+    COL_BOX = 8,    /* 8 .. 11 */
+    COL_SIZE = 12,  /* 12, 13 */
+    COL_CLIP = 14,  /* 14 .. 17 */
+    COL_RESAMPLE = 18, COL_HFLIP, COL_VFLIP
+};
+enum { ST_OK = 0, ST_NOT_REGION = 1, ST_FALLBACK = 2, ST_BOMB = 3, ST_LARGE = 4 };
+/* ST_NOT_REGION: not a JPEG the region decoder takes (another format, CMYK, a header libjpeg cannot
+ * read, a mode other than the decode's colour). ST_FALLBACK: the chain needs the PIL program (a
+ * center_crop larger than the image). ST_BOMB / ST_LARGE: over twice Pillow's pixel limit (an error) /
+ * over it (a warning): Python says so as Pillow does. Every status but ST_OK goes the Python way. */
+
+#define REFILTER_REACH 3.0
+
+/* ---- the draws (feedfast.loader.draws.uniforms) ------------------------------------------------------ */
+
+static inline uint64_t
+mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+typedef struct {
+    uint64_t base; /* mix64(sample ^ key) */
+    uint64_t next;
+} Draws;
+
+static inline double
+draw(Draws *d)
+{
+    uint64_t j = d->next++;
+    uint64_t x = mix64(d->base + (j + 1) * 0x9E3779B97F4A7C15ULL);
+    return (double)(x >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static inline double
+uniform(Draws *d, double a, double b)
+{
+    return a + (b - a) * draw(d);
+}
+
+static inline long
+randint(Draws *d, long a, long b)
+{
+    long span = b - a;
+    long k = (long)(draw(d) * (double)(span + 1));
+    return a + (k < span ? k : span);
+}
+
+static inline long
+round_even(double x)
+{
+    return (long)nearbyint(x); /* the default rounding mode: half to even, as Python's round */
+}
+
+/* ---- the view (feedfast.loader.thread_sample.View) ---------------------------------------------------- */
+
+typedef struct {
+    double box[4];
+    long size[2]; /* w, h */
+    long clip[4];
+    int resample; /* -1: not resampled */
+    int hflip, vflip;
+} View;
+
+static void
+view_crop(View *v, long left, long top, long width, long height)
+{
+    double x0 = v->box[0], y0 = v->box[1], x1 = v->box[2], y1 = v->box[3];
+    double sx = (x1 - x0) / (double)v->size[0], sy = (y1 - y0) / (double)v->size[1];
+    double box[4] = {x0 + (double)left * sx, y0 + (double)top * sy, x0 + (double)(left + width) * sx,
+                     y0 + (double)(top + height) * sy};
+    memcpy(v->box, box, sizeof box);
+    v->size[0] = width, v->size[1] = height;
+    if (v->resample < 0)
+        for (int i = 0; i < 4; i++)
+            v->clip[i] = round_even(box[i]);
+}
+
+/* feedfast.ops.pil_ops.random_resized_crop_params: (top, left, h, w) */
+static void
+rrc_params(long width, long height, const double *p, Draws *d, long out[4])
+{
+    double scale_lo = p[3], scale_hi = p[4], log_lo = p[5], log_hi = p[6], ratio_lo = p[7], ratio_hi = p[8];
+    double area = (double)(width * height);
+    for (int attempt = 0; attempt < 10; attempt++) {
+        double target = area * uniform(d, scale_lo, scale_hi);
+        double aspect = exp(uniform(d, log_lo, log_hi));
+        long w = round_even(sqrt(target * aspect));
+        long h = round_even(sqrt(target / aspect));
+        if (0 < w && w <= width && 0 < h && h <= height) {
+            long top = randint(d, 0, height - h);
+            long left = randint(d, 0, width - w);
+            out[0] = top, out[1] = left, out[2] = h, out[3] = w;
+            return;
+        }
+    }
+    double in_ratio = (double)width / (double)height;
+    long w = width, h = height;
+    if (in_ratio < ratio_lo) {
+        h = round_even((double)width / ratio_lo);
+        h = h > 1 ? h : 1;
+    } else if (in_ratio > ratio_hi) {
+        w = round_even((double)height * ratio_hi);
+        w = w > 1 ? w : 1;
+    }
+    out[0] = (height - h) / 2, out[1] = (width - w) / 2, out[2] = h, out[3] = w;
+}
+
+/* One op of the chain on the view; 0, or ST_FALLBACK. */
+static int
+apply(const double *p, View *v, Draws *d)
+{
+    long width = v->size[0], height = v->size[1];
+    switch ((int)p[0]) {
+    case OP_RRC: {
+        long c[4];
+        rrc_params(width, height, p, d, c);
+        view_crop(v, c[1], c[0], c[3], c[2]);
+        v->size[0] = (long)p[2], v->size[1] = (long)p[1];
+        v->resample = (int)p[9];
+        return 0;
+    }
+    case OP_RESIZE_SHORT: {
+        long size = (long)p[1], shorter = width < height ? width : height, longer = width < height ? height : width;
+        long other = (long)((double)(size * longer) / (double)shorter);
+        long w = width <= height ? size : other, h = width <= height ? other : size;
+        if (w == width && h == height)
+            return 0;
+        v->size[0] = w, v->size[1] = h, v->resample = (int)p[2];
+        return 0;
+    }
+    case OP_RESIZE_HW: {
+        long h = (long)p[1], w = (long)p[2];
+        if (w == width && h == height)
+            return 0;
+        v->size[0] = w, v->size[1] = h, v->resample = (int)p[3];
+        return 0;
+    }
+    case OP_CENTER_CROP: {
+        long th = (long)p[1], tw = (long)p[2];
+        if (th > height || tw > width)
+            return ST_FALLBACK;
+        view_crop(v, round_even((double)(width - tw) / 2.0), round_even((double)(height - th) / 2.0), tw, th);
+        return 0;
+    }
+    case OP_FLIP: {
+        int h = draw(d) < p[1];
+        int vv = draw(d) < p[2];
+        v->hflip ^= h, v->vflip ^= vv;
+        return 0;
+    }
+    default:
+        return 0;
+    }
+}
+
+static long
+draft_factor(const View *v, long allowed)
+{
+    if (v->resample < 0)
+        return 1;
+    static const long factors[3] = {8, 4, 2};
+    for (int i = 0; i < 3; i++) {
+        double s = (double)factors[i];
+        if (!(allowed & factors[i]))
+            continue;
+        if ((v->box[2] - v->box[0]) / s >= (double)v->size[0] && (v->box[3] - v->box[1]) / s >= (double)v->size[1])
+            return factors[i];
+    }
+    return 1;
+}
+
+/* feedfast.loader.thread_sample.region_needed for one view */
+static void
+region_needed(const View *v, double scale, long width, long height, long out[4])
+{
+    double left = (double)width, top = (double)height, right = 0.0, bottom = 0.0;
+    double c0 = floor((double)v->clip[0] / scale), c1 = floor((double)v->clip[1] / scale);
+    double c2 = ceil((double)v->clip[2] / scale), c3 = ceil((double)v->clip[3] / scale);
+    if (v->resample >= 0) {
+        double x0 = v->box[0] / scale, y0 = v->box[1] / scale, x1 = v->box[2] / scale, y1 = v->box[3] / scale;
+        double rx = (x1 - x0) / (double)v->size[0], ry = (y1 - y0) / (double)v->size[1];
+        double ex = ceil(x1 + REFILTER_REACH * (rx > 1.0 ? rx : 1.0) + 1.0);
+        double ey = ceil(y1 + REFILTER_REACH * (ry > 1.0 ? ry : 1.0) + 1.0);
+        c2 = c2 < ex ? c2 : ex;
+        c3 = c3 < ey ? c3 : ey;
+    }
+    left = left < c0 ? left : c0, top = top < c1 ? top : c1;
+    right = right > c2 ? right : c2, bottom = bottom > c3 ? bottom : c3;
+    long l = (long)left, t = (long)top, r = (long)right + 1, b = (long)bottom + 1;
+    out[0] = l > 0 ? l : 0, out[1] = t > 0 ? t : 0;
+    out[2] = r < width ? r : width, out[3] = b < height ? b : height;
+}
+
+/* ---- the frame header (feedfast.loader.pil_fast.jpeg_header) ---------------------------------------- */
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+} Quiet;
+
+static void
+quiet_exit(j_common_ptr cinfo)
+{
+    longjmp(((Quiet *)cinfo->err)->jump, 1);
+}
+
+static void
+quiet_message(j_common_ptr cinfo, int level)
+{
+    (void)cinfo, (void)level;
+}
+
+/* width, height and Pillow's mode (1: L, 3: RGB, 0: other); 0 on success */
+static int
+header(const unsigned char *data, size_t len, long *width, long *height, int *mode)
+{
+    if (len < 3 || data[0] != 0xFF || data[1] != 0xD8 || data[2] != 0xFF)
+        return -1;
+    struct jpeg_decompress_struct cinfo;
+    Quiet err;
+    memset(&cinfo, 0, sizeof cinfo);
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = quiet_exit;
+    err.pub.emit_message = quiet_message;
+    int ok = -1;
+    if (setjmp(err.jump) == 0) {
+        jpeg_create_decompress(&cinfo);
+        jpeg_mem_src(&cinfo, data, (unsigned long)len);
+        jpeg_read_header(&cinfo, TRUE);
+        *width = (long)cinfo.image_width, *height = (long)cinfo.image_height;
+        int c = cinfo.num_components, s = (int)cinfo.jpeg_color_space;
+        *mode = (c == 1 && s == 1) ? 1 : (c == 3 && (s == 2 || s == 3)) ? 3 : 0;
+        ok = 0;
+    }
+    jpeg_destroy_decompress(&cinfo);
+    return ok;
+}
+
+/* ---- one sample ---------------------------------------------------------------------------------------- */
+
+static void
+plan_one(const unsigned char *data, size_t len, uint64_t sample, uint64_t key, const double *program, Py_ssize_t ops,
+         long long max_pixels, double *row)
+{
+    memset(row, 0, sizeof(double) * PLAN_COLS);
+    long width, height;
+    int mode;
+    if (data == NULL || header(data, len, &width, &height, &mode) != 0 || width < 1 || height < 1) {
+        row[COL_STATUS] = ST_NOT_REGION;
+        return;
+    }
+    row[COL_WIDTH] = (double)width, row[COL_HEIGHT] = (double)height;
+    if (max_pixels > 0 && (long long)width * height > max_pixels) {
+        row[COL_STATUS] = (long long)width * height > 2 * max_pixels ? ST_BOMB : ST_LARGE;
+        return;
+    }
+    int gray = ops > 0 && program[1] != 0.0;
+    if (mode != (gray ? 1 : 3)) {
+        row[COL_STATUS] = ST_NOT_REGION;
+        return;
+    }
+    View v = {{0.0, 0.0, (double)width, (double)height}, {width, height}, {0, 0, width, height}, -1, 0, 0};
+    Draws d = {mix64(sample ^ key), 0};
+    for (Py_ssize_t i = 1; i < ops; i++) {
+        if (apply(program + i * OP_SLOTS, &v, &d) != 0) {
+            row[COL_STATUS] = ST_FALLBACK;
+            return;
+        }
+    }
+    long factor = draft_factor(&v, ops > 0 ? (long)program[2] : 0);
+    long region[4];
+    region_needed(&v, (double)factor, (width + factor - 1) / factor, (height + factor - 1) / factor, region);
+    row[COL_FACTOR] = (double)factor;
+    for (int i = 0; i < 4; i++) {
+        row[COL_REGION + i] = (double)region[i];
+        row[COL_BOX + i] = v.box[i];
+        row[COL_CLIP + i] = (double)v.clip[i];
+    }
+    row[COL_SIZE] = (double)v.size[0], row[COL_SIZE + 1] = (double)v.size[1];
+    row[COL_RESAMPLE] = (double)v.resample, row[COL_HFLIP] = v.hflip, row[COL_VFLIP] = v.vflip;
+}
+
+static PyObject *
+plan_batch(PyObject *self, PyObject *args)
+{
+    PyObject *raws;
+    Py_buffer samples, program, out;
+    unsigned long long key;
+    long long max_pixels;
+    if (!PyArg_ParseTuple(args, "O!y*Ky*Lw*", &PyList_Type, &raws, &samples, &key, &program, &max_pixels, &out))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(raws);
+    PyObject *result = NULL;
+    const unsigned char **data = NULL;
+    size_t *lens = NULL;
+    if (samples.len != n * (Py_ssize_t)sizeof(int64_t) || out.len != n * PLAN_COLS * (Py_ssize_t)sizeof(double) ||
+        program.len % (OP_SLOTS * sizeof(double)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "plan_batch: samples, program or out has the wrong size");
+        goto done;
+    }
+    data = PyMem_Calloc((size_t)n + 1, sizeof *data);
+    lens = PyMem_Calloc((size_t)n + 1, sizeof *lens);
+    if (data == NULL || lens == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(raws, i);
+        if (PyBytes_Check(item)) {
+            data[i] = (const unsigned char *)PyBytes_AS_STRING(item);
+            lens[i] = (size_t)PyBytes_GET_SIZE(item);
+        }
+    }
+    Py_ssize_t ops = program.len / (Py_ssize_t)(OP_SLOTS * sizeof(double));
+    Py_BEGIN_ALLOW_THREADS /* the list holds the bytes alive; nothing else touches Python objects */
+    for (Py_ssize_t i = 0; i < n; i++)
+        plan_one(data[i], lens[i], (uint64_t)((const int64_t *)samples.buf)[i], (uint64_t)key,
+                 (const double *)program.buf, ops, max_pixels, (double *)out.buf + i * PLAN_COLS);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyMem_Free(data);
+    PyMem_Free(lens);
+    PyBuffer_Release(&samples);
+    PyBuffer_Release(&program);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyObject *
+read_batch(PyObject *self, PyObject *args)
+{
+    Py_buffer fds, offsets, sizes;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &fds, &offsets, &sizes))
+        return NULL;
+    Py_ssize_t n = fds.len / (Py_ssize_t)sizeof(int32_t);
+    PyObject *list = NULL;
+    if (offsets.len != n * (Py_ssize_t)sizeof(int64_t) || sizes.len != n * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "read_batch: fds, offsets and sizes differ in length");
+        goto done;
+    }
+    list = PyList_New(n);
+    if (list == NULL)
+        goto done;
+    const int64_t *size = sizes.buf, *offset = offsets.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PyBytes_FromStringAndSize(NULL, size[i] > 0 ? (Py_ssize_t)size[i] : 0);
+        if (b == NULL) {
+            Py_CLEAR(list);
+            goto done;
+        }
+        PyList_SET_ITEM(list, i, b);
+    }
+    char *ok = PyMem_Calloc((size_t)n + 1, 1);
+    if (ok == NULL) {
+        Py_CLEAR(list);
+        PyErr_NoMemory();
+        goto done;
+    }
+    char **bufs = PyMem_Calloc((size_t)n + 1, sizeof *bufs);
+    if (bufs == NULL) {
+        PyMem_Free(ok);
+        Py_CLEAR(list);
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        bufs[i] = PyBytes_AS_STRING(PyList_GET_ITEM(list, i));
+    const int32_t *fd = fds.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        size_t want = size[i] > 0 ? (size_t)size[i] : 0, got = 0;
+        while (got < want) {
+            ssize_t r = pread(fd[i], bufs[i] + got, want - got, (off_t)(offset[i] + (int64_t)got));
+            if (r <= 0)
+                break;
+            got += (size_t)r;
+        }
+        ok[i] = got == want && offset[i] >= 0;
+    }
+    Py_END_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!ok[i]) {
+            Py_INCREF(Py_None);
+            PyList_SetItem(list, i, Py_None); /* steals the reference, drops the bytes */
+        }
+    PyMem_Free(ok);
+    PyMem_Free(bufs);
+done:
+    PyBuffer_Release(&fds);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&sizes);
+    return list;
+}
+
+static PyObject *
+gather(PyObject *self, PyObject *args)
+{
+    int fd;
+    Py_buffer offsets, out;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "iy*nw*", &fd, &offsets, &width, &out))
+        return NULL;
+    Py_ssize_t n = offsets.len / (Py_ssize_t)sizeof(int64_t);
+    if (width < 0 || out.len < n * width) {
+        PyBuffer_Release(&offsets);
+        PyBuffer_Release(&out);
+        return PyErr_Format(PyExc_ValueError, "gather: out holds %zd bytes, %zd needed", out.len, n * width);
+    }
+    int ok = 1;
+    const int64_t *at = offsets.buf;
+    char *dst = out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        size_t got = 0;
+        while (got < (size_t)width) {
+            ssize_t r = pread(fd, dst + i * width + got, (size_t)width - got, (off_t)(at[i] + (int64_t)got));
+            if (r <= 0)
+                break;
+            got += (size_t)r;
+        }
+        ok = got == (size_t)width && at[i] >= 0;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&out);
+    return PyBool_FromLong(ok);
+}
+
+static PyMethodDef methods[] = {
+    {"gather", gather, METH_VARARGS, "pread of fixed-size records at many offsets, the GIL released."},
+    {"plan_batch", plan_batch, METH_VARARGS, "A batch's image geometry (see the module's comment)."},
+    {"read_batch", read_batch, METH_VARARGS, "pread of each sample's bytes, the GIL released."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "feedfast._plan", NULL, -1, methods};
+
+PyMODINIT_FUNC
+PyInit__plan(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "PLAN_COLS", PLAN_COLS) < 0 || PyModule_AddIntConstant(m, "OP_SLOTS", OP_SLOTS) < 0)
+        return NULL;
+    return m;
+}
