@@ -17,7 +17,7 @@ read: each read starts one block early, so it holds the tar header before every 
 reads, and a member that is not where its header says it is (an index whose offsets point
 at the next sample, or that belongs to another version of the shard) is an error naming the
 shard, the sample and the offset, never a mislabelled sample. The check costs 512 bytes a
-read and about 7 us a member.
+read, one key read a sample and about 1 us a member (:func:`.memberheader.first_problem`).
 """
 
 from __future__ import annotations

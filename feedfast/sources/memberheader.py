@@ -46,20 +46,39 @@ def header_problem(block: bytes, *, key: str, size: int) -> str | None:
 def first_problem(blocks: list[bytes], keys: list[str], sizes: list[int]) -> tuple[int, str] | None:
     """The first of ``blocks`` that is not the header :func:`header_problem` asks for, and why; None if all are.
 
-    The checksums of all the blocks are verified at once (about 1 us a block, where one at a
-    time costs tens).
+    A block whose fields say what is asked (a regular file, its name ``<key>.<ext>`` in the name
+    field, its size) passes at about 1 us; the others are then checked whole, their checksums
+    together, to say why they fail (a checksum costs a few us a block).
     """
-    full = [i for i, b in enumerate(blocks) if len(b) == BLOCK and b != _ZERO]
+    doubtful = [i for i, (b, k, n) in enumerate(zip(blocks, keys, sizes)) if not _plainly(b, k, n)]
+    if not doubtful:
+        return None
+    full = [i for i in doubtful if len(blocks[i]) == BLOCK and blocks[i] != _ZERO]
     bad = first_bad_header([blocks[i] for i in full]) if full else None
-    for i, (block, key, size) in enumerate(zip(blocks, keys, sizes)):
+    for i in doubtful:
+        block = blocks[i]
         if len(block) != BLOCK or block == _ZERO:
             return i, "there is no member header there"
         if bad is not None and i == full[bad]:
             return i, "the block before it is not a valid tar header"
-        why = _field_problem(block, key, size)
+        why = _field_problem(block, keys[i], sizes[i])
         if why is not None:
             return i, why
     return None
+
+
+def _plainly(block: bytes, key: str, size: int) -> bool:
+    """Whether ``block`` plainly is the header asked for: a regular file named ``<key>.<ext>`` in its name field,
+    no prefix field, its size in plain octal (the common case, read without a checksum)."""
+    if len(block) != BLOCK or block[156] not in _REGULAR or block[345]:
+        return False
+    name = key.encode(ENCODING, "surrogateescape") + b"."
+    if not block.startswith(name) or block.find(b"/", len(name), NAME_BYTES) >= 0:
+        return False
+    try:
+        return int(block[124:136].rstrip(b"\0 ") or b"0", 8) == size
+    except ValueError:
+        return False
 
 
 def _field_problem(block: bytes, key: str, size: int) -> str | None:

@@ -7,6 +7,9 @@ fsspec's ``AbstractFileSystem`` does. Caching is one more layer that wraps any o
 names its declaration in the one registry of kinds (:mod:`.schemes`: its URL schemes, and
 whether it reads ranges, is read by DALI natively, can be rescued, is cached), and
 :func:`transport_for` picks by that registry: a scheme no transport declares is an error.
+Every stream ends only at the shard's end (a short body is an error, retried), and every
+http request has an overall deadline and reads at most the bytes asked for (:mod:`.remote`);
+s3 and gs rely on fsspec's own timeouts.
 
 ==========  ===========================  ============================  ==========================
 scheme      ``stream`` (whole, retried)  ``read_range``                ``validators``
