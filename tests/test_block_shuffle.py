@@ -133,7 +133,7 @@ def test_the_feed_reads_each_window_once_and_holds_about_a_block(tmp_path: Path)
             for i, got in enumerate(labels):  # the bytes of the row's label member
                 with open(shards[int(where.shard[i])], "rb") as f:
                     f.seek(int(where.offsets[i, 1]))
-                    assert bytes(got) == f.read(int(where.sizes[i, 1]))
+                    assert np.asarray(got).tobytes() == f.read(int(where.sizes[i, 1]))
             held.append(feeder._windows.held())
     finally:
         feeder.close()

@@ -97,15 +97,15 @@ class PatchedFeed:
     def __init__(self, stream: StreamEpoch, patches: Patches, first_step: int) -> None:
         self.stream, self.patches, self.first_step = stream, patches, first_step
 
-    def __call__(self, info: Any) -> list[list[np.ndarray]]:
+    def __call__(self, info: Any) -> list[Any]:
         step = int(getattr(info, "iteration", info)) + self.first_step
-        arrays = self.stream.feeder(step)
+        arrays = self.stream.feeder(step)  # a TensorListCPU per component
         patched: list[list[np.ndarray]] | None = None
         for i, where in enumerate(self.stream.origins(step, self.stream.batch_size)):
             for c in sorted(self.patches.images.get(where, ())):
-                patched = patched or [list(column) for column in arrays]
+                patched = patched or [[np.asarray(sample) for sample in column] for column in arrays]
                 with routed(where):  # PIL read it in a check worker, under the time limit, already
-                    png = pil_png(arrays[c][i].tobytes())
+                    png = pil_png(patched[c][i].tobytes())
                 patched[c][i] = np.frombuffer(png, dtype=np.uint8)
         return patched or arrays
 

