@@ -24,7 +24,7 @@ from feedfast.sources.remote import RemoteError, Transfer, fetch_range
 from feedfast.sources.remote_index import remote_index
 from feedfast.sources.shardlist import resolve_shards
 from feedfast.sources.transport import transport_for
-from tests.helpers import unindexed_shards
+from tests.helpers import make_shards, unindexed_shards
 from tests.rangeserver import RangeServer
 
 FAST = Transfer(timeout=5.0, retries=3, backoff=0.01)
@@ -291,28 +291,44 @@ def test_a_remote_tar_cut_at_a_member_boundary_is_named_under_raise_and_costs_it
         loader.close()
 
 
-def _shifted_labels(path: str) -> str:
-    """An index of ``path`` whose ``.cls`` offsets point at the next sample's (the last sample's kept)."""
+def _shifted_labels(path: str, among: range | None = None) -> str:
+    """An index of ``path`` whose ``.cls`` offsets point at the next sample's (samples ``among``, default all
+    but the last)."""
     samples = scan_tar(path)
+    among = range(len(samples) - 1) if among is None else among
     out = []
-    for s, after in zip(samples, samples[1:] + samples[-1:]):
-        label = next(m for m in after.members if m.ext == "cls")
+    for i, s in enumerate(samples):
+        label = next(m for m in samples[i + 1 if i in among else i].members if m.ext == "cls")
         out.append(type(s)(s.key, tuple(dataclasses.replace(m, offset=label.offset) if m.ext == "cls" else m
                                         for m in s.members)))
     return format_index(out)
 
 
-def test_a_sidecar_whose_label_offsets_point_at_the_next_sample_is_an_error_never_a_mislabel(
+def test_a_sidecar_whose_label_offsets_point_at_the_next_sample_is_not_trusted(
         small_spec: dict, local: list[str], tmp_path: Path) -> None:
     (name,) = _served(local, tmp_path / "served", 0)
     (tmp_path / "served" / name.replace(".tar", ".idx")).write_text(_shifted_labels(local[0]))
-    with RangeServer(tmp_path / "served") as srv:
+    with RangeServer(tmp_path / "served") as srv:  # a shard under 512 KiB: checked whole when opened
+        with pytest.warns(UserWarning, match=r"ignoring the index .*train-0000\.idx.*'train-00000000\.cls'.*"
+                                             r"of 'train-00000001\.cls', a member of another sample"):
+            got = _run(small_spec, f"{srv.url}/{name}", cache_dir=tmp_path / "c1")
+    assert [b[:2] for b in got] == [b[:2] for b in _run(small_spec, local[:1])]  # scanned: the right labels
+
+
+def test_a_sidecar_that_points_mid_shard_labels_at_the_next_sample_is_an_error_never_a_mislabel(
+        small_spec: dict, tmp_path: Path) -> None:
+    (big,) = make_shards(tmp_path / "local", samples=240, per_shard=240)  # about 1 MB
+    samples = scan_tar(big)
+    middle = [i for i, s in enumerate(samples) if 400_000 < s.members[0].offset < 600_000]
+    (name,) = _served([big], tmp_path / "served", 0)
+    (tmp_path / "served" / name.replace(".tar", ".idx")).write_text(_shifted_labels(big, range(middle[0], middle[-1])))
+    with RangeServer(tmp_path / "served") as srv:  # the first and last 256 KiB are right: trusted when opened
         url = f"{srv.url}/{name}"
-        with pytest.raises(ShardError, match=r"index of shard .*train-0000\.tar' does not match the tar: sample "
-                                             r"'train-00000000' has a member at offset \d+.*of another sample"):
+        with pytest.raises(ShardError, match=rf"index of shard '{re.escape(url)}' does not match the tar: sample "
+                                             rf"'{samples[middle[0]].key}' has a member at offset \d+.*another sample"):
             _run(small_spec, url, cache_dir=tmp_path / "c1")
         skipped = _run(small_spec, url, on_error="skip", cache_dir=tmp_path / "c2")  # cached and scanned: right
-        assert [b[:2] for b in skipped] == [b[:2] for b in _run(small_spec, local[:1])]
+    assert [b[:2] for b in skipped] == [b[:2] for b in _run(small_spec, big)]
 
 
 def test_a_sidecar_that_lists_half_the_shard_is_not_trusted(local: list[str], tmp_path: Path) -> None:

@@ -8,14 +8,16 @@ scanner (:func:`feedfast.sources.index.scan_tar`), as a local shard's are: a rem
 that is cut short (even exactly at a member boundary), corrupt or sparse is the same error,
 naming the URL; this costs one full read of the shard.
 
-A sidecar is checked before it is trusted, with one ranged read or two: its first member and
-its last must sit right after their own tar headers (:mod:`.memberheader`: a valid header of
-a regular file of that size, named for that sample), and the block after the last member's
-data must end the archive (or be a header of no file), so an index that lists only the first
-half of a shard, that belongs to another shard or an older version, or whose offsets are
-shifted, is not used (a warning says why, and the shard is scanned). The samples between
-are checked as they are read, for the price of the 512 bytes before each read
-(:class:`feedfast.sources.feeder.BatchFeeder`).
+A sidecar is checked before it is trusted, with one ranged read or two of at most
+:data:`SPAN` bytes each, of the shard's first and last bytes: every member listed there must
+sit right after its own tar header (:mod:`.memberheader`: a header of a regular file of that
+size, named for that sample), and the block after the last member's data must end the
+archive (or be a header of no file). So an index that lists only part of a shard, belongs to
+another shard or an older version, or whose offsets are shifted, is not used (a warning says
+why, and the shard is scanned); a shard under 512 KiB is checked whole. The samples between
+are checked as they are read on the stream path, for the price of the 512 bytes before
+each read (:class:`feedfast.sources.feeder.BatchFeeder`); DALI's native s3/gs reader reads
+them unchecked.
 
 Either way the index is cached as ``<cache_dir>/remote-index/<sha1>.idx``, the hash taken
 over the URL and the shard's validators (ETag, Last-Modified, Content-Length from a ``HEAD``;
@@ -55,7 +57,7 @@ from feedfast.sources.tarscan import padded
 from feedfast.sources.transport import Transport, transport_for
 
 SIDECAR_MISSING = NOT_THERE
-_ONE_READ = 256 * 1024  # the sidecar check reads the last member whole when it is smaller than this
+SPAN = 256 * 1024  # a sidecar is checked on the members of the shard's first and last SPAN bytes
 _NO_FILE_TYPES = frozenset(b"1234568")  # headers of links, devices, folders, FIFOs: no data a sample could hold
 
 
@@ -133,37 +135,40 @@ def _sidecar(url: str, transport: Transport, size: int) -> list[Sample] | None:
 
 
 def _mismatch(url: str, transport: Transport, samples: list[Sample], size: int) -> str | None:
-    """Why ``samples`` (a sidecar's) do not describe the shard, from its first and last members' headers
-    and the block after the last one (see the module docstring); None when they do."""
+    """Why ``samples`` (a sidecar's) do not describe the shard, from the headers of the members in its first
+    and last :data:`SPAN` bytes and the block after the last member (see the module docstring); None when
+    they do."""
     if not samples or not all(s.members for s in samples):
         return f"{len(samples)} samples, some with no member"
     end = data_end(samples)
     if size and end > size:
         return f"data up to byte {end}, shard size {size}"
-    first, last = samples[0].members[0], samples[-1].members[-1]
-    if min(first.offset, last.offset) < BLOCK or min(first.size, last.size) < 0:
-        return f"a member at offset {min(first.offset, last.offset)}, where no header fits before it"
+    members = [(s.key, m) for s in samples for m in s.members]
+    low = min(m.offset for _, m in members)
+    if low < BLOCK or min(m.size for _, m in members) < 0:
+        return f"a member at offset {low}, where no header fits before it"
+    first, last = members[0][1], members[-1][1]
     tail = padded(last.offset + last.size)
     if size and tail + BLOCK > size:
         return f"the shard ends at byte {size}, with no end-of-archive block after the last member listed"
+    head = (first.offset - BLOCK, min(first.offset - BLOCK + SPAN, tail + BLOCK))
+    back = (max(tail + BLOCK - SPAN, head[0]), tail + BLOCK)
+    spans = [(head[0], back[1])] if back[0] <= head[1] else [head, back]
     try:
-        first_block = transport.read_range(url, first.offset - BLOCK, BLOCK)
-        if tail + BLOCK - (last.offset - BLOCK) <= _ONE_READ:
-            span = transport.read_range(url, last.offset - BLOCK, tail + BLOCK - (last.offset - BLOCK))
-            last_block, after = span[:BLOCK], span[-BLOCK:]
-        else:
-            last_block = transport.read_range(url, last.offset - BLOCK, BLOCK)
-            after = transport.read_range(url, tail, BLOCK)
+        reads = [(at, transport.read_range(url, at, stop - at)) for at, stop in spans]
     except RemoteError as exc:
         if exc.status not in (206, 416):  # the shard cannot be read: a scan would fail the same way
             raise
         return str(exc)  # the shard ends before the bytes asked for
     except ShardError as exc:
         return str(exc)
-    found = first_problem([first_block, last_block], [samples[0].key, samples[-1].key], [first.size, last.size])
+    seen = [(key, m, data[m.offset - BLOCK - at: m.offset - at]) for key, m in members
+            for at, data in reads if at <= m.offset - BLOCK and m.offset <= at + len(data)]
+    found = first_problem([b for _, _, b in seen], [k for k, _, _ in seen], [m.size for _, m, _ in seen])
     if found is not None:
-        member = (first, last)[found[0]]
+        member = seen[found[0]][1]
         return f"member {member.name!r} at offset {member.offset}: {found[1]}"
+    after = reads[-1][1][-BLOCK:]
     if any(after) and after[156] not in _NO_FILE_TYPES:
         return f"the tar goes on after the last member listed (a header at offset {tail})"
     return None
