@@ -1,13 +1,24 @@
-"""The stream transport's batch feeder: its window cache."""
+"""The stream transport's batch feeder: its window cache, and the check of a non-local shard's index as it is read."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
+import pytest
 
-from feedfast.sources.feeder import WindowCache
+from feedfast.errors import ShardError
+from feedfast.sources.assign import plan_epoch, step_positions
+from feedfast.sources.cache import ShardCache
+from feedfast.sources.dataset import ShardSet
+from feedfast.sources.feeder import BatchFeeder, WindowCache
+from feedfast.sources.index import format_index, scan_tar
+from feedfast.sources.remote import Transfer
+from feedfast.sources.rows import epoch_rows
+from tests.helpers import make_shards
 
 
 def test_window_cache_reads_each_window_once_and_drops_it_after_its_last_step() -> None:
@@ -63,3 +74,37 @@ def test_a_failed_window_read_fails_its_step_and_is_tried_again() -> None:
         assert cache.rows([3])[3, 0][0] == 3  # not cached as failed: read again
     finally:
         cache.close()
+
+
+def test_a_cached_shard_read_through_a_wrong_index_is_an_error_naming_the_sample(tmp_path: Path) -> None:
+    (shard,) = make_shards(tmp_path / "shards", samples=8, per_shard=8)
+    samples = scan_tar(shard)
+    cache = ShardCache(str(tmp_path / "cache"))
+    url = "pipe:cat the-shard"
+    Path(cache.path_for(url)).parent.mkdir(parents=True)
+    Path(cache.path_for(url)).write_bytes(Path(shard).read_bytes())  # as if downloaded
+    for swapped, expect in ((False, None), (True, samples[4].key)):
+        wrong = list(samples)
+        if swapped:  # sample 4's label read from sample 5's offset
+            label = samples[5].members[1]
+            wrong[4] = dataclasses.replace(samples[4], members=(samples[4].members[0],
+                                                                dataclasses.replace(wrong[4].members[1],
+                                                                                    offset=label.offset)))
+        index = tmp_path / f"index-{swapped}.idx"
+        index.write_text(format_index(wrong))
+        sset = ShardSet((url,), (str(index),), (8,), kinds=("cache",), cache=cache, cache_dir=str(tmp_path))
+        ep = plan_epoch([8], batch_size=4, rank=0, world=1, last_batch="partial", partition="shards")
+        rows = epoch_rows(sset, [{"jpg"}, {"cls"}], ep, rank=0, world=1, seed=0, epoch=0, shuffle=False)
+        feeder = BatchFeeder((url,), ("cache",), rows, lambda s: step_positions(s, 4, 8), steps=2, cache=cache,
+                             transfer=Transfer(), workers=1, ahead=0)
+        try:
+            assert len(feeder.batch(0)[1]) == 4  # samples 0-3: right either way
+            if expect is None:
+                assert [bytes(a) for a in feeder.batch(1)[1]] == [
+                    Path(shard).read_bytes()[m.offset:m.offset + m.size] for m in (s.members[1] for s in samples[4:])]
+            else:
+                with pytest.raises(ShardError, match=rf"sample '{expect}' has a member at offset "
+                                                     rf"{samples[5].members[1].offset}.*another sample"):
+                    feeder.batch(1)
+        finally:
+            feeder.close()

@@ -84,3 +84,12 @@ def test_a_list_that_is_not_text_is_a_shard_error(here: Path) -> None:
     (here / "list.txt").write_bytes(b"\xff\xfe\x00a.tar\n")
     with pytest.raises(ShardError, match="not UTF-8"):
         resolve_shards("@list.txt")
+
+
+@pytest.mark.parametrize("entry", ["hdfs://nn/a.tar", "@list.txt"])
+def test_a_scheme_no_transport_reads_is_refused_by_name_wherever_it_is_written(here: Path, entry: str) -> None:
+    (here / "list.txt").write_text("a.tar\ns3a://bucket/b.tar\n")
+    scheme = "hdfs" if entry.startswith("hdfs") else "s3a"
+    with pytest.raises(ShardError, match=rf"unsupported shard URL '{scheme}://.*the scheme '{scheme}'; feedfast reads "
+                                         r"local paths, file://, http://, https://, s3://, gs://, pipe:CMD"):
+        resolve_shards(entry)
