@@ -161,7 +161,6 @@ def test_dali_backend_rescues_a_jpeg_dali_reads_only_as_grey(tmp_path: Path) -> 
     assert np.array_equal(dali["lossless"], pil["lossless"])
 
 
-@pytest.mark.xfail(reason="wired by the thread_epoch rewrite", strict=True)
 def test_threaded_path_delivers_what_dali_decodes_under_raise(tmp_path: Path) -> None:
     shard = str(write_tar(tmp_path / "fuzz-0000.tar", fuzz_members(broken=False)))
     spec = _fuzz_spec("raise")

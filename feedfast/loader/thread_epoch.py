@@ -49,6 +49,7 @@ from feedfast.loader.epoch import Batch
 from feedfast.loader.knobs import Knobs, LivePool
 from feedfast.loader.pil_epoch import epoch_samples, members_of
 from feedfast.loader.pil_fast import REGION_MARGIN, JpegHeader, decode_region
+from feedfast.loader.second_run import image_decodes, second_raw
 from feedfast.loader.thread_sample import (
     REDUCING_GAP,
     NeedsFallback,
@@ -176,6 +177,7 @@ class _Epoch:
         self.buffers = _Buffers(limit=pixel_fields * (knobs.max_prefetch + 3))  # in flight, the consumer's, a spare
         self.files = ShardFiles(paths)
         self._local = threading.local()
+        self.check_seconds, self.decodes = plan.spec.check_seconds, image_decodes(program)
         self.chain = batchplan.chain_of(program) if self.fast else None
         self.key = draws_key(seed, epoch)
         self.host_chains = _host_chains(program) if self.chain is not None else {}
@@ -352,12 +354,18 @@ class _Epoch:
         try:
             raw = [b"" if m is None else self.files.read(number, *m) for m in members_of(job.rows, i)]
             named = job.origins.lazy(i)  # PIL's warnings go to logging naming the sample (read if they come)
-            if self.fast:
-                try:
-                    return fast_values(self.program, raw, job.draws[i].replay(), sample=named)
-                except NeedsFallback:
-                    pass  # this sample takes the PIL program, from the same draws
-            return program_values(self.program, raw, job.draws[i].replay(), sample=named)
+            try:
+                if self.fast:
+                    try:
+                        return fast_values(self.program, raw, job.draws[i].replay(), sample=named)
+                    except NeedsFallback:
+                        pass  # this sample takes the PIL program, from the same draws
+                return program_values(self.program, raw, job.draws[i].replay(), sample=named)
+            except DecodeFailure as exc:  # an image PIL cannot read is delivered when DALI's decoder reads it
+                fixed = second_raw(self.program, raw, exc, seconds=self.check_seconds, decodes=self.decodes)
+                if fixed is None:
+                    raise
+                return program_values(self.program, fixed, job.draws[i].replay(), sample=named)
         except DecodeFailure as exc:
             raise SampleError("the threaded CPU backend could not process a sample", shard=shard,
                               key=job.origins[i][1], reason=str(exc)) from None
