@@ -74,3 +74,31 @@ def test_a_rewritten_index_is_read_again_and_a_short_one_refused(dataset: tuple[
     os.utime(idx[0], (later + 1, later + 1))
     with pytest.raises(ShardError, match=r"lists 2 samples, not 5"):
         dataset_index(shards, idx, counts, EXTS, cache)
+
+
+def test_an_index_rewritten_in_this_process_is_not_read_through_the_opened_copy(
+        dataset: tuple[list[str], list[str], list[int]], tmp_path: Path) -> None:
+    """The process's cache of opened indexes is keyed by the index files too (was: by their names only)."""
+    shards, idx, counts = dataset
+    first = dataset_index(shards, idx, counts, EXTS, tmp_path / "cache")
+    text = Path(idx[0]).read_text()
+    rows = text.split("\n")
+    a, b = rows[1].split(" "), rows[2].split(" ")
+    a[1:3], b[1:3] = b[1:3], a[1:3]  # the first two samples' images swapped
+    tmp = Path(idx[0] + ".new")
+    tmp.write_text("\n".join([rows[0], " ".join(a), " ".join(b)] + rows[3:]))
+    os.replace(tmp, idx[0])  # a new file in place, as write_atomic writes an index
+    again = dataset_index(shards, idx, counts, EXTS, tmp_path / "cache")
+    assert again is not first
+    assert again.take(np.array([0, 1])).offsets[:, 0].tolist() == first.take(np.array([1, 0])).offsets[:, 0].tolist()
+
+
+def test_a_member_outside_its_shard_is_refused_naming_it(dataset: tuple[list[str], list[str], list[int]],
+                                                        tmp_path: Path) -> None:
+    shards, idx, counts = dataset
+    rows = Path(idx[1]).read_text().split("\n")
+    fields = rows[1].split(" ")
+    fields[1] = "-512"
+    Path(idx[1]).write_text("\n".join([rows[0], " ".join(fields)] + rows[2:]))
+    with pytest.raises(ShardError, match=r"train-0001\.tar.*sample 0's component 0 at offset -512"):
+        dataset_index(shards, idx, counts, EXTS, tmp_path / "cache")

@@ -148,7 +148,7 @@ def test_a_wds2idx_index_is_checked_and_used_as_is(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "wds2idx", shard, str(index)], check=True, capture_output=True)
     before = index.read_text()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error", UserWarning)
         assert _epoch(shard, cache=tmp_path / "cache")[0] == EXPECTED
     assert index.read_text() == before
 
@@ -185,13 +185,15 @@ def _cuts(good: Path) -> dict[str, int]:
     return {
         "member boundary": k6.members[-1].offset + 512,       # after k6.cls's data block: no end-of-archive
         "between a sample's members": k6.members[0].offset + 512,  # after k6.txt: k6.cls is cut off
-        "inside member data": k6.members[-1].offset - 512 - 300,   # inside k6.txt's data
+        "inside member data": k6.members[0].offset + 50,           # inside k6.txt's 100 bytes
+        "inside padding": k6.members[0].offset + 300,              # after k6.txt's data, inside its block
         "inside a header": k6.members[-1].offset - 512 + 100,      # inside k6.cls's header
     }
 
 
-CUTS = ["member boundary", "between a sample's members", "inside member data", "inside a header"]
-KEPT = {"member boundary": 7, "between a sample's members": 6, "inside member data": 6, "inside a header": 6}
+CUTS = ["member boundary", "between a sample's members", "inside member data", "inside padding", "inside a header"]
+KEPT = {"member boundary": 7, "between a sample's members": 6, "inside member data": 6, "inside padding": 6,
+        "inside a header": 6}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

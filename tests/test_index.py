@@ -247,3 +247,90 @@ def test_tar_cut_at_a_member_boundary(tmp_path: Path) -> None:
     with pytest.raises(ShardError, match=r"cut\.tar.*no end-of-archive"):
         load_index(shard, tmp_path / "cache")
     assert not default_index_path(shard).exists()
+
+
+def test_escaped_names_are_one_word_of_one_line_and_come_back() -> None:
+    from feedfast.sources.index import escape_name, unescape_name
+
+    for name in ["a\rb", "c\u2028d", "e\u2029f", "g\x85h", "t\tu", "v\x0bw\x0cx", "y\x1cz\x1d", "%", "%20",
+                 " lead", "nb\u00a0sp", "名前", "\udcff\udc80raw", "nul\x00x", "plain"]:
+        escaped = escape_name(name)
+        assert escaped.isascii() or not any(c in escaped for c in "\r\n\u2028\u2029\x85 \t")
+        assert len(escaped.splitlines()) == 1 and escaped.split() == [escaped]
+        assert unescape_name(escaped) == name
+    assert escape_name("plain.jpg") == "plain.jpg"
+    assert unescape_name("a%20b%0Ac%25") == "a b\nc%"  # what earlier feedfast versions wrote reads the same
+
+
+def test_notes_on_the_first_line_round_trip_and_dali_style_readers_see_the_count() -> None:
+    from feedfast.sources.index import parse_index_notes
+    from feedfast.sources.indexnotes import IndexNotes
+
+    samples = [Sample("a", (Member("a", "cls", 512, 1, "a.cls"),))]
+    notes = IndexNotes(1, "1024:abc", ("x y", "k,1"), "shard 's.tar' is cut: at offset 9", ("b:c",))
+    text = format_index(samples, notes)
+    assert text.split("\n")[0].split()[:2] == ["v1.2", "1"] and "\n" not in text.split("\n")[0]
+    assert parse_index_notes(text) == (samples, notes)
+    assert [k for k, _ in notes.left_out()] == ["x y", "k,1", "b:c", "?"]
+    with pytest.raises(ShardError, match="declares 2 samples on its first line but lists 1"):
+        parse_index(text.replace("v1.2 1", "v1.2 2", 1))
+
+
+def test_a_repeated_key_is_noted_on_the_index_and_left_out_again_when_it_is_read(tmp_path: Path) -> None:
+    from feedfast.sources.index import left_out
+
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w") as tar:
+        for name in ("a.txt", "a.cls", "a.txt", "a.cls", "b.txt"):  # two adjacent copies of a
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"1"))
+    with pytest.warns(UserWarning, match=r"1 sample\(s\) repeat a key.*'a'"):
+        where, samples = load_index(shard, tmp_path / "cache")
+    assert [s.key for s in samples] == ["a", "b"] and samples[0].exts == ("txt", "cls")
+    assert [k for k, _ in left_out(where)] == ["a"]
+    assert [s.key for s in scan_tar(shard, keep_duplicates=True)] == ["a", "a", "b"]
+
+
+def test_salvage_indexes_the_samples_before_the_damage_into_the_cache(tmp_path: Path) -> None:
+    from feedfast.sources.index import cached_index_path, left_out
+
+    shard = _cut_copy(tmp_path, lambda s: s[-1].members[0].offset + 10)  # inside the last sample's .txt
+    where, samples = None, None
+    with pytest.warns(UserWarning, match=r"cut\.tar.*reading its 4 complete sample"):
+        where, samples = load_index(shard, tmp_path / "cache", salvage=True)
+    assert where == cached_index_path(shard, tmp_path / "cache") and not default_index_path(shard).exists()
+    assert [s.key for s in samples] == KEYS[:4]
+    assert [k for k, _ in left_out(where)] == [KEYS[4], "?"]
+    assert load_index(shard, tmp_path / "cache", salvage=True) == (where, samples)  # reused
+    with pytest.raises(ShardError, match=r"cut\.tar.*at offset \d+"):
+        load_index(shard, tmp_path / "cache")  # the same error as ever without salvage
+
+
+def test_an_index_that_does_not_describe_its_shard_is_rebuilt_with_the_reason(tmp_path: Path) -> None:
+    from feedfast.sources.index import checked_index
+
+    shard = tmp_path / "s.tar"
+    write_tar(shard, KEYS, tarfile.PAX_FORMAT)
+    where, samples = load_index(shard, tmp_path / "cache")
+    good = where.read_text()
+    lines = good.split("\n")
+    for broken, reason in [
+        ("\n".join(lines[:2] + lines[3:]), "declares 5 samples on its first line but lists 4"),
+        ("\n".join(lines[:2] + [lines[1]] + lines[3:]), "lists key 'plain-000' twice"),
+        (good.replace(" 512 ", " 1024 ", 1), "the header before it is"),
+        ("\n".join([lines[0].split(" fingerprint=")[0] + " fingerprint=0:00"] + lines[1:]), "fingerprint differs"),
+        ("v1.2 5\n" + "garbage\n" * 5, "line 2 of the index is damaged"),
+    ]:
+        where.write_text(broken)
+        found = checked_index(shard, where)
+        assert isinstance(found, str) and reason in found, (reason, found)
+        with pytest.warns(UserWarning, match="does not describe shard"):
+            assert load_index(shard, tmp_path / "cache") == (where, samples)
+        assert checked_index(shard, where) == (samples, parse_index_notes_of(where))
+
+
+def parse_index_notes_of(where: Path) -> object:
+    from feedfast.sources.index import parse_index_notes
+
+    return parse_index_notes(where.read_text())[1]

@@ -147,3 +147,32 @@ def test_chunks() -> None:
     assert [len(c) for c in chunked(paths[:10], 2)] == [2] * 5
     assert {len(c) for c in chunked(paths, 2)} == {32, 12} and sum(map(len, chunked(paths, 2))) == 300
     assert sum(chunked(paths, 8), []) == paths
+
+
+def test_workers_salvage_a_damaged_shard_when_asked_and_name_it_when_not(tmp_path: Path) -> None:
+    paths = write_shards(tmp_path / "data", 4)
+    raw = Path(paths[2]).read_bytes()
+    Path(paths[2]).write_bytes(raw[: scan_tar(paths[2])[2].members[0].offset + 10])  # cut inside its last sample
+    with pytest.raises(ShardError, match=r"train-0002\.tar.*at offset \d+"):
+        prepare_indexes(paths, tmp_path / "cache", workers=2)
+    with pytest.warns(UserWarning, match=r"train-0002\.tar.*reading its 2 complete sample"):
+        prepare_indexes(paths, tmp_path / "cache", workers=2, salvage=True)
+    assert fresh_index(paths[2], tmp_path / "cache") == cached_index_path(paths[2], tmp_path / "cache")
+    assert not default_index_path(paths[2]).exists()
+    assert sample_count(paths[2], tmp_path / "cache") == 2
+
+
+def test_an_index_recording_another_fingerprint_is_not_fresh(tmp_path: Path) -> None:
+    (path,) = write_shards(tmp_path / "data", 1)
+    prepare_indexes([path], tmp_path / "cache")
+    assert fresh_index(path, tmp_path / "cache") == default_index_path(path)
+    st = os.stat(path)
+    raw = bytearray(Path(path).read_bytes())
+    last = scan_tar(path)[-1].members[-1]
+    raw[last.offset] = ord("7")  # the last label: same size, same mtime below
+    Path(path).write_bytes(bytes(raw))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert fresh_index(path, tmp_path / "cache") is None
+    with pytest.warns(UserWarning, match="content fingerprint differs"):
+        prepare_indexes([path], tmp_path / "cache")  # rebuilt here (one shard: in this process)
+    assert fresh_index(path, tmp_path / "cache") == default_index_path(path)

@@ -57,3 +57,29 @@ def test_a_record_whose_index_changed_is_not_used(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(dataset_module, "locate", lambda name, *a, **k: calls.append(name) or real(name, *a, **k))
     open_shards(shards, spec, tmp_path / "cache")
     assert calls == shards
+
+
+def test_a_shard_rewritten_in_place_with_the_same_size_and_mtime_opens_afresh(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record holds each shard's content fingerprint (was: path, size and mtime only)."""
+    shards = make_shards(tmp_path / "data", samples=10, per_shard=5)
+    spec = load_spec(SMALL_SPEC)
+    open_shards(shards, spec, tmp_path / "cache")
+    st = os.stat(shards[1])
+    from feedfast.sources.index import scan_tar
+
+    label = scan_tar(shards[1])[-1].members[-1]
+    raw = bytearray(Path(shards[1]).read_bytes())
+    assert label.ext == "cls" and label.size == 1
+    raw[label.offset] = ord("0") + (raw[label.offset] - ord("0") + 1) % 10  # the last label: same size
+    Path(shards[1]).write_bytes(bytes(raw))
+    os.utime(shards[1], ns=(st.st_atime_ns, st.st_mtime_ns))
+    calls: list[str] = []
+    real = dataset_module.locate
+    monkeypatch.setattr(dataset_module, "locate", lambda name, *a, **k: calls.append(name) or real(name, *a, **k))
+    with pytest.warns(UserWarning, match="content fingerprint differs"):
+        open_shards(shards, spec, tmp_path / "cache")
+    assert calls == shards
+    calls.clear()
+    open_shards(shards, spec, tmp_path / "cache")  # recorded again: the next open reads no index
+    assert calls == []

@@ -279,3 +279,45 @@ def test_not_a_tar_and_empty(tmp_path: Path) -> None:
         scan_members(str(tmp_path / "nope.tar"))
     with pytest.raises(ShardError, match="directory"):
         scan_members(str(tmp_path))
+
+
+def test_salvage_gives_the_members_before_the_damage_and_the_damage(tmp_path: Path) -> None:
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name in ("a.jpg", "a.cls", "b.jpg", "b.cls"):
+            add(tar, name, b"x" * 600)
+    raw = shard.read_bytes()
+    whole = tarfile_members(shard)
+    assert tarscan.salvage_members(str(shard)) == (whole, None)
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(raw[: whole[2][1] + 100])  # inside b.jpg's data
+    found, damage = tarscan.salvage_members(str(cut))
+    assert found == whole[:2] and damage is not None and damage.member == "b.jpg"
+    assert damage.offset == whole[2][1] - 512 and f"at offset {damage.offset}" in damage.message
+    with pytest.raises(ShardError, match=damage.message.replace("(", r"\(").replace(")", r"\)")):
+        scan_members(str(cut))
+    garbage = bytearray(raw)
+    garbage[whole[1][1] - 512] ^= 0xFF  # a.cls's header: its checksum no longer holds
+    cut.write_bytes(bytes(garbage))
+    found, damage = tarscan.salvage_members(str(cut))
+    assert found == whole[:1] and damage is not None and damage.member is None
+    assert damage.offset == whole[1][1] - 512 and "not a valid tar header" in damage.message
+
+
+@pytest.mark.parametrize("kind", ["gzip", "bzip2", "xz"])
+def test_a_compressed_tar_is_refused_by_name_with_the_command_that_unpacks_it(tmp_path: Path, kind: str) -> None:
+    import bz2
+    import gzip
+    import lzma
+
+    plain = tmp_path / "p.tar"
+    with tarfile.open(plain, "w") as tar:
+        add(tar, "a.jpg", b"x" * 600)
+    pack = {"gzip": gzip.compress, "bzip2": bz2.compress, "xz": lzma.compress}[kind]
+    command = {"gzip": "gunzip -k", "bzip2": "bunzip2 -k", "xz": "unxz -k"}[kind]
+    shard = tmp_path / "s.tar.x"
+    shard.write_bytes(pack(plain.read_bytes()))
+    for scan in (scan_members, tarscan.salvage_members):
+        with pytest.raises(ShardError, match=rf"s\.tar\.x.*is {kind}-compressed.*{command}"):
+            scan(str(shard))
+    assert tarscan.compression_of(b"\x28\xb5\x2f\xfd rest") == ("zstd", "unzstd {path}")

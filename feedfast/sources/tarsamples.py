@@ -59,8 +59,8 @@ class Scanned:
 def salvage_tar(path: str | os.PathLike[str], *, keep_duplicates: bool = False) -> Scanned:
     """The samples of a tar, or of a damaged tar those wholly before the damage, with what is lost.
 
-    A sample is lost with the damage when the damaged member is one of its own, or when the
-    damage gives no name (the file is cut, or garbage stands where a header should be) and the
+    A sample is lost with the damage when the damaged member (whose header could be read) is
+    one of its own, or when the damage gives no name (the file is cut, or garbage stands where a header should be) and the
     sample, the last before it, lacks a component the sample before it has (its other members may
     have been cut off). The samples after the damage cannot be read at all.
 
@@ -75,13 +75,13 @@ def salvage_tar(path: str | os.PathLike[str], *, keep_duplicates: bool = False) 
     every = _grouped(found)
     samples, repeated = (every, []) if keep_duplicates else split_duplicates(every)
     lost: tuple[str, ...] = ()
-    if damage is not None and samples:
+    if damage is not None and damage.member is not None:  # the damaged member's sample is lost, whatever it kept
+        lost = (split_name(damage.member)[0],)
+        if samples and samples[-1].key == lost[0]:
+            samples = samples[:-1]
+    elif damage is not None and samples:
         last = samples[-1]
-        if damage.member is not None:
-            cut = split_name(damage.member)[0] == last.key
-        else:
-            cut = len(samples) < 2 or not set(samples[-2].exts) <= set(last.exts)
-        if cut:
+        if len(samples) < 2 or not set(samples[-2].exts) <= set(last.exts):
             samples, lost = samples[:-1], (last.key,)
     return Scanned(samples, tuple(s.key for s in repeated), damage, lost)
 
