@@ -21,17 +21,29 @@ from feedfast.sources.rows import epoch_rows
 from tests.helpers import make_shards
 
 
-def test_window_cache_reads_each_window_once_and_drops_it_after_its_last_step() -> None:
-    window = np.array([0] * 4 + [1] * 4 + [2] * 4 + [3] * 4)
+class _Windows:
+    """Windows of 4 consecutive samples (the Windows protocol of feedfast.sources.feeder)."""
+
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
+
+    def window_of(self, samples: np.ndarray) -> np.ndarray:
+        return np.asarray(samples) // 4
+
+    def members(self, window: int) -> np.ndarray:
+        return np.arange(4 * window, min(self.samples, 4 * window + 4))
+
+
+def test_window_cache_reads_each_window_once_and_drops_it_once_each_sample_is_served() -> None:
     calls: list[list[int]] = []
     lock = threading.Lock()
 
-    def fetch(rows: list[int]) -> dict[tuple[int, int], np.ndarray]:
+    def fetch(samples: list[int]) -> dict[tuple[int, int], np.ndarray]:
         with lock:
-            calls.append(rows)
-        return {(r, 0): np.array([r], dtype=np.uint8) for r in rows}
+            calls.append(samples)
+        return {(s, 0): np.array([s], dtype=np.uint8) for s in samples}
 
-    cache = WindowCache(window, fetch, last_step={0: 1, 1: 1, 2: 3, 3: 3})
+    cache = WindowCache(_Windows(16), fetch)
     try:
         threads = [threading.Thread(target=cache.rows, args=([0, 1, 5, 9],)) for _ in range(4)]
         for t in threads:
@@ -43,11 +55,9 @@ def test_window_cache_reads_each_window_once_and_drops_it_after_its_last_step() 
         # four threads asked at once: each window read once, the three a step lacked concurrently
         assert Counter(tuple(c) for c in calls) == Counter({(0, 1, 2, 3): 1, (4, 5, 6, 7): 1, (8, 9, 10, 11): 1})
         assert cache.held() == 3
-        cache.release(0)  # no window ends at step 0
-        assert cache.held() == 3
-        cache.release(1)  # windows 0 and 1 are read by no later step
+        cache.rows([3, 4, 7])  # window 0's last sample, and window 1's last two: both done
         assert cache.held() == 1
-        cache.rows([0])  # asked again (a step read twice): read again
+        cache.rows([0])  # asked again (a step read twice, a padded repeat): read again
         assert Counter(tuple(c) for c in calls)[(0, 1, 2, 3)] == 2
     finally:
         cache.close()
@@ -55,23 +65,22 @@ def test_window_cache_reads_each_window_once_and_drops_it_after_its_last_step() 
 
 
 def test_a_failed_window_read_fails_its_step_and_is_tried_again() -> None:
-    window = np.array([0, 0, 1, 1])
     fail = [True]
 
-    def fetch(rows: list[int]) -> dict[tuple[int, int], np.ndarray]:
-        if rows == [2, 3] and fail:
+    def fetch(samples: list[int]) -> dict[tuple[int, int], np.ndarray]:
+        if samples == [4, 5, 6, 7] and fail:
             fail.pop()
             raise OSError("connection reset")
-        return {(r, 0): np.array([r], dtype=np.uint8) for r in rows}
+        return {(s, 0): np.array([s], dtype=np.uint8) for s in samples}
 
-    cache = WindowCache(window, fetch, last_step={0: 0, 1: 0})
+    cache = WindowCache(_Windows(8), fetch)
     try:
         try:
-            cache.rows([0, 2])
+            cache.rows([0, 4])
             raise AssertionError("the failed read was not raised")
         except OSError as exc:
             assert "connection reset" in str(exc)
-        assert cache.rows([3])[3, 0][0] == 3  # not cached as failed: read again
+        assert cache.rows([5])[5, 0][0] == 5  # not cached as failed: read again
     finally:
         cache.close()
 

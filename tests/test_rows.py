@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,28 +11,44 @@ from feedfast.sources.assign import plan_epoch, rank_range
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.index import load_index
 from feedfast.sources.order import epoch_order, rank_positions
-from feedfast.sources.rows import _RangeOrder, epoch_rows, window_shuffle
+from feedfast.sources.permute import key_for
+from feedfast.sources.rows import WindowShuffle, _RangeOrder, epoch_rows
 from tests.helpers import make_shards
 
 
-@given(n=st.integers(0, 500), window=st.integers(1, 64), seed=st.integers(0, 10))
+def _window_shuffle(n: int, window: int, seed: int, lo: int = 0) -> tuple[list[int], list[int]]:
+    """A WindowShuffle of ``range(lo, lo + n)`` as arrays: the samples read at each row, and their windows."""
+    shuffled = WindowShuffle(_RangeOrder([lo + n], [0], lo), n, window, key_for("t", seed))
+    samples = shuffled(np.arange(n, dtype=np.int64))
+    return samples.tolist(), shuffled.window_of(samples).tolist()
+
+
+@given(n=st.integers(0, 500), window=st.integers(1, 64), seed=st.integers(0, 10), lo=st.integers(0, 7))
 @settings(max_examples=150, deadline=None)
-def test_window_shuffle_is_a_permutation_that_stays_inside_windows(n: int, window: int, seed: int) -> None:
-    perm, win = window_shuffle(n, window, random.Random(seed))
-    assert sorted(perm) == list(range(n)) and len(win) == n
+def test_window_shuffle_is_a_permutation_that_stays_inside_windows(n: int, window: int, seed: int, lo: int) -> None:
+    perm, win = _window_shuffle(n, window, seed, lo)
+    assert sorted(perm) == list(range(lo, lo + n)) and len(win) == n
     for item, w in zip(perm, win):
-        assert item // window == w  # each item sits in its own window
+        assert (item - lo) // window == w  # each item sits in its own window
     # windows are visited whole, one after another
     runs = [w for i, w in enumerate(win) if i == 0 or win[i - 1] != w]
     assert len(runs) == len(set(runs))
 
 
-def test_window_shuffle_is_deterministic_and_mixes() -> None:
-    a = window_shuffle(100, 10, random.Random("s/0/0"))
-    assert a == window_shuffle(100, 10, random.Random("s/0/0"))
-    assert a != window_shuffle(100, 10, random.Random("s/1/0"))
-    assert a[0] != list(range(100))
+def test_window_shuffle_rows_are_the_same_read_alone_or_together() -> None:
+    shuffled = WindowShuffle(_RangeOrder([1000], [0], 0), 1000, 7, key_for("t", 3))
+    whole = shuffled(np.arange(1000))
+    picked = np.random.default_rng(0).integers(0, 1000, 300)
+    assert np.array_equal(shuffled(picked), whole[picked])
+    for w in (0, 5, 142):
+        assert sorted(shuffled.members(w).tolist()) == list(range(7 * w, min(1000, 7 * w + 7)))
 
+
+def test_window_shuffle_is_deterministic_and_mixes() -> None:
+    a = _window_shuffle(100, 10, 0)
+    assert a == _window_shuffle(100, 10, 0)
+    assert a != _window_shuffle(100, 10, 1)
+    assert a[0] != list(range(100))
 
 
 EXTS = [{"jpg"}, {"cls"}]

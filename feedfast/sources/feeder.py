@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -64,7 +64,7 @@ class BatchFeeder:
         self.ahead = ahead
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="feedfast-stream")
         self._pending: dict[int, Future[list[list[np.ndarray]]]] = {}
-        self._windows = WindowCache(rows.window, self._fetch, last_step=_last_steps(rows.window, step_rows, steps))
+        self._windows = WindowCache(rows.window, self._fetch_samples)
         self._transports: dict[int, Transport] = {}
         self.files = ShardFiles(names)  # local shards stay open: a shuffled epoch reads sample by sample
         weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
@@ -81,9 +81,7 @@ class BatchFeeder:
                 self._pending[s] = self._pool.submit(self._dali_batch, s)
         for stale in [s for s in self._pending if s < step]:
             self._pending.pop(stale).cancel()
-        got = self._pending.pop(step).result()
-        self._windows.release(step)  # DALI asks in order: windows no later step reads are dropped
-        return got
+        return self._pending.pop(step).result()
 
     def close(self) -> None:
         """Stop the reader threads and close the shards; pending reads are dropped."""
@@ -107,14 +105,26 @@ class BatchFeeder:
     def batch(self, step: int) -> list[list[np.ndarray]]:
         """The samples of step ``step``, read now (in the calling thread)."""
         rows = self.step_rows(step)
-        got = self._windows.rows(rows) if self._windows.active else self._fetch(sorted(set(rows)))
+        if self._windows.active:
+            samples = self.rows.samples(rows).tolist()
+            held = self._windows.rows(samples)
+            return [[held[s, c] for s in samples] for c in range(self.components)]
+        got = self._fetch(sorted(set(rows)))
         return [[got[r, c] for r in rows] for c in range(self.components)]
 
     def _fetch(self, rows: list[int]) -> dict[tuple[int, int], np.ndarray]:
+        """The members of ``rows``, by (row, component)."""
+        return self._fetch_where(rows, self.rows.take(rows))
+
+    def _fetch_samples(self, samples: list[int]) -> dict[tuple[int, int], np.ndarray]:
+        """The members of ``samples`` (canonical numbers: a window's), by (sample, component)."""
+        return self._fetch_where(samples, self.rows.index.take(samples))
+
+    def _fetch_where(self, rows: list[int], where: Any) -> dict[tuple[int, int], np.ndarray]:
+        """The members ``where`` locates, by (``rows``' item, component)."""
         empty = np.empty(0, dtype=np.uint8)
         got: dict[tuple[int, int], np.ndarray] = {}
         spans: dict[int, list[Span]] = {}
-        where = self.rows.take(rows)
         for r, shard, offsets, sizes in zip(rows, where.shard.tolist(), where.offsets.tolist(), where.sizes.tolist()):
             for c, (offset, size) in enumerate(zip(offsets, sizes)):
                 if size <= 0:
@@ -174,38 +184,46 @@ class BatchFeeder:
         return self.cache
 
 
+class Windows(Protocol):
+    """The windows of an epoch's order: what :class:`WindowCache` asks of it (:class:`~feedfast.sources.order.BlockOrder`,
+    :class:`~feedfast.sources.rows.WindowShuffle`)."""
+
+    def window_of(self, samples: np.ndarray) -> np.ndarray: ...
+
+    def members(self, window: int) -> np.ndarray: ...
+
+
 class WindowCache:
     """Whole windows of consecutive samples, each read once in a large range and kept while its samples are served.
 
-    A windowed shuffle (:func:`feedfast.sources.rows.window_shuffle`) or a block shuffle
-    (:func:`feedfast.sources.order.block_order`) takes each step's samples from windows of
+    A windowed shuffle (:class:`feedfast.sources.rows.WindowShuffle`) or a block shuffle
+    (:class:`feedfast.sources.order.BlockOrder`) takes each step's samples from windows of
     consecutive samples of one shard; reading a window at once turns ``window`` small
     requests into one. The windows a step lacks are read concurrently, ``requests`` at a
     time (a block shuffle's first step needs hundreds; on a remote store each one costs a
-    round trip). A window stays in memory until :meth:`release` passes its last step
-    (``last_step``), so a block shuffle holds about ``block`` samples. Thread-safe: one
-    reader per window, others wait for it. A window asked for after its release (a step read
-    again) is read again.
+    round trip). A window is dropped as soon as each of its samples this rank reads has been
+    served once, so a block shuffle holds about ``block`` samples and nothing is kept per
+    sample of the epoch. Thread-safe: one reader per window, others wait for it. A window asked
+    for after it was dropped (a step read again, a padded repeat) is read again.
     """
 
-    def __init__(self, window: np.ndarray | None, fetch: Any, *, last_step: dict[int, int], requests: int = 8) -> None:
-        self.active = window is not None
-        self._fetch, self._last_step = fetch, last_step
-        self._members: dict[int, list[int]] = {}
-        if window is not None:
-            for row, w in enumerate(window.tolist()):
-                self._members.setdefault(int(w), []).append(row)
-        self._row_window: list[int] = [int(w) for w in window.tolist()] if window is not None else []
+    def __init__(self, windows: Windows | None, fetch: Any, *, requests: int = 8) -> None:
+        self.active = windows is not None
+        self._windows, self._fetch = windows, fetch
         self._cache: dict[int, Future[dict[tuple[int, int], np.ndarray]]] = {}
+        self._served: dict[int, set[int]] = {}
+        self._sizes: dict[int, int] = {}
         self._lock = threading.Lock()
         self._io = ThreadPoolExecutor(max_workers=requests, thread_name_prefix="feedfast-window") if self.active else None
 
-    def rows(self, rows: list[int]) -> "_WindowRows":
-        """The arrays of ``rows`` by (row, component), from their windows (read first if need be)."""
+    def rows(self, samples: list[int]) -> "_WindowRows":
+        """The arrays of ``samples`` by (sample, component), from their windows (read first if need be)."""
+        assert self._windows is not None
+        of = self._windows.window_of(np.asarray(samples, dtype=np.int64)).tolist()
         wanted: dict[int, Future[dict[tuple[int, int], np.ndarray]]] = {}
         missing = []
         with self._lock:
-            for w in sorted({self._row_window[r] for r in rows}):
+            for w in sorted(set(of)):
                 fut = self._cache.get(w)
                 if fut is None:
                     fut = self._cache[w] = Future()
@@ -220,13 +238,18 @@ class WindowCache:
                     self._io.submit(self._fill, w, wanted[w])
                 except RuntimeError:  # closed meanwhile: read it here, so no waiter is left hanging
                     self._fill(w, wanted[w])
-        return _WindowRows({w: fut.result() for w, fut in wanted.items()}, self._row_window)
+        got = _WindowRows({w: fut.result() for w, fut in wanted.items()}, dict(zip(samples, of)))
+        self._count(samples, of)
+        return got
 
-    def release(self, step: int) -> None:
-        """Drop the windows that no step after ``step`` reads."""
+    def _count(self, samples: list[int], of: list[int]) -> None:
+        """Count ``samples`` served; drop the windows each of whose samples has been."""
         with self._lock:
-            for w in [w for w in self._cache if self._last_step.get(w, -1) <= step]:
-                del self._cache[w]
+            for sample, w in zip(samples, of):
+                served = self._served.setdefault(w, set())
+                served.add(sample)
+                if len(served) >= self._sizes.get(w, -1) and w in self._cache:
+                    del self._cache[w], self._served[w], self._sizes[w]
 
     def held(self) -> int:
         """How many windows are in memory (read or being read)."""
@@ -238,10 +261,16 @@ class WindowCache:
             self._io.shutdown(wait=True)
         with self._lock:
             self._cache.clear()
+            self._served.clear()
+            self._sizes.clear()
 
     def _fill(self, w: int, fut: Future[dict[tuple[int, int], np.ndarray]]) -> None:
+        assert self._windows is not None
         try:
-            fut.set_result(self._fetch(self._members[w]))
+            members = self._windows.members(w).tolist()
+            with self._lock:
+                self._sizes[w] = len(members)
+            fut.set_result(self._fetch(members))
         except BaseException as exc:
             fut.set_exception(exc)
             with self._lock:
@@ -250,23 +279,14 @@ class WindowCache:
 
 
 class _WindowRows:
-    """(row, component) -> array, looked up in the row's window: a step touching hundreds of windows
-    (a block shuffle) copies none of their other rows."""
+    """(sample, component) -> array, looked up in the sample's window: a step touching hundreds of windows
+    (a block shuffle) copies none of their other samples."""
 
-    def __init__(self, windows: dict[int, dict[tuple[int, int], np.ndarray]], row_window: list[int]) -> None:
-        self._windows, self._row_window = windows, row_window
+    def __init__(self, windows: dict[int, dict[tuple[int, int], np.ndarray]], window_of: dict[int, int]) -> None:
+        self._windows, self._window_of = windows, window_of
 
     def __getitem__(self, key: tuple[int, int]) -> np.ndarray:
-        return self._windows[self._row_window[key[0]]][key]
-
-
-def _last_steps(window: np.ndarray | None, step_rows: Any, steps: int) -> dict[int, int]:
-    """Each window's last step (padding included), from the steps' rows."""
-    if window is None or steps == 0:
-        return {}
-    rows = [np.asarray(step_rows(s), dtype=np.int64) for s in range(steps)]
-    step_of = np.repeat(np.arange(steps), [len(r) for r in rows])
-    return dict(zip(window[np.concatenate(rows)].tolist(), step_of.tolist()))  # later steps overwrite
+        return self._windows[self._window_of[key[0]]][key]
 
 
 def runs(items: list[Span], gap: int = MAX_GAP) -> list[list[Span]]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from feedfast.sources.assign import rank_range
-from feedfast.sources.permute import Permutation, key_for
+from feedfast.sources.permute import Permutation, key_for, mix64
 from feedfast.spec.model import SHUFFLE_BLOCK, SHUFFLE_WINDOW
 
 
@@ -123,9 +123,10 @@ def shard_windows(sizes: Sequence[int], window: int) -> tuple[np.ndarray, np.nda
     return first[shard] + k * window, np.minimum(window, counts[shard] - k * window)
 
 
-def block_order(sizes: Sequence[int], *, rank: int, world: int, shuffle: BlockShuffle, seed: int,
-                epoch: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rank ``rank``'s samples of a block-shuffled epoch in reading order, and each one's window.
+class BlockOrder:
+    """Rank ``rank``'s samples of a block-shuffled epoch as a function of its rows: nothing held per sample.
+
+    The order (see :func:`block_order`, its array form):
 
     1. Every shard is cut into windows of ``shuffle.window`` consecutive samples
        (:func:`shard_windows`), and the windows of all shards are permuted by (seed, epoch).
@@ -138,22 +139,83 @@ def block_order(sizes: Sequence[int], *, rank: int, world: int, shuffle: BlockSh
        shift in ``±(block - len) / 2``, clipped to the range, and the samples are read in key
        order. At any point about ``block / window`` windows, from as many shards, are being read.
 
-    Deterministic for (seed, epoch, rank, world). Returns canonical sample numbers (shard 0's
-    samples first) and window numbers (into :func:`shard_windows`' list).
+    A sample's shift is drawn from a counter-based generator keyed by (seed, epoch, rank, world)
+    and its place, so the keys of any stretch of places can be computed alone; a shift is at most
+    ``block / 2``, so the samples read at rows ``r0 .. r1`` are those of the places within
+    ``block + 4`` of that range, sorted (:meth:`__call__` sorts that stretch only). What is held:
+    a few arrays per window (the windows' permutation and the rank's runs), about ``1 / window``
+    of a per-sample list.
     """
-    starts, lengths = shard_windows(sizes, shuffle.window)
-    perm = _rng("feedfast-blocks", seed, epoch).permutation(len(starts))
-    lens = lengths[perm]
-    total = int(lens.sum())
-    seq = np.repeat(starts[perm] - (np.cumsum(lens) - lens), lens) + np.arange(total, dtype=np.int64)
-    wid = np.repeat(perm, lens)
-    lo, hi = rank_range(total, rank, world)
-    mine, windows, n = seq[lo:hi], wid[lo:hi], hi - lo
-    run_start = np.flatnonzero(np.diff(windows, prepend=-1))  # a window cut by the range edges is a shorter run
-    run_len = np.diff(np.append(run_start, n))
-    cut = np.maximum(0.0, (shuffle.block - run_len) / 2)
-    low, high = np.maximum(-cut, -run_start), np.minimum(cut, n - run_start - run_len)
-    u = _rng("feedfast-blocks", seed, epoch, rank, world).random(n)
-    keys = np.arange(n) + np.repeat(low, run_len) + u * np.repeat(high - low, run_len)
-    read = np.argsort(keys, kind="stable")
-    return mine[read], windows[read]
+
+    def __init__(self, sizes: Sequence[int], *, rank: int, world: int, shuffle: BlockShuffle, seed: int,
+                 epoch: int) -> None:
+        self.starts, lengths = shard_windows(sizes, shuffle.window)
+        perm = _rng("feedfast-blocks", seed, epoch).permutation(len(self.starts))
+        lens = lengths[perm]
+        ends = np.cumsum(lens)
+        total = int(ends[-1]) if len(ends) else 0
+        lo, hi = rank_range(total, rank, world)
+        self.count = n = hi - lo
+        k = np.arange(np.searchsorted(ends, lo, side="right"), np.searchsorted(ends, hi, side="left") + 1 if n else 0)
+        k = k[k < len(ends)]
+        begin = np.maximum(lo, ends[k] - lens[k])
+        self.run_start = begin - lo  # each run's first place: a window, cut where the range cuts it
+        self.run_len = np.minimum(hi, ends[k]) - begin
+        self.run_window = perm[k]
+        self.run_first = self.starts[perm[k]] + begin - (ends[k] - lens[k])  # the run's first sample
+        cut = np.maximum(0.0, (shuffle.block - self.run_len) / 2)
+        self.low = np.maximum(-cut, -self.run_start)
+        self.high = np.minimum(cut, n - self.run_start - self.run_len)
+        self.margin = int(shuffle.block) + 4
+        self.key = np.uint64(key_for("feedfast-block-shift", seed, epoch, rank, world)[0])
+        self._run_of = np.argsort(self.run_window, kind="stable")  # runs by window number
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        """The canonical sample numbers read at ``rows``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty(rows.shape, dtype=np.int64)
+        if rows.size == 0:
+            return out
+        step = max(self.margin, 4096)
+        stretch = rows // step
+        for c in np.unique(stretch).tolist():
+            inside = stretch == c
+            r0 = c * step
+            out[inside] = self._stretch(r0, min(self.count, r0 + step))[rows[inside] - r0]
+        return out
+
+    def _stretch(self, r0: int, r1: int) -> np.ndarray:
+        """The samples read at rows ``r0 .. r1 - 1``: the places around, sorted by key."""
+        a, b = max(0, r0 - self.margin), min(self.count, r1 + self.margin)
+        places = np.arange(a, b, dtype=np.int64)
+        run = np.searchsorted(self.run_start, places, side="right") - 1
+        with np.errstate(over="ignore"):
+            u = (mix64(places.astype(np.uint64) ^ self.key) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+        keys = places + self.low[run] + u * (self.high[run] - self.low[run])
+        chosen = np.argsort(keys, kind="stable")[r0 - a: r1 - a]  # ties: the earlier place first
+        return self.run_first[run[chosen]] + chosen + a - self.run_start[run[chosen]]
+
+    def window_of(self, samples: np.ndarray) -> np.ndarray:
+        """Each sample's window number (into :func:`shard_windows`' list)."""
+        return np.searchsorted(self.starts, np.asarray(samples, dtype=np.int64), side="right") - 1
+
+    def members(self, window: int) -> np.ndarray:
+        """The samples of ``window`` this rank reads (the whole window, or the part inside its range)."""
+        i = np.searchsorted(self.run_window, window, sorter=self._run_of)
+        if i >= len(self._run_of) or self.run_window[self._run_of[i]] != window:
+            return np.zeros(0, dtype=np.int64)
+        r = self._run_of[i]
+        return self.run_first[r] + np.arange(self.run_len[r], dtype=np.int64)
+
+
+def block_order(sizes: Sequence[int], *, rank: int, world: int, shuffle: BlockShuffle, seed: int,
+                epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """:class:`BlockOrder` as arrays: rank ``rank``'s samples in reading order, and each one's window.
+
+    Deterministic for (seed, epoch, rank, world). Returns canonical sample numbers (shard 0's
+    samples first) and window numbers (into :func:`shard_windows`' list). For tests and tools:
+    the loader evaluates :class:`BlockOrder` a stretch of rows at a time.
+    """
+    order = BlockOrder(sizes, rank=rank, world=world, shuffle=shuffle, seed=seed, epoch=epoch)
+    samples = order(np.arange(order.count, dtype=np.int64))
+    return samples, order.window_of(samples)

@@ -12,29 +12,29 @@ function, by the epoch plan's partition (:func:`~feedfast.sources.assign.partiti
 - ``shards``: the rank's contiguous range of the shards concatenated in the epoch's
   ``shard_order`` (DALI's split), permuted inside the range when shuffled (the ``pil`` and
   ``threads`` backends outside the global order), or in windows (the stream transport);
-- ``block``: the block shuffle of windows (:func:`~feedfast.sources.order.block_order`), held
-  as arrays (remote shards; O(the rank's samples), 16 bytes a sample).
+- ``block``: the block shuffle of windows (:class:`~feedfast.sources.order.BlockOrder`), a
+  function of rows too (remote shards; a few arrays per window of ``shuffle.window`` samples).
 
 Rows are evaluated a chunk at a time and the last chunks kept, so a batch costs a fraction of
-a microsecond a sample; nothing grows with the dataset but what ``block`` and windows hold.
+a microsecond a sample; nothing is held per sample: what grows with the dataset is per shard
+(the index's offsets) or per window (the block shuffle's and the windowed shuffle's orders).
 """
 
 from __future__ import annotations
 
-import random
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from feedfast import _env
 from feedfast.sources.assign import EpochPlan, rank_range
 from feedfast.sources.columnar import ColumnarIndex, RowBatch, dataset_index
-from feedfast.sources.order import BlockShuffle, block_order, epoch_permutation, rank_counts, rank_position_of
-from feedfast.sources.permute import Permutation, key_for
+from feedfast.sources.order import BlockOrder, BlockShuffle, epoch_permutation, rank_counts, rank_position_of
+from feedfast.sources.permute import Permutation, key_for, mix64
 
 CHUNK = 8192
 """Rows evaluated at once (a permutation costs about 0.3 us a row in chunks of this size)."""
@@ -47,12 +47,13 @@ class Rows:
         index: the dataset's columnar index.
         count: rows in the epoch (the rank's samples).
         sample_of: rows (int64 array) -> canonical sample numbers.
-        window: each row's window of consecutive samples read together (windowed or block shuffle),
-            None when rows are read per step.
+        window: the windows of consecutive samples read together (a windowed or block shuffle:
+            :class:`WindowShuffle`, :class:`~feedfast.sources.order.BlockOrder`), None when rows are
+            read per step.
     """
 
     def __init__(self, index: ColumnarIndex, count: int, sample_of: Callable[[np.ndarray], np.ndarray],
-                 window: np.ndarray | None = None) -> None:
+                 window: Any = None) -> None:
         self.index, self.count, self._sample_of, self.window = index, count, sample_of, window
         self._chunks: OrderedDict[int, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
@@ -140,14 +141,13 @@ def epoch_rows(shards: Dataset, exts: Sequence[set[str] | frozenset[str]], ep: E
         return Rows(index, count, _GlobalOrder(total, remaining, ep, rank=rank, world=world, seed=seed, epoch=epoch,
                                                shuffle=shuffle))
     if ep.partition == "block":
-        mine, windows = block_order(sizes, rank=rank, world=world, shuffle=block or BlockShuffle(), seed=seed,
-                                    epoch=epoch)
-        return Rows(index, len(mine), _Table(mine), windows)
+        order = BlockOrder(sizes, rank=rank, world=world, shuffle=block or BlockShuffle(), seed=seed, epoch=epoch)
+        return Rows(index, order.count, order, order)
     lo, hi = rank_range(total, rank, world)
     ranged = _RangeOrder(sizes, ep.shard_order, lo)
     if window > 0:
-        perm, win = window_shuffle(hi - lo, window, random.Random(f"{seed}/{epoch}/{rank}"))
-        return Rows(index, hi - lo, _Table(ranged(np.asarray(perm, dtype=np.int64))), np.asarray(win))
+        shuffled = WindowShuffle(ranged, hi - lo, window, key_for("feedfast-windows", seed, epoch, rank))
+        return Rows(index, hi - lo, shuffled, shuffled)
     if shuffle:
         return Rows(index, hi - lo, _Then(Permutation(hi - lo, key_for("feedfast-range", seed, epoch, rank)), ranged))
     return Rows(index, hi - lo, ranged)
@@ -187,15 +187,16 @@ class _RangeOrder:
         j = np.searchsorted(self.ends, at, side="right")
         return self.starts[self.order[j]] + at - self.begins[j]
 
-
-class _Table:
-    """Rows looked up in an array (orders that are materialized)."""
-
-    def __init__(self, table: np.ndarray) -> None:
-        self.table = table
-
-    def __call__(self, rows: np.ndarray) -> np.ndarray:
-        return self.table[rows]
+    def position_of(self, samples: np.ndarray) -> np.ndarray:
+        """The rows at which ``samples`` (canonical numbers inside the range) are read: the inverse."""
+        samples = np.asarray(samples, dtype=np.int64)
+        if self.identity:
+            return samples - self.lo
+        shard = np.searchsorted(self.starts, samples, side="right") - 1
+        place = np.empty(len(self.order), dtype=np.int64)
+        place[self.order] = np.arange(len(self.order))
+        j = place[shard]
+        return self.begins[j] + samples - self.starts[shard] - self.lo
 
 
 class _Then:
@@ -208,17 +209,49 @@ class _Then:
         return self.second(self.first(rows))
 
 
-def window_shuffle(n: int, window: int, rng: random.Random) -> tuple[list[int], list[int]]:
-    """A permutation of ``range(n)`` visiting windows of ``window`` consecutive items in random
-    order, shuffled inside each; and each position's window number."""
-    windows = [list(range(start, min(start + window, n))) for start in range(0, n, window)]
-    order = list(range(len(windows)))
-    rng.shuffle(order)
-    perm: list[int] = []
-    win: list[int] = []
-    for w in order:
-        items = windows[w][:]
-        rng.shuffle(items)
-        perm += items
-        win += [w] * len(items)
-    return perm, win
+class WindowShuffle:
+    """A range of ``n`` rows read in windows of ``window`` consecutive samples, the windows in a random
+    order and each one's samples shuffled: as a function of rows, with nothing held per sample.
+
+    Windows are ``window`` consecutive positions of the range (the last may be shorter); their
+    order is a permutation by ``key`` (an array of ``n / window``), and inside a window the
+    samples are read by a counter-based key of their position, so any stretch of rows is
+    computed alone. ``ranged`` maps positions to samples (and back, for :meth:`window_of`).
+    """
+
+    def __init__(self, ranged: _RangeOrder, n: int, window: int, key: tuple[int, ...]) -> None:
+        self.ranged, self.n, self.window = ranged, n, window
+        count = -(-n // window)
+        self.order = np.random.Generator(np.random.PCG64(key[0])).permutation(count)
+        self.lens = np.minimum(window, n - self.order * window)
+        self.ends = np.cumsum(self.lens)
+        self.key = np.uint64(key[1])
+
+    def positions(self, rows: np.ndarray) -> np.ndarray:
+        """The range's positions read at ``rows``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size == 0:
+            return rows
+        k = np.searchsorted(self.ends, rows, side="right")
+        ks = np.unique(k)
+        w, lens = self.order[ks], self.lens[ks]
+        pos = np.repeat(w * self.window - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+        group = np.repeat(np.arange(len(ks)), lens)
+        with np.errstate(over="ignore"):
+            u = mix64(pos.astype(np.uint64) ^ self.key)
+        shuffled = pos[np.lexsort((u, group))]  # each window's positions in key order, the windows in turn
+        first = np.cumsum(lens) - lens  # where each window starts in ``shuffled``
+        at = first[np.searchsorted(ks, k)] + rows - (self.ends[k] - self.lens[k])
+        return shuffled[at]
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        return self.ranged(self.positions(rows))
+
+    def window_of(self, samples: np.ndarray) -> np.ndarray:
+        """Each sample's window number (its position in the range // ``window``)."""
+        return self.ranged.position_of(samples) // self.window
+
+    def members(self, window: int) -> np.ndarray:
+        """The samples of window ``window``."""
+        start = window * self.window
+        return self.ranged(np.arange(start, min(self.n, start + self.window), dtype=np.int64))
