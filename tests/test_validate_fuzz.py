@@ -151,8 +151,6 @@ def test_pil_and_dali_backends_deliver_the_same_fuzzed_images(tmp_path: Path, po
         assert np.abs(dali[key].astype(int) - pil[key].astype(int)).max() <= 1, key
 
 
-@pytest.mark.xfail(reason="the rescue's PatchedFeed re-encodes with decoders.pil_png, which PIL cannot do here: "
-                          "it should call second_decode.rescue_png", strict=True)
 def test_dali_backend_rescues_a_jpeg_dali_reads_only_as_grey(tmp_path: Path) -> None:
     members = [m for m in fuzz_members(broken=False) if m[0].split(".")[0] in ("good-0", "lossless", "good-1")]
     shard = str(write_tar(tmp_path / "fuzz-0000.tar", members))

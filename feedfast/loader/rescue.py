@@ -44,7 +44,8 @@ from feedfast.sources import schemes
 from feedfast.sources.assign import EpochPlan
 from feedfast.sources.checkworker import Failed, pool
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.decoders import Rescued, pil_png
+from feedfast.sources.decoders import Rescued
+from feedfast.sources.second_decode import rescue_png
 from feedfast.sources.stream import StreamEpoch
 
 log = logging.getLogger("feedfast.dali")
@@ -105,7 +106,7 @@ class PatchedFeed:
             for c in sorted(self.patches.images.get(where, ())):
                 patched = patched or [[np.asarray(sample) for sample in column] for column in arrays]
                 with routed(where):  # PIL read it in a check worker, under the time limit, already
-                    png = pil_png(patched[c][i].tobytes())
+                    png = rescue_png(patched[c][i].tobytes())  # PIL's re-encoding, else DALI's own pixels
                 patched[c][i] = np.frombuffer(png, dtype=np.uint8)
         return patched or arrays
 
