@@ -225,3 +225,21 @@ def test_gs_shards_through_the_transport_block_shuffled_and_under_skip(local: li
     assert loader.shards.kinds == ("cache",) * 5  # downloaded whole through the gs transport, checked locally
     assert keys_of_epoch(loader) == [s.key for p in local for s in scan_tar(p)]
     loader.close()
+
+
+def test_a_stretch_of_rows_equals_the_whole_epoch_sorted_at_once() -> None:
+    """BlockOrder sorts only the places around the rows asked for: the same order as sorting every key."""
+    from feedfast.sources.order import BlockOrder
+    from feedfast.sources.permute import mix64
+
+    order = BlockOrder([1000] * 30, rank=1, world=3, shuffle=BlockShuffle(512, 16), seed=0, epoch=2)
+    places = np.arange(order.count)
+    run = np.searchsorted(order.run_start, places, side="right") - 1
+    u = (mix64(places.astype(np.uint64) ^ order.key) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    by_key = np.argsort(places + order.low[run] + u * (order.high[run] - order.low[run]), kind="stable")
+    whole = order.run_first[run[by_key]] + by_key - order.run_start[run[by_key]]
+    assert np.array_equal(order(places), whole)
+    picked = np.random.default_rng(0).integers(0, order.count, 500)
+    assert np.array_equal(order(picked), whole[picked])
+    for w in order.window_of(whole[:50]).tolist():  # each window's members: its samples in this rank
+        assert set(order.members(w).tolist()) == set(whole[order.window_of(whole) == w].tolist())
