@@ -109,8 +109,9 @@ class Spec:
         components: the sample's components by name.
         missing: what to do when a sample lacks a component: ``error``, ``skip``, ``empty``.
         on_error: what to do with a sample that cannot be decoded: ``raise`` or ``skip``.
-        check_seconds: wall-clock seconds an image check may take, plus the time its pixel
-            count needs (:mod:`feedfast.sources.checkworker`); a check that runs longer is ``bad``.
+        check_seconds: CPU seconds an image check may take, plus the time its pixel count needs
+            (:mod:`feedfast.sources.checkworker`; the wall clock may run up to 20 times longer on a
+            busy machine); a check that runs longer is ``bad``.
         fields: the field pipelines by output field name.
         outputs: the fields the loader yields, in order.
         output_form: ``tuple`` (outputs was a list) or ``dict``.

@@ -24,7 +24,7 @@ Generated from the op registry (`feedfast/ops/registry.py`) by
 | `source.components.NAME` | `{{ext: "jpg;jpeg", kind: ...}}`, kind one of {kinds} | `image` (jpg;jpeg;png) and `label` (cls) |
 | `source.missing` | {missing} | `error` |
 | `source.on_error` | {on_error} | `raise` |
-| `source.check_seconds` | a number of seconds, 0.05 to 600 (per image check; over it, the image is bad) | `2` |
+| `source.check_seconds` | a number of seconds, 0.05 to 600 (CPU time per image check, and per decode of a suspect image under `raise`; over it, the image is bad) | `2` |
 | `pipeline.FIELD` | a list of ops, or `{{from: COMPONENT, ops: [...]}}` | (required) |
 | `outputs` | a list of fields (tuple batches) or a mapping (dict batches) | every field, in order |
 | `batch.size` | an integer >= 1 | `64` |
