@@ -80,9 +80,9 @@ def test_break_reiterate_and_set_epoch(small_spec: dict, shards: list[str]) -> N
         first = first or list(loader.last_origins)
         if i == 1:
             break
-    assert loader.epoch == 0  # an interrupted epoch starts over on the next iter()
-    again = next(iter(loader))
-    assert loader.last_origins == first and again[0].shape[0] == 4
+    assert loader.epoch == 0  # an interrupted epoch ends it: the next iter() runs the next epoch, as torch's
+    again = next(iter(loader))  # iterator draws a new permutation (tests/test_torch_compat.py has the rest)
+    assert loader.epoch == 1 and loader.last_origins != first and again[0].shape[0] == 4
     loader.set_epoch(5)
     keys5 = keys_of_epoch(loader)
     loader.set_epoch(5)
@@ -124,8 +124,8 @@ def test_dict_outputs_and_torch_arguments(shards: list[str], small_spec: dict) -
     small_spec["outputs"] = {"image": "image", "label": "label"}
     batch = next(iter(_loader(small_spec, shards, drop_last=True, prefetch_factor=1, persistent_workers=True)))
     assert set(batch) == {"image", "label"}
-    with pytest.raises(UserError, match="collate_fn"):
-        _loader(small_spec, shards, collate_fn=lambda b: b)
+    with pytest.raises(UserError, match="collate_fn"):  # a per-sample collate (the batch hook: test_torch_compat.py)
+        _loader(small_spec, shards, collate_fn=torch.utils.data.default_collate)
     with pytest.raises(UserError, match="unknown argument `bogus`"):
         _loader(small_spec, shards, bogus=1)
     with pytest.raises(UserError, match="no full batch"):

@@ -15,8 +15,10 @@ from feedfast import _env
 from feedfast.compile.passes import forced_onto_gpu
 from feedfast.compile.plan import Plan, build_plan, lower
 from feedfast.errors import FeedfastError, UserError
+from feedfast.loader.accelerate_state import AccelerateEpoch
 from feedfast.loader.ahead import Ahead
 from feedfast.loader.backends import DaliSource, EpochSource, ProgramSource, choose_backend
+from feedfast.loader.batchhook import HOOKED, check_batch_hook, hook_on_stream, with_info
 from feedfast.loader.batchinfo import BatchInfo
 from feedfast.loader.batchsize import check_batch_size, sample_bytes
 from feedfast.loader.devices import DeviceLayer, delivery_here, layer_for
@@ -34,6 +36,7 @@ from feedfast.loader.options import (
 )
 from feedfast.loader.prefetch import PinnedRing
 from feedfast.loader.state import Identity, LoaderState, ResumePoint, parse_state, shard_set_digest, spec_digest
+from feedfast.loader.torchcompat import TorchAttributes
 from feedfast.loader.tune import Tuner, budget_batches
 from feedfast.ops.color import normalize_tensor
 from feedfast.sources.assign import EpochPlan, partition_for, plan_epoch
@@ -75,7 +78,7 @@ def _dist_rank() -> tuple[int, int]:
     return rank, world
 
 
-class DataLoader:
+class DataLoader(TorchAttributes):
     """Batches from WebDataset shards through a compiled spec, used like torch's DataLoader.
 
     Args:
@@ -127,10 +130,24 @@ class DataLoader:
         tune: search the loader's threads and batches ahead during the first batches, by the
             measured period of the loop it feeds (default: the spec's ``tune.enabled``); the
             data do not change. See :mod:`feedfast.loader.tune` and :meth:`tuning`.
+        collate_fn: a batch hook, ``collate_fn(batch) -> batch``: each finished batch (the tuple or
+            dict the loader would yield; ``sample_info`` is added after) goes through it on the
+            producer thread, ahead of the training step, and what it returns is yielded. It keeps
+            the batch's samples. Not torch's per-sample collate: see :mod:`feedfast.loader.batchhook`.
         **torch_kwargs: other torch DataLoader arguments; see :mod:`feedfast.loader.options`.
 
     Batches are a tuple (spec ``outputs`` as a list) or a dict (as a mapping) of tensors.
-    Iterating after a complete epoch moves to the next one; ``set_epoch`` sets it.
+    The attributes torch scripts read (``dataset``, ``sampler``, ``batch_sampler``,
+    ``batch_size``, ``drop_last``, ``num_workers``, ``pin_memory``, ``prefetch_factor``,
+    ``persistent_workers``, ``timeout``, ``collate_fn``, ``generator``) have torch's meaning:
+    see :mod:`feedfast.loader.torchcompat`.
+
+    Epochs: ``iter(loader)`` runs the epoch ``set_epoch``/``load_state_dict`` chose, else the
+    one after the last epoch iterated. An iteration that stops before its epoch's end (a
+    ``break``, ``islice(loader, 3)``, an error) ends that epoch, as a torch DataLoader's
+    iterator does: the next ``iter()`` runs the next epoch, in its own order (torch draws a new
+    permutation per ``iter()``), unless ``set_epoch`` or ``load_state_dict`` came between;
+    ``state_dict()`` taken before then still resumes where the stopped iteration was.
     """
 
     def __init__(
@@ -142,10 +159,11 @@ class DataLoader:
         cache_dir: str | os.PathLike[str] | None = None, pin_memory_device: str | None = None,
         on_error: str | None = None, max_pixels: int | None = None, backend: str | None = None,
         cache_limit: int | None = None, remote_retries: int | None = None, sample_info: bool = False,
-        tune: bool | None = None, **torch_kwargs: Any,
+        tune: bool | None = None, collate_fn: Any = None, **torch_kwargs: Any,
     ) -> None:
         check_torch_kwargs(torch_kwargs)
-        self.timeout = timeout_seconds(torch_kwargs.get("timeout", 0))
+        self._wait_s = timeout_seconds(torch_kwargs.get("timeout", 0))
+        self._hook = check_batch_hook(collate_fn)
         self.sample_info = bool(sample_info)
         self.spec = settle_spec(load_spec(spec, overrides), batch_size, shuffle, drop_last, last_batch, seed)
         run = self.spec.loader
@@ -202,6 +220,7 @@ class DataLoader:
         self.ring = PinnedRing(self.device, depth=self.knobs.max_prefetch + 2, pin=pin_memory, layer=self._layer())
         self.epoch = 0
         self._resume: ResumePoint | None = None  # where the next iteration starts, from load_state_dict
+        self._chosen = False  # set_epoch or load_state_dict chose the next iteration's epoch
         self._ep: EpochPlan | None = None  # the plan of the iteration in progress
         self._stats = {"delivered": 0, "skipped": len(self.shards.skipped), "padded": 0, "dropped": 0, "batches": 0}
         self.last_origins: list[tuple[str, str]] = []
@@ -307,24 +326,34 @@ class DataLoader:
         if epoch != self.epoch:
             self._resume = None  # a resume point belongs to the epoch it was saved in
         self.epoch = epoch  # a prepared pipeline of another epoch is dropped by the next iteration
+        self._chosen = True
 
     def __iter__(self) -> Iterator[Any]:
-        """Iterate one epoch: the one set by ``set_epoch``/``load_state_dict`` at the first ``next()``."""
+        """Iterate one epoch: the one set by ``set_epoch``/``load_state_dict`` at the first ``next()``, else the
+        next one (after a complete epoch, or one whose iteration stopped early: see the class docstring)."""
         return self._iterate()
 
-    def _batches(self, epoch: int, ep: EpochPlan, point: ResumePoint) -> Iterator[Batch]:
+    def _batches(self, epoch: int, ep: EpochPlan, point: ResumePoint, hooked: bool) -> Iterator[Batch]:
         """The epoch's batches from ``point``, made on the producer thread (see :mod:`feedfast.loader.ahead`).
 
         The backend starts at the point's checkpoint; the batches from there to the point's step
         were handed out before the state was taken, and are made again and dropped here.
         """
-        skip = point.skip
+        skip, step = point.skip, point.step
         for batch in self.source.batches(epoch, ep, point.checkpoint_step, point.checkpoint):
             if skip > 0:
                 skip -= 1
                 continue
-            yield batch if batch.ready is not None else self._upload_host(batch)
+            batch = batch if batch.ready is not None else self._upload_host(batch)
+            yield self._hooked(batch, epoch, step) if hooked and self._hook is not None else batch
+            step += 1
         self.source.prepare(epoch + 1)  # loops go on to the next epoch: its first batches are made now
+
+    def _hooked(self, batch: Batch, epoch: int, step: int) -> Batch:
+        """The batch hook (``collate_fn=``) over a finished batch (see :mod:`feedfast.loader.batchhook`)."""
+        assert self._hook is not None and batch.ready is not None
+        shaped = self._shape({**batch.fields, **batch.ready.tensors})
+        return hook_on_stream(self._hook, batch, shaped, self.ring, f"epoch {epoch}, batch {step}")
 
     def _normalize(self, fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The cheap-transfer pass's ``normalize``, on the side stream after the uint8 copy."""
@@ -343,8 +372,11 @@ class DataLoader:
         batch.ready = ready
         return batch
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self, hooked: bool = True) -> Iterator[Any]:
         # runs at the first next(), like torch's DataLoader: a set_epoch after iter() counts
+        if self._stopped_early() and not self._chosen:
+            self.epoch += 1  # the stopped iteration ended its epoch, as a torch iterator does
+        self._chosen = False
         epoch = self.epoch
         point, self._resume = self._resume or ResumePoint(epoch), None
         ep = self.epoch_plan(epoch, point.consumed)
@@ -352,11 +384,12 @@ class DataLoader:
         self._ep = ep
         self._step, self._anchor = point.step, (point.checkpoint_step, point.checkpoint)
         # the producer binds the delivery device before its first CUDA call (a new thread's is device 0)
-        producer: Ahead[Batch] = Ahead(lambda: self._batches(epoch, ep, point),
+        producer: Ahead[Batch] = Ahead(lambda: self._batches(epoch, ep, point, hooked),
                                        depth=self.knobs.prefetch, name=f"feedfast-rank{self.rank}-epoch{epoch}",
-                                       timeout=self.timeout, setup=self.ring.layer.bind_thread)
+                                       timeout=self._wait_s, setup=self.ring.layer.bind_thread)
         self._producer, self._open = producer, True
         tuner, fresh = self._tuner, True
+        accelerate = AccelerateEpoch()  # Accelerate's gradient accumulation learns where the epoch ends
         try:
             while True:
                 asked = tuner.asked() if tuner is not None and not tuner.done else None
@@ -376,13 +409,23 @@ class DataLoader:
                 if self._step == ep.steps:  # the epoch is complete once its last batch is out
                     self.epoch = epoch + 1
                     self._stats["dropped"] += ep.dropped
-                yield self._shape({**batch.fields, **fields}, self._info(batch, epoch) if self.sample_info else None)
+                    accelerate.last_batch()
+                info = self._info(batch, epoch) if self.sample_info and hooked else None
+                if HOOKED in batch.fields:
+                    yield with_info(batch.fields[HOOKED], info)
+                else:
+                    yield self._shape({**batch.fields, **fields}, info)
             if producer.stopped:
                 raise FeedfastError("this iterator was stopped: a newer iter(loader) or close() ended its epoch "
                                     "(as with torch, iterate one iterator at a time; state_dict() still holds "
                                     "where it stopped)")
         finally:
+            accelerate.close()
             producer.close()  # an abandoned iteration stops making batches; its state stays readable
+
+    def _stopped_early(self) -> bool:
+        """Whether the last iteration stopped inside its epoch (a break, ``islice``, an error)."""
+        return self._open and self._ep is not None and 0 < self._step < self._ep.steps
 
     def _count(self, batch: Any, ep: EpochPlan) -> None:
         size = len(batch.origins)
@@ -493,6 +536,7 @@ class DataLoader:
             point = ResumePoint(r.epoch, r.step, 0, r.checkpoint, r.checkpoint_step)
         self._check_point(point)
         self.epoch = r.epoch
+        self._chosen = True
         self._stats = dict(parsed.stats)
         self._resume = point if point.step or point.consumed else None
         if self._tuner is not None and parsed.tuner is not None:  # a resumed tuned run keeps its settings

@@ -1,0 +1,225 @@
+"""The attributes torch training scripts read, replayed along the paths those scripts take.
+
+timm's ``train.py`` and torchvision's ``references/classification/train.py`` are not in this
+repository: each test replays the lines of theirs that touch the loader (quoted where they are
+copied), on a feedfast loader.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+import feedfast
+from feedfast.errors import FeedfastError, UserError
+from feedfast.loader.torchcompat import BatchCollate, LoaderBatchSampler, LoaderSampler
+from tests.helpers import FakeGpu, keys_of_epoch
+
+
+def _loader(spec: dict, shards: list[str], **kw: Any) -> feedfast.DataLoader:
+    kw.setdefault("num_workers", 2)
+    return feedfast.DataLoader(spec, shards=shards, **kw)
+
+
+def _keys(loader: feedfast.DataLoader, batches: Any) -> list[list[str]]:
+    out = []
+    for _ in batches:
+        out.append([k for _, k in loader.last_origins])
+    return out
+
+
+# timm train.py, verbatim (Apache-2.0, huggingface/pytorch-image-models)
+def _set_loader_epoch(loader: Any, epoch: int) -> None:
+    if hasattr(loader.dataset, 'set_epoch'):
+        loader.dataset.set_epoch(epoch)
+    if hasattr(loader.batch_sampler, 'set_epoch'):
+        loader.batch_sampler.set_epoch(epoch)
+    elif hasattr(loader.sampler, 'set_epoch'):
+        loader.sampler.set_epoch(epoch)
+
+
+def test_attributes_have_torchs_meaning(small_spec: dict, shards: list[str]) -> None:
+    loader = _loader(small_spec, shards, timeout=30, persistent_workers=True, prefetch_factor=3)
+    assert (loader.batch_size, loader.drop_last, loader.num_workers) == (4, False, 0)  # threads, no processes
+    assert (loader.pin_memory, loader.prefetch_factor, loader.persistent_workers) == (False, None, False)
+    assert (loader.timeout, loader.generator) == (30.0, None)
+    assert isinstance(loader.collate_fn, BatchCollate) and loader.collate_fn.hook is None
+    assert len(loader.dataset) == 23 and isinstance(loader.dataset, torch.utils.data.IterableDataset)
+    assert isinstance(loader.sampler, LoaderSampler) and len(loader.sampler) == 23
+    assert isinstance(loader.batch_sampler, LoaderBatchSampler) and len(loader.batch_sampler) == len(loader) == 6
+    assert (loader.batch_sampler.batch_size, loader.batch_sampler.drop_last) == (4, False)
+    assert _loader(small_spec, shards).timeout == 0
+    dropping = _loader(small_spec, shards, drop_last=True)
+    assert dropping.drop_last and dropping.batch_sampler.drop_last and len(dropping.batch_sampler) == 5
+    with pytest.raises(UserError, match="no indices to iterate"):
+        iter(loader.sampler).__next__()
+    with pytest.raises(UserError, match="no indices to iterate"):
+        list(loader.batch_sampler)
+
+
+def test_pil_backend_reports_its_worker_processes(small_spec: dict, shards: list[str]) -> None:
+    loader = _loader(small_spec, shards, backend="pil", num_workers=2, prefetch_factor=3)
+    assert (loader.num_workers, loader.prefetch_factor, loader.persistent_workers) == (2, 3, False)
+
+
+def test_dataset_length_is_the_epochs_samples_over_all_ranks(small_spec: dict, shards: list[str]) -> None:
+    ranks = [_loader(small_spec, shards, rank=r, world_size=2) for r in range(2)]
+    assert [len(r.dataset) for r in ranks] == [23, 23]  # torch's len(dataset): the whole dataset
+    assert [len(r.sampler) for r in ranks] == [12, 12]  # DistributedSampler's: this rank's, padding included
+    rows = [sum(x.shape[0] for x, _ in r) for r in ranks]
+    assert rows == [12, 12] and sum(r.stats()["delivered"] for r in ranks) == 23  # one padded row, counted
+
+
+def test_timm_set_loader_epoch_sets_the_epoch(small_spec: dict, shards: list[str]) -> None:
+    reference = _loader(small_spec, shards, shuffle=True)
+    reference.set_epoch(3)
+    expected = keys_of_epoch(reference)
+    loader = _loader(small_spec, shards, shuffle=True)
+    _set_loader_epoch(loader, 3)
+    assert loader.epoch == 3 and keys_of_epoch(loader) == expected
+    loader.sampler.set_epoch(3)  # the DistributedSampler idiom of DDP scripts
+    assert loader.epoch == 3 and keys_of_epoch(loader) == expected
+
+
+def test_timm_train_one_epoch_with_mixup_as_the_batch_hook(small_spec: dict, shards: list[str]) -> None:
+    """timm's Mixup contract, ``mixup_fn(input, target) -> (mixed input, soft target)``, given as the hook."""
+    threads: list[str] = []
+
+    def mixup_fn(x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        threads.append(threading.current_thread().name)
+        lam = 0.7
+        soft = torch.nn.functional.one_hot(target, 10).float()
+        return lam * x + (1 - lam) * x.flip(0), lam * soft + (1 - lam) * soft.flip(0)
+
+    plain = [(x.clone(), y.clone()) for x, y in _loader(small_spec, shards, drop_last=True)]
+    loader = _loader(small_spec, shards, drop_last=True, collate_fn=lambda batch: mixup_fn(*batch))
+    # timm train_one_epoch: len(loader) for the accumulation bookkeeping, then enumerate(loader)
+    last_batch_idx = len(loader) - 1
+    seen = 0
+    for batch_idx, (input, target) in enumerate(loader):
+        x, y = plain[batch_idx]
+        assert target.shape == (4, 10) and torch.allclose(target.sum(1), torch.ones(4))
+        torch.testing.assert_close(input, 0.7 * x + 0.3 * x.flip(0))
+        seen = batch_idx
+    assert seen == last_batch_idx == 4
+    assert threads and all(name.startswith("feedfast-rank0") for name in threads)  # the producer, not this thread
+
+
+def test_torchvision_evaluate_compares_the_dataset_length_with_the_samples_processed(small_spec: dict,
+                                                                                      shards: list[str]) -> None:
+    data_loader = _loader(small_spec, shards)
+    num_processed_samples = 0
+    for image, _target in data_loader:  # torchvision evaluate(), one process: no reduce_across_processes
+        num_processed_samples += image.shape[0]
+    # a mismatch would call torch.distributed.get_rank(), which raises without a process group
+    assert hasattr(data_loader.dataset, "__len__") and len(data_loader.dataset) == num_processed_samples == 23
+
+
+def test_torchvision_mixup_collate_given_unchanged_is_refused_with_why(small_spec: dict, shards: list[str]) -> None:
+    def mixupcutmix(images: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return images, target
+
+    # torchvision train.py: collate_fn = lambda batch: mixupcutmix(*default_collate(batch))
+    loader = _loader(small_spec, shards, collate_fn=lambda batch: mixupcutmix(*default_collate(batch)))
+    with pytest.raises(FeedfastError, match="receives the finished batch"):
+        next(iter(loader))
+    fixed = _loader(small_spec, shards, collate_fn=lambda batch: mixupcutmix(*batch))  # the README's swap
+    assert [x.shape[0] for x, _ in fixed] == [4, 4, 4, 4, 4, 3]
+    with pytest.raises(UserError, match="not a list of samples"):
+        _loader(small_spec, shards, collate_fn=default_collate)
+
+
+def test_a_hook_that_changes_the_samples_is_refused(small_spec: dict, shards: list[str]) -> None:
+    loader = _loader(small_spec, shards, collate_fn=lambda batch: (batch[0][:2], batch[1][:2]))
+    with pytest.raises(FeedfastError, match="must keep the batch's samples"):
+        next(iter(loader))
+
+
+def test_hook_runs_on_the_side_stream_and_the_training_stream_waits_for_it(monkeypatch: pytest.MonkeyPatch,
+                                                                           small_spec: dict,
+                                                                           shards: list[str]) -> None:
+    import feedfast.loader.dataloader as dl
+    from feedfast.loader.devices import Delivery
+
+    gpu = FakeGpu()
+    streams: list[str] = []
+
+    def hook(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        streams.append(gpu.active)
+        return batch[0] * 2, batch[1]
+
+    monkeypatch.setattr(dl, "delivery_here", lambda placement, device: Delivery("cpu", torch.device("cuda", 0), None))
+    monkeypatch.setattr(dl.DataLoader, "_layer", lambda self: gpu)
+    loader = feedfast.DataLoader(small_spec, shards=shards, num_workers=2, collate_fn=hook)
+    got = list(loader)
+    side = loader.ring.stream.name
+    assert len(got) == 6 and streams == [side] * 6
+    waited = [op[2] for op in gpu.log if op[0] == "wait_event" and op[1] == "training"]
+    recorded = {op[2]: i for i, op in enumerate(gpu.log) if op[0] == "record"}
+    assert len(waited) == 6
+    for event in waited:  # each waited-for event was recorded on the side stream after the hook's copies
+        assert gpu.log[recorded[event]][1] == side
+    assert not any(op[0] in ("synchronize", "host_sync") for op in gpu.log)
+
+
+def test_sample_info_comes_after_the_hook(small_spec: dict, shards: list[str]) -> None:
+    loader = _loader(small_spec, shards, sample_info=True, collate_fn=lambda batch: (batch[0], batch[1] + 100))
+    images, labels, info = next(iter(loader))
+    assert bool((labels >= 100).all()) and info.step == 0 and len(info.origins) == 4
+
+
+def test_a_torch_dataloader_over_loader_dataset_yields_the_loaders_batches(small_spec: dict,
+                                                                          shards: list[str]) -> None:
+    def hook(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch[0], batch[1] * 10
+
+    expected = [(x.clone(), y.clone()) for x, y in _loader(small_spec, shards, shuffle=True, collate_fn=hook)]
+    loader = _loader(small_spec, shards, shuffle=True, collate_fn=hook)
+    rebuilt = torch.utils.data.DataLoader(loader.dataset, batch_size=loader.batch_size, drop_last=loader.drop_last,
+                                          num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+                                          pin_memory=loader.pin_memory, timeout=loader.timeout,
+                                          prefetch_factor=loader.prefetch_factor, generator=loader.generator,
+                                          persistent_workers=loader.persistent_workers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's note that len() of an IterableDataset's loader is an estimate
+        got = list(rebuilt)
+    assert len(got) == len(expected) == 6
+    for (x, y), (ex, ey) in zip(got, expected):
+        assert isinstance(x, torch.Tensor) and torch.equal(x, ex) and torch.equal(y, ey)
+    assert loader.epoch == 1  # the dataset is the loader: its epoch moved on
+
+
+def test_loader_dataset_in_torch_worker_processes_is_refused_with_why(small_spec: dict, shards: list[str]) -> None:
+    loader = _loader(small_spec, shards)
+    rebuilt = torch.utils.data.DataLoader(loader.dataset, batch_size=4, num_workers=1)
+    with pytest.raises(UserError, match="num_workers=0"):
+        next(iter(rebuilt))
+
+
+def test_a_partial_epoch_ends_it_and_the_next_iter_runs_the_next_epoch(small_spec: dict, shards: list[str]) -> None:
+    reference = _loader(small_spec, shards, shuffle=True)
+    epoch0 = _keys(reference, reference)
+    epoch1 = _keys(reference, reference)
+    loader = _loader(small_spec, shards, shuffle=True)
+    assert _keys(loader, itertools.islice(loader, 3)) == epoch0[:3]
+    state = loader.state_dict()
+    assert loader.epoch == 0 and state["step"] == 3  # the stopped iteration's state is kept
+    full = _keys(loader, loader)
+    assert full == epoch1 and len(full) == len(loader) and loader.epoch == 2  # a new epoch, a new order
+    resumed = _loader(small_spec, shards, shuffle=True)
+    resumed.load_state_dict(state)
+    assert _keys(resumed, resumed) == epoch0[3:]  # a state taken after islice resumes where it stopped
+
+
+def test_set_epoch_after_a_partial_epoch_runs_that_epoch_from_its_start(small_spec: dict, shards: list[str]) -> None:
+    loader = _loader(small_spec, shards, shuffle=True)
+    first = _keys(loader, itertools.islice(loader, 2))
+    loader.set_epoch(0)
+    again = _keys(loader, loader)
+    assert again[:2] == first and len(again) == 6 and loader.epoch == 1
