@@ -50,6 +50,7 @@
 #include <jpeglib.h>
 
 #include "_resample.h"
+#include "_resample_simd.h"
 
 #ifndef LIBJPEG_TURBO_VERSION
 #error "feedfast._native needs libjpeg-turbo's jpeglib.h (jpeg_crop_scanline, jpeg_skip_scanlines)"
@@ -428,7 +429,8 @@ parse_output(PyObject *out, PyObject *mean, PyObject *inv, int chw, int pixel, O
 }
 
 /* `image` (o->width x o->height) into the output, flipped as asked, normalized for a float out: out =
- * ((float)pixel - mean) * inv, normalize_into's arithmetic. `row` holds width * channels floats. */
+ * ((float)pixel - mean) * inv, normalize_into's arithmetic (ff_normalized_row, on SIMD where the CPU has it,
+ * as ff_rgb_row). `row` holds width * channels floats. */
 static void
 emit(const FFImage *image, const Output *o, int hflip, int vflip, float *row)
 {
@@ -444,30 +446,29 @@ emit(const FFImage *image, const Output *o, int hflip, int vflip, float *row)
                 for (int x = 0; x < w; x++)
                     dst[x] = in[w - 1 - x];
             } else {
-                for (int x = 0; x < w; x++) {
-                    const unsigned char *p = in + (ptrdiff_t)(hflip ? w - 1 - x : x) * 4;
-                    dst[x * 3 + 0] = p[0], dst[x * 3 + 1] = p[1], dst[x * 3 + 2] = p[2];
-                }
+                ff_rgb_row(in, dst, w, hflip);
             }
             continue;
         }
-        for (int ch = 0; ch < c; ch++) { /* the row in the out's layout: c rows of w (chw), or w x c */
-            const float m = o->mean[ch], k = o->inv[ch];
-            float *values = o->chw ? row + (size_t)ch * w : row + ch;
-            const ptrdiff_t step = o->chw ? 1 : c;
-            for (int x = 0; x < w; x++)
-                values[x * step] = ((float)in[(ptrdiff_t)(hflip ? w - 1 - x : x) * pixel + ch] - m) * k;
-        }
-        for (int part = 0; part < (o->chw ? c : 1); part++) {
-            const size_t n = o->chw ? (size_t)w : (size_t)w * c;
-            const size_t at = o->chw ? ((size_t)part * h + y) * w : (size_t)y * w * c;
-            const float *values = row + part * n;
-            if (o->kind == OUT_FLOAT32) {
-                memcpy((float *)base + at, values, n * sizeof(float));
+        float *planes[3];
+        const int direct = o->chw && o->kind == OUT_FLOAT32; /* the planes are rows of the out */
+        for (int ch = 0; ch < c; ch++)
+            planes[ch] = direct ? (float *)base + ((size_t)ch * h + y) * w : row + (size_t)ch * w;
+        ff_normalized_row(in, pixel, w, hflip, o->mean, o->inv, planes);
+        for (int ch = 0; ch < c && !direct; ch++) { /* float16 planes, or float32 or float16 H x W x C */
+            const float *values = planes[ch];
+            if (o->chw) {
+                uint16_t *dst = (uint16_t *)base + ((size_t)ch * h + y) * w;
+                for (int x = 0; x < w; x++)
+                    dst[x] = half_bits(values[x]);
+            } else if (o->kind == OUT_FLOAT32) {
+                float *dst = (float *)base + (size_t)y * w * c + ch;
+                for (int x = 0; x < w; x++)
+                    dst[(ptrdiff_t)x * c] = values[x];
             } else {
-                uint16_t *dst = (uint16_t *)base + at;
-                for (size_t i = 0; i < n; i++)
-                    dst[i] = half_bits(values[i]);
+                uint16_t *dst = (uint16_t *)base + (size_t)y * w * c + ch;
+                for (int x = 0; x < w; x++)
+                    dst[(ptrdiff_t)x * c] = half_bits(values[x]);
             }
         }
     }
@@ -739,6 +740,17 @@ finish:
     return result;
 }
 
+static PyObject *
+resample_isa(PyObject *self, PyObject *args)
+{
+    int cap = -1;
+    if (!PyArg_ParseTuple(args, "|i", &cap))
+        return NULL;
+    if (cap >= 0)
+        ff_isa_cap(cap);
+    return PyLong_FromLong(ff_isa());
+}
+
 static PyMethodDef methods[] = {
     {"sample_batch", sample_batch, METH_VARARGS,
      "sample_batch(raws, plans, done, template, batch, mean, inv, gray, chw, margin, flavour, reducing_gap)\n\n"
@@ -758,6 +770,11 @@ static PyMethodDef methods[] = {
      " chw, flavour) -> None\n\n"
      "Pillow's Image.resize of an 8-bit image into out (uint8, or normalized float32 or float16), flipped, without "
      "the GIL."},
+    {"resample_isa", resample_isa, METH_VARARGS,
+     "resample_isa(cap=-1) -> int\n\n"
+     "The instruction set resizes and emits run on: 2 AVX2, 1 SSE4.1, 0 plain C (pillow-simd's flavour; Pillow's "
+     "runs plain C), after capping it at `cap` where one is given (process-wide: for tests and benchmarks, every "
+     "level gives the same pixels)."},
     {"sample_into", sample_into, METH_VARARGS,
      "sample_into(data, denom, gray, region, window, box, filter, reducing_gap, hflip, vflip, out, mean, inv, chw,"
      " flavour) -> None\n\n"

@@ -17,11 +17,16 @@
  *                       Reduce.c, 2x2 to 5x5, computes the same integers as its general loop, but for
  *                       pillow-simd's 1x3 of 4-byte pixels: see reduce()).
  *
+ * pillow-simd's flavour runs its passes on pillow-simd's SSE4 or AVX2 convolutions, ported in
+ * _resample_simd.c, where the CPU has them (the same sums, so the same pixels: those of the plain C passes
+ * here, which Pillow's flavour and CPUs without SSE4.1 run).
+ *
  * The fourth byte of a 4-byte pixel is resampled like the others (pillow-simd does; Pillow writes 0 to
  * it for RGB); callers drop it. The build keeps the compiler from fusing float operations (setup.py:
  * -ffp-contract=off), so the coefficients' doubles are Pillow's.
  */
 #include "_resample.h"
+#include "_resample_simd.h"
 
 #include <limits.h>
 #include <math.h>
@@ -131,6 +136,7 @@ typedef struct {
     int *bounds;  /* out_size x (first, count) */
     double *weights;
     int32_t *kk;  /* the weights as integers, at `precision` bits */
+    int16_t *kk16; /* pillow-simd's: the same integers as int16, for the SIMD passes */
     int precision;
 } Coefficients;
 
@@ -140,7 +146,8 @@ coefficients_free(Coefficients *c)
     free(c->bounds);
     free(c->weights);
     free(c->kk);
-    c->bounds = NULL, c->weights = NULL, c->kk = NULL;
+    free(c->kk16);
+    c->bounds = NULL, c->weights = NULL, c->kk = NULL, c->kk16 = NULL;
 }
 
 /* precompute_coeffs, then normalize_coeffs_8bpc (Pillow's or pillow-simd's). 0, or FF_NOMEM. */
@@ -162,7 +169,8 @@ coefficients(Coefficients *c, int in_size, float in0, float in1, int out_size, c
     c->weights = malloc((size_t)out_size * ksize * sizeof(double));
     c->kk = malloc((size_t)out_size * ksize * sizeof(int32_t));
     c->bounds = malloc((size_t)out_size * 2 * sizeof(int));
-    if (c->weights == NULL || c->kk == NULL || c->bounds == NULL) {
+    c->kk16 = simd ? malloc((size_t)out_size * ksize * sizeof(int16_t)) : NULL;
+    if (c->weights == NULL || c->kk == NULL || c->bounds == NULL || (simd && c->kk16 == NULL)) {
         coefficients_free(c);
         return FF_NOMEM;
     }
@@ -210,6 +218,8 @@ coefficients(Coefficients *c, int in_size, float in0, float in1, int out_size, c
     for (x = 0; x < n; x++) {
         int v = kk[x] < 0 ? (int)(-0.5 + kk[x] * (1 << precision)) : (int)(0.5 + kk[x] * (1 << precision));
         c->kk[x] = simd ? (int16_t)v : v;
+        if (simd)
+            c->kk16[x] = (int16_t)v;
     }
     c->precision = precision;
     return FF_OK;
@@ -344,27 +354,35 @@ new_image(FFImage *image, int width, int height, int pixel)
     return data;
 }
 
-/* ImagingResampleInner for 8-bit images: the horizontal pass over the rows the vertical one reads, then the
- * vertical; the image itself where neither is needed. */
-/* One pass into result->owned[slot]: horizontal (to xsize wide, `rows` rows from `offset`) or vertical. */
+/* One pass into result->owned[slot]: horizontal (to xsize wide, `rows` rows from `offset`) or vertical; on
+ * the SIMD convolutions where the coefficients are pillow-simd's and `isa` has them, else in plain C. */
 static int
-pass(FFImage *current, int horizontal, int xsize, int rows, int offset, const Coefficients *c, FFResized *result,
-     int slot)
+pass(FFImage *current, int horizontal, int xsize, int rows, int offset, const Coefficients *c, int isa,
+     FFResized *result, int slot)
 {
     FFImage out;
     const int width = horizontal ? xsize : current->width;
     result->owned[slot] = new_image(&out, width, rows, current->pixel);
     if (result->owned[slot] == NULL)
         return FF_NOMEM;
-    if (horizontal) {
-        resample_horizontal(current, offset, result->owned[slot], out.stride, xsize, rows, c);
+    unsigned char *pixels = result->owned[slot];
+    if (c->kk16 != NULL && isa != FF_ISA_C) {
+        if (horizontal)
+            (current->pixel == 4 ? ff_horizontal_4byte : ff_horizontal_1byte)(
+                isa, current, offset, pixels, out.stride, xsize, rows, c->bounds, c->kk16, c->ksize, c->precision);
+        else
+            ff_vertical(isa, current, pixels, out.stride, rows, c->bounds, c->kk16, c->ksize, c->precision);
+    } else if (horizontal) {
+        resample_horizontal(current, offset, pixels, out.stride, xsize, rows, c);
     } else {
-        resample_vertical(current, result->owned[slot], out.stride, rows, c);
+        resample_vertical(current, pixels, out.stride, rows, c);
     }
     *current = out;
     return FF_OK;
 }
 
+/* ImagingResampleInner for 8-bit images: the horizontal pass over the rows the vertical one reads, then the
+ * vertical; the image itself where neither is needed. */
 static int
 resample(const FFImage *in, int xsize, int ysize, const Filter *filterp, const float box[4], int flavour,
          FFResized *result)
@@ -380,16 +398,17 @@ resample(const FFImage *in, int xsize, int ysize, const Filter *filterp, const f
         return FF_NOMEM;
     }
     int status = FF_OK;
+    const int isa = ff_isa();
     FFImage current = *in;
     if (need_horizontal) { /* over the rows the vertical pass reads */
         int ybox_first = vert.bounds[0];
         int ybox_last = vert.bounds[ysize * 2 - 2] + vert.bounds[ysize * 2 - 1];
         for (int i = 0; i < ysize; i++)
             vert.bounds[i * 2] -= ybox_first;
-        status = pass(&current, 1, xsize, ybox_last - ybox_first, ybox_first, &horiz, result, 1);
+        status = pass(&current, 1, xsize, ybox_last - ybox_first, ybox_first, &horiz, isa, result, 1);
     }
     if (status == FF_OK && need_vertical)
-        status = pass(&current, 0, xsize, ysize, 0, &vert, result, 2);
+        status = pass(&current, 0, xsize, ysize, 0, &vert, isa, result, 2);
     coefficients_free(&horiz);
     coefficients_free(&vert);
     result->image = current;
@@ -448,51 +467,83 @@ nearest(const FFImage *in, int xsize, int ysize, const float box[4], FFResized *
 
 /* ---- Reduce.c ---- */
 
-static uint32_t
-division_uint32(int divider, int result_bits)
+uint32_t
+ff_division_uint32(int divider, int result_bits)
 {
     uint32_t max_dividend = (1 << result_bits) * divider;
     float max_int = (1 << 30) * 4.0;
     return (uint32_t)(max_int / max_dividend);
 }
 
+typedef uint32_t Sums4 __attribute__((vector_size(16))); /* a 4-byte pixel's block sums */
+
+/* One row of ImagingReduce's blocks, as ff_reduce_row (_resample_simd.h) makes it, in plain C. */
+HOT_LOOP static void
+reduce_row(const unsigned char *first, ptrdiff_t stride, int rows, int n, int pixel, int factor_x, int twice_amend,
+           uint32_t *restrict sums, unsigned char *restrict o)
+{
+    for (int i = 0; i < n; i++)
+        sums[i] = first[i];
+    for (int r = 1; r < rows; r++) {
+        const unsigned char *restrict row = first + r * stride;
+        for (int i = 0; i < n; i++)
+            sums[i] += row[i];
+    }
+    const int width = n / pixel, out_w = (width + factor_x - 1) / factor_x;
+    const uint32_t full_multiplier = ff_division_uint32(factor_x * rows, 8);
+    for (int x = 0; x < out_w; x++) {
+        const int x0 = x * factor_x, cols = x0 + factor_x <= width ? factor_x : width - x0;
+        const uint32_t multiplier = cols == factor_x ? full_multiplier : ff_division_uint32(rows * cols, 8);
+        const uint32_t amend = (uint32_t)(rows * cols) / 2 * (twice_amend ? 2 : 1);
+        if (pixel == 4) {
+            Sums4 ss = {amend, amend, amend, amend}, column;
+            for (int xx = 0; xx < cols; xx++) {
+                memcpy(&column, sums + (ptrdiff_t)(x0 + xx) * 4, sizeof column);
+                ss += column;
+            }
+            ss = (ss * multiplier) >> 24;
+            o[x * 4 + 0] = (unsigned char)ss[0], o[x * 4 + 1] = (unsigned char)ss[1];
+            o[x * 4 + 2] = (unsigned char)ss[2], o[x * 4 + 3] = (unsigned char)ss[3];
+        } else {
+            uint32_t ss = amend;
+            for (int xx = 0; xx < cols; xx++)
+                ss += sums[x0 + xx];
+            o[x] = (unsigned char)((ss * multiplier) >> 24);
+        }
+    }
+}
+
 /* ImagingReduce over the box (x, y, w, h) of `in`: each output pixel the average of a factor_x x factor_y
- * block, the blocks of the last column and row cut by the box's edge. pillow-simd's 1x3 reduction of 4-byte
- * pixels adds its rounding term twice (ImagingReduce1x3's SSE4 path; not the edge blocks): so does its
- * flavour here. */
+ * block, the blocks of the last column and row cut by the box's edge. The blocks' sums are the same integers
+ * as Reduce.c's loops (and special cases) add, taken a row of blocks at a time: column sums, then their
+ * sums. pillow-simd's 1x3 reduction of 4-byte pixels adds its rounding term twice (ImagingReduce1x3's SSE4
+ * path; not the edge blocks): so does its flavour here. */
 static int
 reduce(const FFImage *in, const int box[4], int factor_x, int factor_y, int flavour, FFResized *result)
 {
     FFImage out;
     const int out_w = (box[2] + factor_x - 1) / factor_x, out_h = (box[3] + factor_y - 1) / factor_y;
-    result->owned[0] = new_image(&out, out_w, out_h, in->pixel);
-    if (result->owned[0] == NULL)
+    const int pixel = in->pixel, n = box[2] * pixel;
+    result->owned[0] = new_image(&out, out_w, out_h, pixel);
+    const int isa = factor_y <= FF_REDUCE_ROWS ? ff_isa() : FF_ISA_C;
+    void *sums = malloc((size_t)n * (isa == FF_ISA_C ? sizeof(uint32_t) : sizeof(uint16_t)));
+    if (result->owned[0] == NULL || sums == NULL) {
+        free(sums);
         return FF_NOMEM;
-    const int pixel = in->pixel, full = factor_x * factor_y;
-    const uint32_t full_multiplier = division_uint32(full, 8);
+    }
+    const int quirk_1x3 = flavour == FF_PILLOW_SIMD && pixel == 4 && factor_x == 1 && factor_y == 3;
     for (int y = 0; y < out_h; y++) {
         const int y0 = box[1] + y * factor_y;
         const int rows = y0 + factor_y <= box[1] + box[3] ? factor_y : box[1] + box[3] - y0;
+        const unsigned char *first = in->data + (ptrdiff_t)y0 * in->stride + (ptrdiff_t)box[0] * pixel;
+        const int twice_amend = quirk_1x3 && rows == factor_y;
         unsigned char *o = result->owned[0] + (ptrdiff_t)y * out.stride;
-        for (int x = 0; x < out_w; x++) {
-            const int x0 = box[0] + x * factor_x;
-            const int cols = x0 + factor_x <= box[0] + box[2] ? factor_x : box[0] + box[2] - x0;
-            const int count = rows * cols;
-            const uint32_t multiplier = count == full ? full_multiplier : division_uint32(count, 8);
-            uint32_t amend = (uint32_t)count / 2;
-            if (flavour == FF_PILLOW_SIMD && pixel == 4 && factor_x == 1 && factor_y == 3 && count == full)
-                amend *= 2;
-            for (int ch = 0; ch < pixel; ch++) {
-                uint32_t ss = amend;
-                for (int yy = y0; yy < y0 + rows; yy++) {
-                    const unsigned char *p = in->data + (ptrdiff_t)yy * in->stride + (ptrdiff_t)x0 * pixel + ch;
-                    for (int xx = 0; xx < cols; xx++)
-                        ss += p[xx * pixel];
-                }
-                o[x * pixel + ch] = (unsigned char)((ss * multiplier) >> 24);
-            }
-        }
+        if (isa == FF_ISA_C)
+            reduce_row(first, in->stride, rows, n, pixel, factor_x, twice_amend, sums, o);
+        else
+            ff_reduce_row(isa, first, in->stride, rows, n, pixel, factor_x, twice_amend, sums, o);
     }
+    free(sums);
     result->image = out;
     return FF_OK;
 }

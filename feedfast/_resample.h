@@ -1,4 +1,5 @@
-/* feedfast's port of Pillow's Image.resize for 8-bit images (feedfast/_resample.c): plain C, no Python.
+/* feedfast's port of Pillow's Image.resize for 8-bit images (feedfast/_resample.c; pillow-simd's SSE4 and AVX2
+ * passes in feedfast/_resample_simd.c): no Python.
  *
  * ff_resize(src, out_w, out_h, filter, box, reducing_gap, simd, result) gives the pixels Pillow's
  * Image.resize((out_w, out_h), filter, box=box, reducing_gap=reducing_gap or None) gives for an "L"

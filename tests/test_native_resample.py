@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(not native.built(), reason="feedfast._native is 
 
 FILTERS = [Image.Resampling.NEAREST, Image.Resampling.BOX, Image.Resampling.BILINEAR, Image.Resampling.HAMMING,
            Image.Resampling.BICUBIC, Image.Resampling.LANCZOS]
+EXT: Any = native.ext  # the extension's functions are untyped
 MEAN = np.array([0.485 * 255, 0.456 * 255, 0.406 * 255], np.float32)
 INV = np.array([1 / (0.229 * 255), 1 / (0.224 * 255), 1 / (0.225 * 255)], np.float32)
 
@@ -43,7 +44,7 @@ def _ours(img: Image.Image, size: tuple[int, int], resample: int, box: tuple[flo
           gap: float | None, flavour: int, hflip: bool = False, vflip: bool = False) -> np.ndarray:
     pixels, pixel = _stored(img)
     out = np.empty((size[1], size[0], 3 if pixel == 4 else 1), np.uint8)
-    native.ext.resample_into(pixels, img.width, img.height, pixel, img.width * pixel, box, resample, gap or 0.0, hflip,
+    EXT.resample_into(pixels, img.width, img.height, pixel, img.width * pixel, box, resample, gap or 0.0, hflip,
                              vflip, out, None, None, False, flavour)
     return out
 
@@ -103,6 +104,90 @@ def test_photos_down_and_up_with_and_without_reducing_gap(resample: int, mode: s
                               _pillows(one, size, resample, (0.0, 0.0, 1.0, 1.0), 3.0))
 
 
+ISAS = {2: "avx2", 1: "sse4", 0: "c"}
+
+
+@pytest.fixture(params=sorted(ISAS, reverse=True), ids=lambda level: ISAS[level])
+def isa(request: pytest.FixtureRequest) -> Any:
+    """Each instruction set the CPU has (the extension's resample_isa cap), the best one again afterwards."""
+    level = request.param
+    try:
+        if EXT.resample_isa(level) != level:
+            pytest.skip(f"this CPU has no {ISAS[level]}")
+        yield level
+    finally:
+        EXT.resample_isa(2)
+
+
+def _edge_cases() -> list[tuple[tuple[int, int], str, tuple[int, int], int, tuple[float, float, float, float] | None,
+                                 float | None]]:
+    """(image size, mode, out size, filter, box or None for the whole image, gap): the SIMD passes' edges."""
+    cases: list[Any] = []
+    for mode in ("RGB", "L"):
+        for resample in FILTERS[1:]:
+            cases += [((1, 1), mode, (97, 53), resample, None, None),  # one pixel, up
+                      ((7, 5), mode, (401, 299), resample, None, None),  # big upscale: many rows a tap
+                      ((300, 5), mode, (13, 3), resample, None, 3.0),  # rows not a multiple of 4
+                      ((17, 3), mode, (9, 7), resample, None, None),  # widths not a multiple of 8 or 4
+                      ((333, 257), mode, (111, 86), resample, (0.5, 1.25, 332.0, 256.5), None),
+                      ((640, 480), mode, (37, 53), resample, None, 3.0),  # a reduction, then the rest
+                      ((640, 480), mode, (211, 160), resample, None, 1.0),  # 1x3 (pillow-simd's own rounding)
+                      ((97, 83), mode, (10, 9), resample, (3.5, 1.0, 96.0, 80.0), 1.0),  # 9x9, edge blocks cut
+                      ((3, 800), mode, (1, 2), resample, None, 1.0)]  # blocks of 400 rows (32-bit sums)
+    return cases
+
+
+@pytest.mark.parametrize("case", _edge_cases(), ids=str)
+def test_every_instruction_set_gives_pillows_pixels_at_the_edges(case: Any, isa: int, flavour: int) -> None:
+    (width, height), mode, size, resample, box, gap = case
+    rng = np.random.default_rng(width * 1000 + height + resample)
+    img = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).convert(mode)
+    box = box or (0.0, 0.0, float(width), float(height))
+    assert np.array_equal(_ours(img, size, resample, box, gap, flavour), _pillows(img, size, resample, box, gap))
+
+
+def test_every_instruction_set_gives_pillows_pixels_on_random_cases(isa: int, flavour: int) -> None:
+    """Larger random images, boxes and sizes than the property test's (up to 400 pixels a side, up and down)."""
+    rng = np.random.default_rng(11)
+    for _ in range(60):
+        width, height = (int(v) for v in rng.integers(1, 400, 2))
+        mode = ["L", "RGB"][int(rng.integers(2))]
+        img = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).convert(mode)
+        x0, x1 = sorted(float(v) for v in rng.uniform(0, width, 2))
+        y0, y1 = sorted(float(v) for v in rng.uniform(0, height, 2))
+        box = (0.0, 0.0, float(width), float(height)) if rng.integers(2) else (x0, y0, x1, y1)
+        size = (int(rng.integers(1, 400)), int(rng.integers(1, 400)))
+        resample = FILTERS[int(rng.integers(1, len(FILTERS)))]
+        gap = [None, 3.0, 2.0, 1.0][int(rng.integers(4))]
+        try:
+            expected = _pillows(img, size, resample, box, gap)
+        except ValueError:
+            continue
+        assert np.array_equal(_ours(img, size, resample, box, gap, flavour), expected), (img.size, mode, size,
+                                                                                          resample, box, gap)
+
+
+@pytest.mark.parametrize("width", [1, 3, 4, 7, 8, 9, 17, 31])
+def test_every_instruction_set_emits_numpys_values(width: int, isa: int, flavour: int) -> None:
+    """uint8 and normalized outs, flipped or not, at widths around the SIMD rows' 4 and 8 pixels."""
+    for mode in ("RGB", "L"):
+        img = make_image(np.random.default_rng(width), 50, 40).convert(mode)
+        raw, pixel = _stored(img)
+        box = (1.5, 2.0, 48.0, 39.5)
+        plain = _pillows(img, (width, 5), Image.Resampling.BILINEAR, box, None)
+        c = plain.shape[2]
+        for hflip in (False, True):
+            pixels = plain[:, ::-1] if hflip else plain
+            got = _ours(img, (width, 5), Image.Resampling.BILINEAR, box, None, flavour, hflip)
+            assert np.array_equal(got, pixels), (mode, hflip)
+            for chw in (True, False):
+                expected = _normalized(pixels, chw)
+                out = np.full(expected.shape, np.nan, np.float32)
+                EXT.resample_into(raw, 50, 40, pixel, 50 * pixel, box, Image.Resampling.BILINEAR, 0.0, hflip,
+                                         False, out, MEAN[:c], INV[:c], chw, flavour)
+                assert np.array_equal(out, expected), (mode, hflip, chw)
+
+
 def test_flips_mirror_the_result_and_rgbx_reads_like_rgb(flavour: int) -> None:
     img = make_image(np.random.default_rng(4), 91, 67)
     box = (3.5, 2.0, 88.25, 60.5)
@@ -116,7 +201,7 @@ def test_flips_mirror_the_result_and_rgbx_reads_like_rgb(flavour: int) -> None:
     rgbx = np.frombuffer(img.convert("RGBX").tobytes(), np.uint8).reshape(67, 91, 4).copy()
     rgbx[:, :, 3] = np.random.default_rng(5).integers(0, 256, (67, 91))  # the fourth byte is never read into out
     out = np.empty((30, 40, 3), np.uint8)
-    native.ext.resample_into(rgbx, 91, 67, 4, 91 * 4, box, Image.Resampling.BICUBIC, 0.0, False, False, out, None, None,
+    EXT.resample_into(rgbx, 91, 67, 4, 91 * 4, box, Image.Resampling.BICUBIC, 0.0, False, False, out, None, None,
                              False, flavour)
     assert np.array_equal(out, plain)
 
@@ -154,7 +239,7 @@ def test_float16_rounds_as_numpy_does_everywhere() -> None:
         for shift in (0.0, 127.5, 255.0):
             mean, inv = np.array([shift], np.float32), np.array([scale], np.float32)
             out = np.empty((16, 16, 1), np.float16)
-            native.ext.resample_into(raw, 16, 16, 1, 16, (0.0, 0.0, 16.0, 16.0), 2, 0.0, False, False, out, mean, inv,
+            EXT.resample_into(raw, 16, 16, 1, 16, (0.0, 0.0, 16.0, 16.0), 2, 0.0, False, False, out, mean, inv,
                                      False, 0)
             with np.errstate(over="ignore"):  # the infinities are the point
                 expected = ((pixels.astype(np.float32) - mean) * inv).astype(np.float16)
@@ -178,9 +263,9 @@ def test_what_pillow_refuses_is_refused_and_outs_are_checked(flavour: int) -> No
            (np.empty((4, 4, 3), np.uint8), MEAN, "mean")]
     for out, mean, message in bad:
         with pytest.raises(ValueError, match=message):
-            native.ext.resample_into(raw, 12, 10, 4, 48, box, 2, 0.0, False, False, out, mean, mean, False, flavour)
+            EXT.resample_into(raw, 12, 10, 4, 48, box, 2, 0.0, False, False, out, mean, mean, False, flavour)
     with pytest.raises(ValueError, match="rows"):
-        native.ext.resample_into(raw[:-1], 12, 10, 4, 48, box, 2, 0.0, False, False, np.empty((4, 4, 3), np.uint8),
+        EXT.resample_into(raw[:-1], 12, 10, 4, 48, box, 2, 0.0, False, False, np.empty((4, 4, 3), np.uint8),
                                  None, None, False, flavour)
 
 
@@ -235,7 +320,7 @@ def test_the_gil_is_released_while_resizing(flavour: int) -> None:
 
     def work() -> None:
         span.append(time.perf_counter())
-        native.ext.resample_into(src, 1500, 1500, 4, 6000, (0.5, 0.5, 1499.5, 1499.5), Image.Resampling.LANCZOS, 0.0,
+        EXT.resample_into(src, 1500, 1500, 4, 6000, (0.5, 0.5, 1499.5, 1499.5), Image.Resampling.LANCZOS, 0.0,
                                  False, False, out, None, None, False, flavour)
         span.append(time.perf_counter())
 
