@@ -5,7 +5,7 @@ PIP    := $(PY) -m pip
 PYTHON ?= python3
 # A CPU build of torch where there is no NVIDIA driver; override with TORCH_SPEC=torch (CUDA build).
 TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
-EXTRAS ?= cuda12,simd,dev
+EXTRAS ?= cuda12,simd,dev,test
 STAMP  := $(VENV)/.feedfast-installed
 
 .PHONY: setup demo test bench soak gpu-check lint clean
