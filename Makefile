@@ -73,6 +73,8 @@ bench: setup $(STOCK)/.installed
 	$(PY) benchmarks/run.py --out bench-results --stock-python $(STOCK)/bin/python
 	@# bookkeeping at ImageNet's shape, a quarter of it (by hand at full size: benchmarks/scale.py; 100M: scale_sim.py)
 	$(PY) benchmarks/scale.py --quarter --json bench-results/scale.json
+	@# the threaded path's own cost per sample on tiny images, at 1, 2 and 4 threads, the batch plan on and off
+	$(PY) benchmarks/hotpath.py --compare --json bench-results/hotpath.json
 
 soak: setup
 	$(PY) benchmarks/soak.py --epochs 20 --json bench-results/soak.json
