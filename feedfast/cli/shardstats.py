@@ -174,10 +174,10 @@ def _damage_problems(path: str, scanned: Any) -> list[str]:
 def _index_problems(path: str, cache_dir: Path | None) -> list[str]:
     """The indexes of the shard the loader would find and not trust (it indexes the shard again)."""
     from feedfast import _env
-    from feedfast.sources.index import cached_index_path, checked_index, default_index_path
+    from feedfast.sources.index import checked_index, index_candidates
 
     out = []
-    for index in (default_index_path(path), cached_index_path(path, cache_dir or _env.cache_dir())):
+    for index in index_candidates(path, cache_dir or _env.cache_dir()):
         if not index.is_file():
             continue
         found = checked_index(path, index)

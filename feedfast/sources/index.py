@@ -39,6 +39,7 @@ import hashlib
 import os
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 from feedfast.errors import ShardError
 from feedfast.sources.indexcheck import check_against_tar, check_bounds, fingerprint_matches, shard_fingerprint
@@ -75,7 +76,7 @@ from feedfast.sources.tarsamples import (
 
 __all__ = ["INDEX_VERSION", "Member", "RepeatedKeyWarning", "Sample", "Scanned", "cached_index_path", "checked_index",
            "collector_paused", "data_end", "default_index_path", "escape_name", "first_member", "forget_warning",
-           "format_index", "fresh_samples", "group_members", "left_out", "load_index", "member_of", "parse_index",
+           "format_index", "fresh_samples", "group_members", "index_candidates", "left_out", "load_index", "member_of", "parse_index",
            "parse_index_notes", "read_index", "read_text", "repeated_message", "salvage_tar", "scan_tar",
            "shard_digest", "split_duplicates", "split_name", "subset_index", "unescape_name", "warn_once",
            "write_atomic", "write_index"]
@@ -86,6 +87,13 @@ def default_index_path(shard: str | os.PathLike[str]) -> Path:
     p = Path(shard)
     stem = p.name[: -len(".tar")] if p.name.endswith(".tar") else p.name
     return p.with_name(stem + ".idx")
+
+def index_candidates(shard: str | os.PathLike[str], cache_dir: Path) -> Iterator[Path]:
+    """Where a shard's index may be, in the order :func:`load_index` looks: beside it, then in the cache (whose
+    name, from the shard's fingerprint, is worked out only when asked for)."""
+    yield default_index_path(shard)
+    yield cached_index_path(shard, cache_dir)
+
 
 def shard_digest(shard: str | os.PathLike[str], *extra: object) -> str:
     """A short hash of a local shard's identity (path, size, mtime, content fingerprint) and ``extra``: a cache
@@ -222,7 +230,7 @@ def load_index(shard: str | os.PathLike[str], cache_dir: Path, *, salvage: bool 
     if not os.path.isfile(shard):
         what = "is not a file" if os.path.exists(shard) else "not found"
         raise ShardError(f"shard {what}: {os.fspath(shard)!r}")
-    for candidate in (default_index_path(shard), cached_index_path(shard, cache_dir)):
+    for candidate in index_candidates(shard, cache_dir):
         found = checked_index(shard, candidate)
         if isinstance(found, tuple):
             samples, notes = found

@@ -37,10 +37,9 @@ from feedfast.sources.decoders import read_message, write_message
 from feedfast.sources.index import (
     INDEX_VERSION,
     RepeatedKeyWarning,
-    cached_index_path,
-    default_index_path,
     forget_warning,
     fresh_samples,
+    index_candidates,
     load_index,
     warn_once,
 )
@@ -109,15 +108,17 @@ def fresh_index(shard: str | os.PathLike[str], cache_dir: Path) -> Path | None:
     ``load_index`` says so)."""
     try:
         st = os.stat(shard)
-        candidates = (default_index_path(shard), cached_index_path(shard, cache_dir))
     except OSError:
         return None
-    for index in candidates:
-        verdict = _looks_fresh(index, st, shard)
-        if verdict is None:  # its last line is not a sample: decide by reading it whole, as load_index does
-            verdict = fresh_samples(shard, index) is not None
-        if verdict:
-            return index
+    try:
+        for index in index_candidates(shard, cache_dir):  # the cache's name reads the shard's fingerprint
+            verdict = _looks_fresh(index, st, shard)
+            if verdict is None:  # its last line is not a sample: decide by reading it whole, as load_index does
+                verdict = fresh_samples(shard, index) is not None
+            if verdict:
+                return index
+    except OSError:  # the shard cannot be read (load_index says so)
+        return None
     return None
 
 
