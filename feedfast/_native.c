@@ -621,8 +621,8 @@ sample_into(PyObject *self, PyObject *args)
 enum { P_COLS = 24, P_STATUS = 0, P_FACTOR = 3, P_REGION = 4, P_BOX = 8, P_CLIP = 14, P_RESAMPLE = 18, P_HFLIP = 19,
        P_VFLIP = 20 };
 
-/* One planned sample into its slot `o`: feedfast.loader.thread_epoch._one_call's window and region, then
- * sample_into's work. 1 when written. */
+/* One planned sample into its slot `o`: the window and region thread_sample._pixels reads for the plan's view,
+ * then sample_into's work. 1 when written. */
 static int
 planned_sample(const unsigned char *raw, Py_ssize_t len, const double *row, int gray, long margin, double gap,
                int flavour, const Output *o)
@@ -633,7 +633,12 @@ planned_sample(const unsigned char *raw, Py_ssize_t len, const double *row, int 
     long wl = (long)floor(row[P_CLIP] / f), wt = (long)floor(row[P_CLIP + 1] / f);
     long wr = (long)ceil(row[P_CLIP + 2] / f), wb = (long)ceil(row[P_CLIP + 3] / f);
     long window[4] = {wl > left ? wl : left, wt > top ? wt : top, wr < right ? wr : right, wb < bottom ? wb : bottom};
-    double box[4] = {row[P_BOX] / f, row[P_BOX + 1] / f, row[P_BOX + 2] / f, row[P_BOX + 3] / f};
+    /* not resampled (a crop only: the factor is 1, the box the clip): Pillow's crop, as a nearest resize of the
+     * clip to its own size, which copies it */
+    const int crop = row[P_RESAMPLE] < 0.0;
+    double box[4];
+    for (int i = 0; i < 4; i++)
+        box[i] = crop ? row[P_CLIP + i] : row[P_BOX + i] / f;
     Py_buffer data;
     memset(&data, 0, sizeof data);
     data.buf = (void *)raw, data.len = len;
@@ -663,7 +668,7 @@ planned_sample(const unsigned char *raw, Py_ssize_t len, const double *row, int 
             relative[1] = relative[1] > 0.0 ? relative[1] : 0.0;
             relative[2] = relative[2] < (double)image.width ? relative[2] : (double)image.width;
             relative[3] = relative[3] < (double)image.height ? relative[3] : (double)image.height;
-            status = resize_and_emit(&image, (int)row[P_RESAMPLE], relative, f > 1.0 ? gap : 0.0, flavour,
+            status = resize_and_emit(&image, crop ? FF_NEAREST : (int)row[P_RESAMPLE], relative, f > 1.0 ? gap : 0.0, flavour,
                                      row[P_HFLIP] != 0.0, row[P_VFLIP] != 0.0, o, &message);
         }
     }
@@ -719,7 +724,7 @@ sample_batch(PyObject *self, PyObject *args)
         const double *row = (const double *)plans.buf + i * P_COLS;
         char *flag = (char *)done.buf + i;
         *flag = 0;
-        if (data[i] == NULL || row[P_STATUS] != 0.0 || row[P_RESAMPLE] < 0.0)
+        if (data[i] == NULL || row[P_STATUS] != 0.0)
             continue;
         Output slot = o;
         slot.buffer.buf = (char *)out.buf + i * o.buffer.len;
@@ -755,7 +760,7 @@ static PyMethodDef methods[] = {
     {"sample_batch", sample_batch, METH_VARARGS,
      "sample_batch(raws, plans, done, template, batch, mean, inv, gray, chw, margin, flavour, reducing_gap)\n\n"
      "sample_into over a chunk of planned samples (feedfast.loader.batchplan), one GIL release: each sample "
-     "whose plan row is OK and resamples is written into its slot of `batch` (shaped as `template`, one slot "
+     "whose plan row is OK is written into its slot of `batch` (shaped as `template`, one slot "
      "per raw) and its `done` byte set to 1; 0 where it was not (the caller makes it another way)."},
     {"decode_region", decode_region, METH_VARARGS,
      "decode_region(data, denom, left, top, right, bottom, gray) -> (pixels, left, top, width, height)\n\n"

@@ -165,11 +165,13 @@ END_TO_END = [
     [{"decode": {"color": "gray"}}, {"resize": {"size": [20, 28]}}, {"normalize": {"mean": [0.5], "std": [0.25]}}],
     ["decode", {"resize": {"size": 40}}, {"center_crop": {"size": 32}}, "normalize"],
     ["decode", {"random_resized_crop": {"size": 8, "interpolation": "lanczos"}}, "flip", "normalize"],
+    ["decode", {"center_crop": {"size": [24, 30]}}, {"flip": {"horizontal": 0.5, "vertical": 0.5}}, "normalize"],
+    [{"decode": {"color": "gray"}}, {"center_crop": {"size": 20}}],
 ]
 
 
 @pytest.mark.parametrize("chain", END_TO_END, ids=["rrc-flip-uint8", "rrc-cubic-fp16-hwc", "gray-resize",
-                                                   "resize-crop", "rrc-lanczos-reduced"])
+                                                   "resize-crop", "rrc-lanczos-reduced", "crop-flip", "gray-crop"])
 def test_planned_batches_equal_the_python_walk(shards: list[str], chain: list[Any],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Bit for bit: the plan with Pillow's resize, the plan with the extension's one call, and no plan."""
