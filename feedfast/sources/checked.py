@@ -38,7 +38,9 @@ def image_members(sample: Sample, image_exts: list[set[str]]) -> list[tuple[int,
     return [(m.offset, m.size, m.name) for m in found if m is not None]
 
 
-CHECK_RULES = 2  # bump when what a verdict means changes: cached verdicts of older rules are not reused
+# bump when what a verdict means changes: cached verdicts of older rules are not reused
+# (3: an image only DALI's decoder reads is "convert", not "bad"; a progressive JPEG's scans are counted)
+CHECK_RULES = 3
 SHARDS_AT_ONCE = 16  # check_shards checks this many shards' images in one stream of messages
 
 
