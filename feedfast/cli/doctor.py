@@ -138,10 +138,12 @@ def problems(r: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def native_ext() -> dict[str, Any]:
-    """Whether feedfast's C extension (JPEG region decoding, one-pass normalize) is built, and against which libjpeg."""
-    from feedfast.loader import native
+    """Whether feedfast's C extensions are built (JPEG region decoding, the resize, normalize; the batch planner),
+    against which libjpeg, and whether the threaded path makes a planned chunk in one call of the extension."""
+    from feedfast.loader import batchplan, native
 
-    return {"built": native.built(), "libjpeg_turbo": native.libjpeg_turbo_version()}
+    return {"built": native.built(), "libjpeg_turbo": native.libjpeg_turbo_version(),
+            "planner": batchplan.ext is not None, "one_call": batchplan.one_call()}
 
 
 def _codecs() -> dict[str, dict[str, Any]]:
@@ -180,10 +182,10 @@ def limits(r: dict[str, Any]) -> list[str]:
         out.append(f"pillow-simd was built for {simd['pil']['level']} on a CPU with AVX2: its resizes run slower than "
                    "they could; rebuild: CC=\"cc -mavx2\" pip install --force-reinstall --no-deps --no-binary :all: "
                    "--no-cache-dir pillow-simd")
-    if not r.get("native", {}).get("built", True):
-        out.append("feedfast's C extension is not built: the threaded CPU path decodes whole JPEG rows and normalizes "
-                   "in NumPy (about 1.3x slower); install libjpeg-turbo's headers (apt-get install libjpeg-dev) and "
-                   "reinstall feedfast")
+    if not r.get("native", {}).get("built", True) or not r.get("native", {}).get("planner", True):
+        out.append("feedfast's C extensions are not built: the threaded CPU path walks each sample in Python, decodes "
+                   "whole JPEG rows and normalizes in NumPy (several times slower); install libjpeg-turbo's headers "
+                   "(apt-get install libjpeg-dev) and reinstall feedfast")
     if not r["cache"]["writable"]:
         out.append(f"cache folder not writable ({r['cache']['reason']}): shard indexes are rebuilt on every run")
     return out
@@ -214,8 +216,9 @@ def _print(r: dict[str, Any]) -> None:
         ("PIL", f"{pil['version']}, {simd}, libjpeg-turbo {pil.get('libjpeg_turbo') or 'no'}"),
         ("PIL SIMD build", f"{r['simd']['pil']['level']} ({r['simd']['pil']['how']}); "
                            f"CPU offers {', '.join(r['simd']['cpu']) or 'none known'}"),
-        ("feedfast C ext", f"built, libjpeg-turbo {r['native']['libjpeg_turbo']} (JPEG region decode, one-pass "
-                           "normalize)" if r["native"]["built"] else "NOT built: Pillow and NumPy do its work, slower"),
+        ("feedfast C ext", f"built, libjpeg-turbo {r['native']['libjpeg_turbo']} (JPEG region decode, resize, "
+                           f"normalize; a planned chunk in one call: {'yes' if r['native'].get('one_call') else 'no'})"
+                           if r["native"]["built"] else "NOT built: Pillow and NumPy do its work, slower"),
         ("CUDA", f"{'available' if c['available'] else 'not available'} (torch CUDA {c['torch_cuda'] or 'none'})"),
         ("driver", c["nvml"]["driver"] or f"none ({c['nvml']['status']})"), ("GPUs", gpus),
         ("HW JPEG decoder", r["hw_jpeg_decoder"]),
