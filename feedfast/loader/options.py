@@ -23,7 +23,9 @@ pin_memory_device          supported    the device pinned memory serves: "" (tor
 timeout                    supported    seconds ``next()`` waits for a batch (0: forever, torch's
                                         default); past it a ``FeedfastError``
 sampler, batch_sampler     rejected     sharding and order come from feedfast (``seed``)
-collate_fn                 rejected     outputs are declared in the spec
+collate_fn                 mapped       a batch hook: the finished batch in, the batch to yield
+                                        out, run ahead on the producer (torch's per-sample
+                                        ``default_collate`` is refused: feedfast batches itself)
 worker_init_fn             rejected     there are no Python worker processes
 multiprocessing_context    rejected     there are no Python worker processes
 generator                  rejected     use ``seed=``
@@ -41,7 +43,6 @@ from feedfast.errors import UserError
 REJECTED = {
     "sampler": "feedfast shards and orders samples itself; use `seed=` and `shuffle=`",
     "batch_sampler": "feedfast batches itself; use `batch_size=` and `drop_last=`",
-    "collate_fn": "outputs are declared in the spec's `outputs:`; remove `collate_fn`",
     "worker_init_fn": "there are no Python worker processes; remove `worker_init_fn`",
     "multiprocessing_context": "there are no Python worker processes; remove it",
     "generator": "use `seed=` for reproducible order and augmentation",
