@@ -26,7 +26,6 @@ import numpy as np
 from feedfast.compile.pil import PilProgram
 from feedfast.ops.base import as_hw
 from feedfast.ops.geometry import _pil_interp
-from feedfast.ops.registry import OPS
 
 try:
     from feedfast import _plan as ext
@@ -124,7 +123,7 @@ def _op_row(op: str, p: dict[str, Any]) -> list[float] | None:
         return [_CENTER_CROP, h, w]
     if op == "flip":
         return [_FLIP, float(p["horizontal"]), float(p["vertical"])]
-    return None if OPS.get(op) is None or not OPS[op].host else None
+    return None  # any other image op (color_jitter, rotate, ...): the Python walk runs it
 
 
 ONE_CALL: bool | None = None
