@@ -550,6 +550,33 @@ allocate_memory(void *context, size_t size)
     return (unsigned char *)malloc(size);
 }
 
+/* The `window` (left, top, right, bottom; cut to what `region` holds) of a decoded region, its `box` (in the
+ * same coordinates) made relative to the window and clamped to it, resized and emitted into `o`; the GIL is not
+ * held. Returns FF_OK, FF_NOMEM, or FF_INVALID with *message. */
+static int
+resize_window(const RegionRows *region, const long window[4], const double box[4], int gray, int filter, double gap,
+              int flavour, int hflip, int vflip, const Output *o, const char **message)
+{
+    const int pixel = gray ? 1 : 4;
+    long x0 = window[0] > (long)region->left ? window[0] : (long)region->left;
+    long y0 = window[1] > (long)region->top ? window[1] : (long)region->top;
+    long x1 = window[2] < (long)(region->left + region->width) ? window[2] : (long)(region->left + region->width);
+    long y1 = window[3] < (long)(region->top + region->rows) ? window[3] : (long)(region->top + region->rows);
+    if (x1 <= x0 || y1 <= y0) {
+        *message = "the window holds no pixel of the region decoded";
+        return FF_INVALID;
+    }
+    const ptrdiff_t stride = (ptrdiff_t)region->width * pixel;
+    FFImage image = {region->pixels + (y0 - (long)region->top) * stride + (x0 - (long)region->left) * pixel, stride,
+                     (int)(x1 - x0), (int)(y1 - y0), pixel};
+    double relative[4] = {box[0] - x0, box[1] - y0, box[2] - x0, box[3] - y0};
+    relative[0] = relative[0] > 0.0 ? relative[0] : 0.0;
+    relative[1] = relative[1] > 0.0 ? relative[1] : 0.0;
+    relative[2] = relative[2] < (double)image.width ? relative[2] : (double)image.width;
+    relative[3] = relative[3] < (double)image.height ? relative[3] : (double)image.height;
+    return resize_and_emit(&image, filter, relative, gap, flavour, hflip, vflip, o, message);
+}
+
 static PyObject *
 sample_into(PyObject *self, PyObject *args)
 {
@@ -582,25 +609,7 @@ sample_into(PyObject *self, PyObject *args)
     if (!err.failed && region.pixels == NULL) {
         status = FF_NOMEM;
     } else if (!err.failed) { /* the window, within the region decoded; the box relative to it, within it */
-        const int pixel = gray ? 1 : 4;
-        long x0 = window[0] > (long)region.left ? window[0] : (long)region.left;
-        long y0 = window[1] > (long)region.top ? window[1] : (long)region.top;
-        long x1 = window[2] < (long)(region.left + region.width) ? window[2] : (long)(region.left + region.width);
-        long y1 = window[3] < (long)(region.top + region.rows) ? window[3] : (long)(region.top + region.rows);
-        if (x1 <= x0 || y1 <= y0) {
-            status = FF_INVALID;
-            message = "the window holds no pixel of the region decoded";
-        } else {
-            const ptrdiff_t stride = (ptrdiff_t)region.width * pixel;
-            FFImage image = {region.pixels + (y0 - (long)region.top) * stride + (x0 - (long)region.left) * pixel,
-                             stride, (int)(x1 - x0), (int)(y1 - y0), pixel};
-            double relative[4] = {box[0] - x0, box[1] - y0, box[2] - x0, box[3] - y0};
-            relative[0] = relative[0] > 0.0 ? relative[0] : 0.0;
-            relative[1] = relative[1] > 0.0 ? relative[1] : 0.0;
-            relative[2] = relative[2] < (double)image.width ? relative[2] : (double)image.width;
-            relative[3] = relative[3] < (double)image.height ? relative[3] : (double)image.height;
-            status = resize_and_emit(&image, filter, relative, reducing_gap, flavour, hflip, vflip, &o, &message);
-        }
+        status = resize_window(&region, window, box, gray, filter, reducing_gap, flavour, hflip, vflip, &o, &message);
     }
     free(region.pixels);
     Py_END_ALLOW_THREADS
@@ -652,25 +661,8 @@ planned_sample(const unsigned char *raw, Py_ssize_t len, const double *row, int 
     if (!err.failed && region.pixels == NULL) {
         status = FF_NOMEM;
     } else if (!err.failed) {
-        const int pixel = gray ? 1 : 4;
-        long x0 = window[0] > (long)region.left ? window[0] : (long)region.left;
-        long y0 = window[1] > (long)region.top ? window[1] : (long)region.top;
-        long x1 = window[2] < (long)(region.left + region.width) ? window[2] : (long)(region.left + region.width);
-        long y1 = window[3] < (long)(region.top + region.rows) ? window[3] : (long)(region.top + region.rows);
-        if (x1 <= x0 || y1 <= y0) {
-            status = FF_INVALID;
-        } else {
-            const ptrdiff_t stride = (ptrdiff_t)region.width * pixel;
-            FFImage image = {region.pixels + (y0 - (long)region.top) * stride + (x0 - (long)region.left) * pixel,
-                             stride, (int)(x1 - x0), (int)(y1 - y0), pixel};
-            double relative[4] = {box[0] - x0, box[1] - y0, box[2] - x0, box[3] - y0};
-            relative[0] = relative[0] > 0.0 ? relative[0] : 0.0;
-            relative[1] = relative[1] > 0.0 ? relative[1] : 0.0;
-            relative[2] = relative[2] < (double)image.width ? relative[2] : (double)image.width;
-            relative[3] = relative[3] < (double)image.height ? relative[3] : (double)image.height;
-            status = resize_and_emit(&image, crop ? FF_NEAREST : (int)row[P_RESAMPLE], relative, f > 1.0 ? gap : 0.0, flavour,
-                                     row[P_HFLIP] != 0.0, row[P_VFLIP] != 0.0, o, &message);
-        }
+        status = resize_window(&region, window, box, gray, crop ? FF_NEAREST : (int)row[P_RESAMPLE], f > 1.0 ? gap : 0.0,
+                               flavour, row[P_HFLIP] != 0.0, row[P_VFLIP] != 0.0, o, &message);
     }
     free(region.pixels);
     return !err.failed && status == FF_OK;
