@@ -31,3 +31,36 @@ def test_json_records_the_consumer(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "imagenet-train", "--consumer", "cuda", "--device", "cpu", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["consumer"] == "cuda" and plan["placement"] == "cpu"
+
+
+def _backend_line(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert main(["plan", *args]) == 0
+    return next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("backend:"))
+
+
+def test_the_backend_line_says_what_auto_runs_and_how(capsys: pytest.CaptureFixture[str]) -> None:
+    from feedfast.loader import batchplan
+
+    line = _backend_line(capsys, "imagenet-train", "--device", "cpu")
+    assert "auto over local shards: threads" in line and "remote shards: dali" in line
+    if batchplan.ext is not None:
+        assert "each chunk planned in C" in line
+    assert "dali, because the pipeline is placed on gpu" in _backend_line(capsys, "imagenet-train", "--device", "gpu")
+
+
+def test_an_op_the_threaded_path_lacks_is_named_in_plan_and_in_a_log_line(
+        capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from feedfast.compile.plan import build_plan
+    from feedfast.loader.backends import choose_backend
+    from feedfast.sources.dataset import ShardSet
+    from feedfast.spec import load_spec
+
+    line = _backend_line(capsys, "ssl-twoview", "--device", "cpu")
+    assert "dali, because op `color_jitter` (pipeline.view1.ops[3]) is not one the threaded path runs" in line
+    spec = load_spec({"pipeline": {"image": ["decode", {"rotate": {"angle": 10}}, {"resize": {"size": [8, 8]}}]},
+                      "outputs": ["image"], "batch": {"size": 2}})
+    with caplog.at_level(logging.INFO, logger="feedfast"):
+        assert choose_backend("auto", build_plan(spec, device="cpu"), ShardSet((), (), ())) == "dali"
+    assert any("backend auto chose dali: op `rotate` (pipeline.image[1])" in r.getMessage() for r in caplog.records)

@@ -64,4 +64,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"  [{n.id}] {n.dali_op:<36} {n.device:<6} in={ins:<4} {n.sig.describe()}  ({n.op})")
     print("  outputs: " + ", ".join(f"{k}=[{v}]" for k, v in plan.outputs.items()))
     print("  passes:  " + ", ".join(plan.passes))
+    print("  backend: " + backend_line(plan))
     return 0
+
+
+def backend_line(plan: Plan) -> str:
+    """What ``backend="auto"`` runs this plan on over local shards, and why (how, on the threaded path)."""
+    from feedfast.loader.backends import auto_backend
+    from feedfast.sources.dataset import ShardSet
+
+    chosen, why = auto_backend(plan, ShardSet((), (), ()))  # local shards (remote ones always go to DALI)
+    if chosen != "threads":
+        return f"auto over local shards: {chosen}, because {why}; remote shards: dali"
+    from feedfast.loader.thread_epoch import chunk_way
+
+    return f"auto over local shards: threads ({chunk_way(plan)}); remote shards: dali"

@@ -22,6 +22,7 @@ loader then copies through the pinned ring.
 
 from __future__ import annotations
 
+import logging
 import queue
 import random
 import threading
@@ -43,6 +44,8 @@ from feedfast.sources.rows import epoch_rows
 from feedfast.sources.stream import StreamEpoch
 from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 from feedfast.spec.runtime import BACKENDS
+
+log = logging.getLogger("feedfast")
 
 
 class EpochSource(Protocol):
@@ -339,7 +342,8 @@ def choose_backend(requested: str, plan: Plan, shards: ShardSet) -> str:
     """The backend for ``requested`` (``auto``: ``threads`` where it applies, else ``dali``).
 
     ``threads`` and ``pil`` run on the CPU over local shards; ``auto`` also needs every op of
-    the spec on the threaded fast path and a PIL that imports.
+    the spec on the threaded fast path and a PIL that imports (:func:`auto_backend` says why
+    not, in a log line on ``feedfast`` at INFO and in ``feedfast plan``).
     """
     if requested not in BACKENDS:
         raise UserError(f"backend must be one of {', '.join(repr(b) for b in BACKENDS)}, got {requested!r}")
@@ -350,11 +354,25 @@ def choose_backend(requested: str, plan: Plan, shards: ShardSet) -> str:
         if plan.placement != "cpu":
             raise UserError(f"backend={requested!r} runs on the CPU: use placement='cpu' (or backend='dali')")
         return requested
-    if requested == "dali" or plan.placement != "cpu" or not local:
+    if requested == "dali":
         return "dali"
+    chosen, why = auto_backend(plan, shards)
+    if chosen == "dali":  # the threaded path is the faster one on the CPU: say why it was not taken
+        log.info("backend auto chose dali: %s", why)
+    return chosen
+
+
+def auto_backend(plan: Plan, shards: ShardSet) -> tuple[str, str]:
+    """The backend ``auto`` picks, and why (``feedfast plan`` and a log line say it)."""
+    if plan.placement != "cpu":
+        return "dali", f"the pipeline is placed on {plan.placement}"
+    remote = sorted({kind for kind in shards.read_kinds if kind != "file"})
+    if remote:
+        return "dali", f"shards read as {', '.join(remote)} (the threaded path reads local shards only)"
     try:
-        from feedfast.loader.thread_epoch import fast_path_supported
-    except ImportError:  # no PIL
-        return "dali"
-    return "threads" if fast_path_supported(plan) else "dali"
+        from feedfast.loader.thread_epoch import fast_path_blocker
+    except ImportError as exc:  # no PIL
+        return "dali", f"PIL does not import ({exc})"
+    blocker = fast_path_blocker(plan)
+    return ("dali", blocker) if blocker else ("threads", "every op runs on the threaded path, over local shards")
 

@@ -65,6 +65,7 @@ from feedfast.loader.thread_sample import (
     View,
     _pixels,
     fast_program,
+    fast_program_blocker,
     fast_values,
     program_values,
 )
@@ -81,10 +82,28 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 def fast_path_supported(plan: Plan) -> bool:
     """Whether every op of the plan's spec runs on the threaded fast path (else: PIL program per sample)."""
+    return fast_path_blocker(plan) is None
+
+
+def fast_path_blocker(plan: Plan) -> str | None:
+    """Why the threaded fast path cannot run the plan's spec (naming the op), None when it can."""
     try:
-        return fast_program(compile_pil(plan.spec))
-    except BackendError:
-        return False
+        return fast_program_blocker(compile_pil(plan.spec))
+    except BackendError as exc:
+        return str(exc)
+
+
+def chunk_way(plan: Plan) -> str:
+    """How the threaded path makes a batch of this spec: planned per chunk in C, or per sample in Python (why)."""
+    program = compile_pil(plan.spec)
+    if not fast_program(program):
+        return "per sample, the PIL program"
+    if batchplan.ext is None:
+        return "per sample in Python: feedfast._plan is not built"
+    if batchplan.chain_of(program) is None:
+        return "per sample in Python: the plan takes one image output made by decode, geometry ops and flips"
+    return "each chunk planned in C, " + ("its pixels made in one call of the extension" if batchplan.one_call()
+                                          else "its pixels resized by Pillow")
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,11 @@ class View:
 def fast_program(program: PilProgram) -> bool:
     """Whether every step is a host op or a fast image op, each image chain resampling at most once,
     flipping only after its geometry, and normalizing only as an output."""
+    return fast_program_blocker(program) is None
+
+
+def fast_program_blocker(program: PilProgram) -> str | None:
+    """Why the threaded path cannot run the program itself (naming the op and its key), None when it can."""
     resamples: dict[int, int] = {}
     flipped: dict[int, bool] = {}
     outputs = set(program.outputs.values())
@@ -99,15 +104,17 @@ def fast_program(program: PilProgram) -> bool:
         if step.op == "read" or OPS[step.op].host:
             continue
         if step.op not in FAST_OPS:
-            return False
+            return f"op `{step.op}` ({step.key}) is not one the threaded path runs ({', '.join(sorted(FAST_OPS))})"
         parent = step.inputs[0]
         resamples[step.id] = resamples.get(parent, 0) + (step.op in RESAMPLING)
         flipped[step.id] = flipped.get(parent, False) or step.op == "flip"
-        if resamples[step.id] > 1 or (step.op in GEOMETRY and flipped.get(parent, False)):
-            return False
+        if resamples[step.id] > 1:
+            return f"op `{step.op}` ({step.key}) resamples an image a second time"
+        if step.op in GEOMETRY and flipped.get(parent, False):
+            return f"op `{step.op}` ({step.key}) comes after a flip"
         if step.op == "normalize" and (step.id not in outputs or step.id in consumed):
-            return False
-    return True
+            return f"`normalize` ({step.key}) is not the last op of an output"
+    return None
 
 
 def _decode_failure(step: PilStep, exc: BaseException, raw: bytes) -> DecodeFailure:
