@@ -376,6 +376,23 @@ done:
     return result;
 }
 
+/* `size` bytes of `fd` at `offset` into `dst`, read until whole: 1 when they all came, 0 when a read failed or
+ * came short, or the offset is negative. */
+static int
+pread_full(int fd, char *dst, size_t size, int64_t offset)
+{
+    if (offset < 0)
+        return 0;
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = pread(fd, dst + got, size - got, (off_t)(offset + (int64_t)got));
+        if (r <= 0)
+            return 0;
+        got += (size_t)r;
+    }
+    return 1;
+}
+
 static PyObject *
 read_batch(PyObject *self, PyObject *args)
 {
@@ -417,16 +434,8 @@ read_batch(PyObject *self, PyObject *args)
         bufs[i] = PyBytes_AS_STRING(PyList_GET_ITEM(list, i));
     const int32_t *fd = fds.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        size_t want = size[i] > 0 ? (size_t)size[i] : 0, got = 0;
-        while (got < want) {
-            ssize_t r = pread(fd[i], bufs[i] + got, want - got, (off_t)(offset[i] + (int64_t)got));
-            if (r <= 0)
-                break;
-            got += (size_t)r;
-        }
-        ok[i] = got == want && offset[i] >= 0;
-    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        ok[i] = (char)pread_full(fd[i], bufs[i], size[i] > 0 ? (size_t)size[i] : 0, offset[i]);
     Py_END_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++)
         if (!ok[i]) {
@@ -460,16 +469,8 @@ gather(PyObject *self, PyObject *args)
     const int64_t *at = offsets.buf;
     char *dst = out.buf;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n && ok; i++) {
-        size_t got = 0;
-        while (got < (size_t)width) {
-            ssize_t r = pread(fd, dst + i * width + got, (size_t)width - got, (off_t)(at[i] + (int64_t)got));
-            if (r <= 0)
-                break;
-            got += (size_t)r;
-        }
-        ok = got == (size_t)width && at[i] >= 0;
-    }
+    for (Py_ssize_t i = 0; i < n && ok; i++)
+        ok = pread_full(fd, dst + i * width, (size_t)width, at[i]);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&offsets);
     PyBuffer_Release(&out);

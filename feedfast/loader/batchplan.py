@@ -168,10 +168,3 @@ def read(fds: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> list[bytes 
                                              np.ascontiguousarray(sizes, dtype=np.int64))
     return got
 
-
-def gather(fd: int, offsets: np.ndarray, width: int, out: np.ndarray) -> bool:
-    """``pread`` of ``width`` bytes at each of ``offsets`` into consecutive slots of ``out``; False where
-    the extension is not built (the caller reads in Python) or a read fails or comes short."""
-    if ext is None:
-        return False
-    return bool(ext.gather(fd, np.ascontiguousarray(offsets, dtype=np.int64), width, out))
