@@ -211,6 +211,7 @@ class _Epoch:
         self.host_chains = _host_chains(program) if self.chain is not None else {}
         if self.chain is not None and set(program.outputs) != {self.chain.output, *self.host_chains}:
             self.chain = None  # an output the plan does not make (a component passed through as it is)
+        self.one_call = self.chain is not None and batchplan.one_call()  # decided once an epoch, not per chunk
 
     def submit(self, pool: LivePool, step: int) -> _Job:
         batch = self.rows.take(step_positions(step, self.batch_size, self.ep.rank_samples, self.ep.batch_sizes[step]))
@@ -324,17 +325,17 @@ class _Epoch:
     def _one_call(self, chain: batchplan.Chain, images: list[bytes | None], plans: np.ndarray,
                   arrays: dict[str, np.ndarray], a: int, b: int) -> list[bool] | None:
         """The planned samples' pixels written into the batch by the extension in one call, where
-        :func:`~feedfast.loader.batchplan.one_call` says so: which were (None: none was tried)."""
+        :func:`~feedfast.loader.batchplan.one_call` said so for this epoch: which were (None: none was tried)."""
         target = arrays.get(chain.output)
-        if target is None or not batchplan.one_call():
+        if target is None or not self.one_call:
             return None
         flavour = native.resample_flavour()
         assert native.ext is not None and flavour is not None
         mean, inv = self.flat.get(chain.output, (None, None))
-        spec = next(f for f in self.fields if f.name == chain.output).normalize
+        chw = chain.output in self.constants and self.constants[chain.output][0].ndim == 3  # as _normalize_into reads it
         done = np.zeros(b - a, dtype=np.int8)
-        native.ext.sample_batch(images, plans, done, target[a], target[a:b], mean, inv, chain.gray,
-                                bool(spec) and spec["layout"] == "CHW", REGION_MARGIN, flavour, REDUCING_GAP)
+        native.ext.sample_batch(images, plans, done, target[a], target[a:b], mean, inv, chain.gray, chw, REGION_MARGIN,
+                                flavour, REDUCING_GAP)
         return done.astype(bool).tolist()
 
     def _pillow_pixels(self, chain: batchplan.Chain, raw: bytes | None, row: list[float]) -> np.ndarray | None:
