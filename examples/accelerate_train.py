@@ -1,7 +1,13 @@
 """Train with Hugging Face Accelerate on a feedfast loader: gradient accumulation, launch, resume.
 
-    accelerate launch --num_processes 2 examples/accelerate_train.py --accumulate 4
+    accelerate launch --multi_gpu --num_processes 2 examples/accelerate_train.py --accumulate 4        # 2 GPUs
+    accelerate launch --multi_gpu --num_processes 2 examples/accelerate_train.py --cpu                 # no GPU: gloo
     python examples/accelerate_train.py --cpu --steps 6 --batch-size 8 --image-size 64
+
+(Without ``--multi_gpu`` and with no Accelerate config, ``accelerate launch --num_processes 2``
+on a machine without GPUs starts one process; without ``--cpu`` there, each of two processes
+is an Accelerator of its own, no process group: the loader still splits the epoch by
+``RANK``/``WORLD_SIZE``, but gradients are not averaged.)
 
 Accelerate needs nothing special from feedfast's loader:
 
