@@ -27,6 +27,7 @@ class EmitContext:
     decoder_device: str
     in_hw: tuple[Any, Any] | None = None
     decoder_args: dict[str, Any] = field(default_factory=dict)
+    layout: str = ""
 
 
 @dataclass
@@ -129,6 +130,7 @@ def emit_node(n: Node, x: Any, in_hw: Any = None, *, decoder: DecoderSettings | 
         decoder_device="mixed" if n.device in ("mixed", "gpu") else "cpu",
         in_hw=in_hw,
         decoder_args=(decoder or DecoderSettings()).args_for(n.device),
+        layout=n.sig.layout,
     )
     parts = n.op.split("+")
     if len(parts) > 1:  # a fused node (passes.fuse): its last op's declared form takes the others
@@ -163,12 +165,36 @@ def build_pipeline(
             "NVIDIA DALI is not installed: pip install 'feedfast[cuda12]' (or [cuda13]), "
             "or use backend='pil'"
         ) from exc
-    pipe = Pipeline(
+    settings = dict(
         batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
         prefetch_queue_depth=prefetch_queue_depth, enable_checkpointing=True, checkpoint=checkpoint,
         exec_dynamic=True,
     )
+    if needs_conditionals(plan):
+        return _conditional_pipeline(plan, reader, settings)
+    pipe = Pipeline(**settings)
     with pipe:
         outs, omap = emit(plan, reader)
         pipe.set_outputs(*outs)
     return pipe, omap
+
+
+def needs_conditionals(plan: Plan) -> bool:
+    """Whether an op of the plan declares that its DALI form needs ``enable_conditionals`` (``auto_aug``)."""
+    return any(OPS[op].conditionals for n in plan.nodes if n.op != "read" for op in n.op.split("+"))
+
+
+def _conditional_pipeline(plan: Plan, reader: ReaderConfig, settings: dict[str, Any]) -> tuple[Any, DaliOutputs]:
+    """The pipeline built through ``pipeline_def(enable_conditionals=True)``, as DALI's conditionals need."""
+    from nvidia.dali import pipeline_def
+
+    made: list[DaliOutputs] = []
+
+    @pipeline_def(enable_conditionals=True)
+    def graph() -> tuple[Any, ...]:
+        outs, omap = emit(plan, reader)
+        made.append(omap)
+        return tuple(outs)
+
+    pipe = graph(**settings)
+    return pipe, made[0]

@@ -127,6 +127,8 @@ def own_draws(step: PilStep, rng: Rng) -> Rng:
 def _apply(step: PilStep, value: Any, rng: Rng) -> Any:
     emitter = OPS[step.op].pil
     form = OPS[step.op].threaded
+    if form is not None and form.role == "tensor":  # a tensor op is told its input's layout
+        return emitter(value, {**step.params, "layout": step.sig.layout}, own_draws(step, rng))  # type: ignore[misc]
     if form is None or form.role != "decode":
         return emitter(value, step.params, own_draws(step, rng))  # type: ignore[misc]
     from PIL import Image

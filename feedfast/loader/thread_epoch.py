@@ -104,6 +104,10 @@ def chunk_way(plan: Plan) -> str:
         return "per sample in Python: feedfast._plan is not built"
     if batchplan.chain_of(program) is None:
         return "per sample in Python: the plan takes one image output made by decode, geometry ops and flips"
+    chain = batchplan.chain_of(program)
+    if chain is not None and chain.kernels:
+        names = ", ".join(step.op for step in chain.kernels)
+        return f"each chunk planned in C, its pixels resized by Pillow, then {names} on them in the worker threads"
     return "each chunk planned in C, " + ("its pixels made in one call of the extension" if batchplan.one_call()
                                           else "its pixels resized by Pillow")
 
@@ -370,7 +374,8 @@ class _Epoch:
         """The field's tensor ops (after ``normalize``) on one sample's slot of the batch, in place."""
         layout = f.normalize["layout"] if f.normalize else "HWC"
         for step in f.post:
-            OPS[step.op].threaded.kernel(slot, step.params, own_draws(step, draws.replay()), layout)  # type: ignore[union-attr]
+            kernel = OPS[step.op].threaded.kernel  # type: ignore[union-attr]
+            kernel(slot, {**step.params, "layout": layout}, own_draws(step, draws.replay()))  # type: ignore[misc]
 
     def _normalize_into(self, out: np.ndarray, pixels: np.ndarray, name: str) -> None:
         """``normalize`` of one image's uint8 HWC pixels into its slot of the batch.

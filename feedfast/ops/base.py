@@ -80,8 +80,9 @@ class Param:
     Attributes:
         name: the key in the spec.
         type: ``int``, ``float``, ``bool``, ``str``, ``size`` (int or [h, w]), ``range``
-            (two floats, low <= high), ``floats3`` (three floats) or ``angle``
-            (a float a, meaning [-a, a], or a range).
+            (two floats, low <= high), ``floats3`` (three floats), ``angle``
+            (a float a, meaning [-a, a], or a range) or ``fill`` (one or three numbers, or one
+            of ``choices``).
         default: the value when absent; ``REQUIRED`` when the spec must give it.
         doc: one line for the reference and ``--help``.
         low, high: inclusive bounds for numbers (and for each number of a range).
@@ -98,6 +99,10 @@ class Param:
 
     def allowed(self) -> str:
         """A human description of the allowed values, used in errors and docs."""
+        if self.type == "fill":
+            words = " or ".join(repr(c) for c in self.choices)
+            lo, hi = f"{self.low:g}", f"{self.high:g}"
+            return f"a number or three in [{lo}, {hi}]" + (f", or {words}" if words else "")
         if self.choices:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         bounds = ""
@@ -157,6 +162,8 @@ class OpDef:
         folds: for an op named in another's ``absorbs``: whether these parameters can fold.
         dali_folded: the emitter ``(ctx, {op: params}, x)`` of this op with what it absorbed.
         conditionals: whether its DALI form needs ``enable_conditionals`` (``nvidia.dali.auto_aug``).
+        dali_refuses: ``params -> reason`` where DALI has no form for these parameters (else None):
+            ``auto`` then leaves the spec to the threaded path.
     """
 
     name: str
@@ -177,6 +184,7 @@ class OpDef:
     folds: Callable[[dict[str, Any]], bool] | None = None
     dali_folded: Callable[..., Any] | None = None
     conditionals: bool = False
+    dali_refuses: Callable[[dict[str, Any]], "str | None"] | None = None
 
 
 def as_hw(size: int | Sequence[int]) -> tuple[int, int]:

@@ -116,7 +116,6 @@ NORMALIZE = OpDef(
     dali=_normalize_dali,
     pil=_normalize_pil,
     dali_name="crop_mirror_normalize",
-    hw_effect="layout",
     threaded=th.Threaded("normalize", plan_row=lambda p: []),
     absorbs=("flip", "center_crop"),
     dali_folded=_normalize_folded_dali,

@@ -62,7 +62,8 @@ class Threaded:
         resamples: for ``geometry``: whether it resamples (a chain resamples at most once).
         flips: for ``flip``: ``(params, rng) -> (horizontal, vertical)``.
         kernel: for ``kernel``: ``(uint8 HWC array, params, rng) -> uint8 HWC array`` of the same
-            shape; for ``tensor``: ``(float array, params, rng, layout) -> None``, in place.
+            shape; for ``tensor``: ``(float array, params, rng) -> None``, in place, where the
+            caller adds the input's layout (``CHW`` or ``HWC``) to the params as ``layout``.
         plan_row: ``params -> row`` of ``_plan.c``'s chain, None where the plan cannot take the
             parameters (the Python walk raises the error naming the op); ``[]`` for no row.
     """
