@@ -418,3 +418,48 @@ def test_timm_rand_augment_is_refused_by_dali_naming_why(shards: list[str]) -> N
     with pytest.raises(BackendError, match="flavour timm"):
         build_pipeline(plan, ReaderConfig(paths=["x.tar"], index_paths=["x.idx"]), batch_size=2, num_threads=1,
                        device_id=None, seed=1)
+
+
+@pytest.mark.parametrize("value", [(-1.0, 2.0, 3.0), "random"])
+def test_dali_random_erasing_draws_torchvision_s_boxes(value: Any) -> None:
+    """DALI's form (the 10 attempts as arithmetic, then ``fn.erase``): erased areas and aspect ratios
+    against torchvision's ``RandomErasing.get_params`` (KS at 0.001), the values where the box is."""
+    from nvidia.dali import fn, pipeline_def
+    from torchvision.transforms import RandomErasing
+
+    from feedfast.compile.dali import EmitContext
+    from feedfast.ops import _dali_recipe
+
+    height, width, batch = 40, 56, 64
+    params = {"probability": 1.0, "scale": (0.02, 0.33), "ratio": (0.3, 3.3), "value": value}
+
+    @pipeline_def(batch_size=batch, num_threads=1, device_id=None, seed=11)
+    def pipe():  # type: ignore[no-untyped-def]
+        x = fn.external_source(source=lambda: [np.zeros((3, height, width), np.float32)] * batch, batch=True,
+                               layout="CHW")
+        ctx = EmitContext(device="cpu", decoder_device="cpu", in_hw=(float(height), float(width)), layout="CHW")
+        return _dali_recipe.random_erasing_dali(ctx, params, x)
+
+    p = pipe()
+    p.build()
+    boxes = []
+    for _ in range(20):
+        (out,) = p.run()
+        for i in range(batch):
+            img = np.asarray(out[i])
+            mask = img[0] == -1.0 if value != "random" else img[0] != 0.0  # normal noise: never exactly 0
+            if value != "random":
+                assert np.array_equal(mask, img[1] == 2.0) and np.array_equal(mask, img[2] == 3.0)
+            else:
+                assert np.array_equal(mask, img[1] != 0.0) and abs(float(img[0][mask].std()) - 1.0) < 0.5
+            rows, cols = np.nonzero(mask.any(axis=1))[0], np.nonzero(mask.any(axis=0))[0]
+            if len(rows):
+                h, w = rows[-1] - rows[0] + 1, cols[-1] - cols[0] + 1
+                assert mask.sum() == h * w  # one box
+                boxes.append((h, w))
+    torch.manual_seed(0)
+    theirs = [RandomErasing.get_params(torch.zeros(3, height, width), scale=params["scale"], ratio=params["ratio"],
+                                       value=[0.0])[2:4] for _ in range(len(boxes))]
+    theirs = [(h, w) for h, w in theirs if (h, w) != (height, width)]  # torchvision's "no box": nothing erased
+    assert_same_distribution([h * w for h, w in theirs], [h * w for h, w in boxes])
+    assert_same_distribution([math.log(h / w) for h, w in theirs], [math.log(h / w) for h, w in boxes])

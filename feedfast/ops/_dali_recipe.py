@@ -172,9 +172,5 @@ def random_erasing_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     if p["value"] == "random":
         mask = fn.erase(x * 0.0 + 1.0, anchor=anchor, shape=shape, axis_names="HW", fill_value=0.0)
         return x * mask + fn.random.normal(x) * (1.0 - mask)
-    values = [float(v) for v in p["value"]]
-    channel = {"CHW": 0, "HWC": 2}[ctx.layout]
-    kw: dict[str, Any] = {"fill_value": values} if len(values) > 1 else {"fill_value": values[0]}
-    if len(values) > 1:
-        kw["channel_axis"] = channel
-    return fn.erase(x, anchor=anchor, shape=shape, axis_names="HW", **kw)
+    values = [float(v) for v in p["value"]]  # several: one per channel, found by DALI from the layout's C
+    return fn.erase(x, anchor=anchor, shape=shape, axis_names="HW", fill_value=values if len(values) > 1 else values[0])
