@@ -18,7 +18,7 @@ goes the Python way, whose rules are the reference.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 

@@ -36,10 +36,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from feedfast.compile.pil import PilProgram, PilStep
+from feedfast.compile.pil import PilProgram, PilStep, own_draws
 from feedfast.loader.pil_fast import REGION_FORMATS, JpegHeader, decode_region, exported_pixels, jpeg_header, load_rows
 from feedfast.loader.pil_warnings import routed
-from feedfast.compile.pil import own_draws
 from feedfast.ops.base import Rng
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.registry import OPS
