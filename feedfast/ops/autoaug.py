@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Sequence
 
-import numpy as np
 
 from feedfast.ops.base import Rng
 
@@ -87,6 +86,7 @@ def torch_linspace(start: float, end: float, steps: int) -> list[float]:
     torch fills the first half as ``start + step * i`` and the second as ``end - step * (steps - 1 - i)``,
     each a fused multiply-add in float32 (one rounding: exact in float64, then rounded).
     """
+    import numpy as np
     lo, hi = float(np.float32(start)), float(np.float32(end))
     if steps == 1:
         return [lo]
@@ -101,6 +101,7 @@ def torchvision_space(bins: int, height: int, width: int, *, wide: bool) -> dict
 
     Cached (half a millisecond to build, per sample otherwise): callers must not change it.
     """
+    import numpy as np
     top = 0.99 if wide else 0.9
     posterize_div = (bins - 1) / (6 if wide else 4)
     translate = (32.0, 32.0) if wide else (150.0 / 331.0 * width, 150.0 / 331.0 * height)

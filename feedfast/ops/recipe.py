@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 
 from feedfast.ops import _dali_recipe as dr
 from feedfast.ops import autoaug
@@ -38,7 +37,8 @@ def _fill(p: dict[str, Any], timm: bool = False) -> tuple[int, ...]:
 def _image_kernel(augment: Any) -> Any:
     """A kernel over uint8 HWC pixels from an augmentation over a PIL image."""
 
-    def kernel(arr: np.ndarray, p: dict[str, Any], rng: Rng) -> np.ndarray:
+    def kernel(arr: Any, p: dict[str, Any], rng: Rng) -> Any:
+        import numpy as np
         from PIL import Image
 
         gray = arr.shape[2] == 1
@@ -172,8 +172,10 @@ def erase_box(rng: Rng, height: int, width: int, p: dict[str, Any]) -> tuple[int
     return None
 
 
-def _erase(arr: np.ndarray, p: dict[str, Any], rng: Rng) -> None:
+def _erase(arr: Any, p: dict[str, Any], rng: Rng) -> None:
     """Erase one normalized image in place (``p["layout"]``: its layout, given by the caller)."""
+    import numpy as np
+
     chw = p["layout"] == "CHW"
     height, width = (arr.shape[1], arr.shape[2]) if chw else (arr.shape[0], arr.shape[1])
     box = erase_box(rng, height, width, p)
