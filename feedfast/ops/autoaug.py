@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Sequence
 
-
 from feedfast.ops.base import Rng
 
 TORCHVISION_WIDE = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",

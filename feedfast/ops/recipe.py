@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-
 from feedfast.ops import _dali_recipe as dr
 from feedfast.ops import autoaug
 from feedfast.ops import threaded as th
