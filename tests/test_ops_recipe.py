@@ -309,14 +309,20 @@ def no_draft(monkeypatch: pytest.MonkeyPatch) -> None:
                                 {"rand_augment": {"flavour": "timm", "magnitude": 9, "magnitude_std": 0.5,
                                                   "increasing": True}},
                                 {"rand_augment": {}}, {"auto_augment": {}}], ids=["ta", "timm", "ra", "aa"])
-def test_the_threaded_path_runs_the_recipe_with_the_pil_backend_s_pixels(shards: list[str], op: Any) -> None:
+@pytest.mark.parametrize("one_call", [True, False], ids=["one-call", "pillow"])
+def test_the_threaded_path_runs_the_recipe_with_the_pil_backend_s_pixels(shards: list[str], op: Any, one_call: bool,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Geometry planned in C, the recipe op after it in the worker threads, random erasing on the
-    normalized batch: the pil backend's pixels exactly (full-size decoding, the same draws)."""
+    normalized batch: the pil backend's pixels exactly (full-size decoding, the same draws), whether the
+    uint8 pixels the op runs on are made by the extension in one call or by Pillow."""
     from feedfast.compile.pil import compile_pil
     from feedfast.compile.plan import build_plan
-    from feedfast.loader import batchplan
+    from feedfast.loader import batchplan, native
     from feedfast.loader.thread_epoch import chunk_way, fast_path_supported
 
+    if one_call and (batchplan.ext is None or native.resample_flavour() is None):
+        pytest.skip("the extension's one call is not built here")
+    monkeypatch.setattr(batchplan, "ONE_CALL", one_call)
     spec = _recipe_spec([*RECIPE[:3], op, *RECIPE[4:]])
     plan = build_plan(spec, device="cpu")
     assert fast_path_supported(plan)  # backend auto stays on the threaded path
@@ -324,6 +330,7 @@ def test_the_threaded_path_runs_the_recipe_with_the_pil_backend_s_pixels(shards:
         chain = batchplan.chain_of(compile_pil(spec))
         assert chain is not None and [s.op for s in chain.kernels] == [next(iter(op))]
         assert "planned in C" in chunk_way(plan)
+        assert ("one call" in chunk_way(plan)) == one_call
     threads, pil = _epoch(spec, shards, "threads"), _epoch(spec, shards, "pil")
     assert len(threads) == len(pil) == 6
     changed = 0

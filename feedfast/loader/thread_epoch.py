@@ -107,7 +107,8 @@ def chunk_way(plan: Plan) -> str:
     chain = batchplan.chain_of(program)
     if chain is not None and chain.kernels:
         names = ", ".join(step.op for step in chain.kernels)
-        return f"each chunk planned in C, its pixels resized by Pillow, then {names} on them in the worker threads"
+        made = "made in one call of the extension" if batchplan.one_call() else "resized by Pillow"
+        return f"each chunk planned in C, its pixels {made}, then {names} on them in the worker threads"
     return "each chunk planned in C, " + ("its pixels made in one call of the extension" if batchplan.one_call()
                                           else "its pixels resized by Pillow")
 
@@ -220,8 +221,9 @@ class _Epoch:
         self.host_chains = _host_chains(program) if self.chain is not None else {}
         if self.chain is not None and set(program.outputs) != {self.chain.output, *self.host_chains}:
             self.chain = None  # an output the plan does not make (a component passed through as it is)
-        # decided once an epoch, not per chunk; a chain with kernels writes its pixels after them
-        self.one_call = self.chain is not None and not self.chain.kernels and batchplan.one_call()
+        # decided once an epoch, not per chunk; a chain with kernels has its uint8 pixels made in one call
+        # into a scratch batch, runs its kernels on them, then writes them into the batch
+        self.one_call = self.chain is not None and batchplan.one_call()
 
     def submit(self, pool: LivePool, step: int) -> _Job:
         batch = self.rows.take(step_positions(step, self.batch_size, self.ep.rank_samples, self.ep.batch_sizes[step]))
@@ -317,7 +319,8 @@ class _Epoch:
         images = raws[chain.component]
         plans = batchplan.plan(chain, images, rows.samples[a:b], self.key, Image.MAX_IMAGE_PIXELS)
         host = {name: _host_column(steps, raws) for name, steps in self.host_chains.items()}
-        done = self._one_call(chain, images, plans, arrays, a, b)
+        made = self._one_call(chain, images, plans, arrays, a, b)
+        done, scratch = made if made is not None else (None, None)
         statuses = plans[:, batchplan.STATUS].tolist()
         out: dict[int, dict[str, Any]] = {}
         for j, status in enumerate(statuses):
@@ -326,10 +329,13 @@ class _Epoch:
             values = {name: column[j] for name, column in host.items()}
             if any(v is _FAILED for v in values.values()):
                 continue
-            if done is not None and done[j]:
+            if done is not None and done[j] and scratch is None:
                 values[chain.output] = _WRITTEN
             else:
-                pixels = self._pillow_pixels(chain, images[j], plans[j].tolist())
+                if done is not None and done[j]:
+                    pixels = scratch[j]  # type: ignore[index]
+                else:
+                    pixels = self._pillow_pixels(chain, images[j], plans[j].tolist())
                 if pixels is None:
                     continue
                 if chain.kernels:
@@ -339,9 +345,11 @@ class _Epoch:
         return out
 
     def _one_call(self, chain: batchplan.Chain, images: list[bytes | None], plans: np.ndarray,
-                  arrays: dict[str, np.ndarray], a: int, b: int) -> list[bool] | None:
-        """The planned samples' pixels written into the batch by the extension in one call, where
-        :func:`~feedfast.loader.batchplan.one_call` said so for this epoch: which were (None: none was tried)."""
+                  arrays: dict[str, np.ndarray], a: int, b: int) -> tuple[list[bool], np.ndarray | None] | None:
+        """The planned samples' pixels made by the extension in one call, where
+        :func:`~feedfast.loader.batchplan.one_call` said so for this epoch: which were (None: none was tried),
+        and where: into the batch, or (a chain with kernels, which run on the uint8 pixels before they are
+        written) into this thread's uint8 scratch of the chunk, returned with them."""
         target = arrays.get(chain.output)
         if target is None or not self.one_call:
             return None
@@ -349,10 +357,22 @@ class _Epoch:
         assert native.ext is not None and flavour is not None
         mean, inv = self.flat.get(chain.output, (None, None))
         chw = chain.output in self.constants and self.constants[chain.output][0].ndim == 3  # as _normalize_into reads it
+        scratch, rows = None, target[a:b]
+        if chain.kernels:
+            hwc = next(f.hwc for f in self.fields if f.name == chain.output)
+            scratch = rows = self._pixel_scratch((b - a, *hwc))  # type: ignore[arg-type]
+            mean, inv, chw = None, None, False
         done = np.zeros(b - a, dtype=np.int8)
-        native.ext.sample_batch(images, plans, done, target[a], target[a:b], mean, inv, chain.gray, chw, REGION_MARGIN,
+        native.ext.sample_batch(images, plans, done, rows[0], rows, mean, inv, chain.gray, chw, REGION_MARGIN,
                                 flavour, REDUCING_GAP)
-        return done.astype(bool).tolist()
+        return done.astype(bool).tolist(), scratch
+
+    def _pixel_scratch(self, shape: tuple[int, ...]) -> np.ndarray:
+        """This thread's uint8 buffer of a chunk's pixels (the pixels a chain's kernels run on)."""
+        buf = getattr(self._local, "pixels", None)
+        if buf is None or buf.shape[1:] != shape[1:] or buf.shape[0] < shape[0]:
+            buf = self._local.pixels = np.empty(shape, dtype=np.uint8)
+        return buf[:shape[0]]
 
     def _pillow_pixels(self, chain: batchplan.Chain, raw: bytes | None, row: list[float]) -> np.ndarray | None:
         """A planned sample's pixels made by Pillow from its planned region (None: the region did not decode)."""
