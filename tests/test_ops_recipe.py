@@ -134,6 +134,69 @@ def test_each_timm_sub_op_s_arguments_and_pixels_are_timm_s() -> None:
                     assert np.array_equal(np.asarray(got), np.asarray(want)), (op, level)
 
 
+def _random_images(count: int) -> list[np.ndarray]:
+    """uint8 HWC images: uniform noise, a narrow band of values (contrast and autocontrast tables where
+    they bend), a photo; three channels and one."""
+    rng = np.random.default_rng(7)
+    out = [rng.integers(0, 256, (33, 47, 3), dtype=np.uint8) for _ in range(count)]
+    out += [rng.integers(lo, lo + 40, (29, 31, 3), dtype=np.uint8) for lo in (0, 100, 215)]
+    out += [np.asarray(_photo(5, 50, 40)), rng.integers(0, 256, (21, 26, 1), dtype=np.uint8)]
+    return out
+
+
+def _pil_of(arr: np.ndarray) -> Image.Image:
+    return Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr)
+
+
+def test_the_array_form_of_each_sub_op_is_torchvision_s_at_every_magnitude() -> None:
+    """apply_array (tables over the array where the op is one) against torchvision's _apply_op on the
+    PIL image: every op of TrivialAugmentWide and RandAugment, every bin of both signs, several images."""
+    images = _random_images(4)
+    for wide in (True, False):
+        space = autoaug.torchvision_space(31, 40, 50, wide=wide)
+        for op in [*autoaug.TORCHVISION_WIDE, "Invert"]:
+            magnitudes, signed = space[op]
+            values = sorted({v for m in (magnitudes or [0.0]) for v in ([m, -m] if signed else [m])})
+            for value in values if op not in ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate") else values[::7]:
+                for arr in images:
+                    want = np.asarray(tv_autoaugment._apply_op(_pil_of(arr), op, value,
+                                                               interpolation=InterpolationMode.BILINEAR, fill=None))
+                    got = autoaug.apply_array(arr, [autoaug.Choice(op, value, int(Image.BILINEAR))], (0,))
+                    assert got.dtype == np.uint8 and got.shape == arr.shape, (op, value)
+                    assert np.array_equal(got.reshape(want.shape), want), (op, value, arr.shape)
+
+
+def test_the_array_form_of_timm_s_sub_ops_is_its_pil_form_at_random_levels() -> None:
+    """timm's magnitudes are continuous (a Gaussian level): its table ops at random factors on the array
+    against the PIL form (which the test above checks against timm's own functions)."""
+    rng = np.random.default_rng(3)
+    images = _random_images(2)
+    for op in sorted(set(autoaug.TIMM_RAND) | set(autoaug.TIMM_RAND_INCREASING)):
+        for level in rng.uniform(0.0, 10.0, 12):
+            value = autoaug._timm_level(op, float(level), _Fixed(float(rng.random())))
+            choices = [autoaug.Choice(op, value, int(Image.BICUBIC), timm=True)]
+            for arr in images:
+                want = np.asarray(autoaug.apply(_pil_of(arr), choices, autoaug.TIMM_FILL))
+                got = autoaug.apply_array(arr, choices, autoaug.TIMM_FILL)
+                assert np.array_equal(got.reshape(want.shape), want), (op, value)
+
+
+def test_apply_array_chains_table_and_pil_sub_ops_as_apply_does() -> None:
+    """Two and three ops in a row (RandAugment, AutoAugment), table ops before and after PIL ones."""
+    rng = np.random.default_rng(4)
+    names = [*autoaug.TORCHVISION_WIDE, "Invert"]
+    space = autoaug.torchvision_space(31, 33, 47, wide=False)
+    for arr in _random_images(3):
+        for _ in range(40):
+            choices = []
+            for op in rng.choice(names, size=int(rng.integers(2, 4))):
+                magnitudes = space[str(op)][0]
+                choices.append(autoaug.Choice(str(op), magnitudes[int(rng.integers(len(magnitudes)))] if magnitudes
+                                              else 0.0, int(Image.NEAREST)))
+            want = np.asarray(autoaug.apply(_pil_of(arr), choices, (0,)))
+            assert np.array_equal(autoaug.apply_array(arr, choices, (0,)).reshape(want.shape), want), choices
+
+
 class _Fixed:
     """An rng whose every draw is one value."""
 

@@ -33,27 +33,23 @@ def _fill(p: dict[str, Any], timm: bool = False) -> tuple[int, ...]:
     return tuple(int(round(v)) for v in p["fill"])
 
 
-def _image_kernel(augment: Any) -> Any:
-    """A kernel over uint8 HWC pixels from an augmentation over a PIL image."""
+def _array_kernel(choose: Any) -> Any:
+    """A kernel over uint8 HWC pixels from a policy's draw (``choose(p, rng, height, width) -> (choices,
+    fill)``, the same draw as its PIL form's): :func:`feedfast.ops.autoaug.apply_array`, PIL's pixels."""
 
     def kernel(arr: Any, p: dict[str, Any], rng: Rng) -> Any:
-        import numpy as np
-        from PIL import Image
-
-        gray = arr.shape[2] == 1
-        img = Image.fromarray(np.ascontiguousarray(arr[:, :, 0] if gray else arr))
-        out = np.asarray(augment(img, p, rng))
-        return out[:, :, None] if out.ndim == 2 else out
+        choices, fill = choose(p, rng, arr.shape[0], arr.shape[1])
+        return autoaug.apply_array(arr, choices, fill)
 
     return kernel
 
 
-def _trivial_augment(img: Any, p: dict[str, Any], rng: Rng) -> Any:
+def _trivial_choices(p: dict[str, Any], rng: Rng, height: int, width: int) -> tuple[list[autoaug.Choice], tuple[int, ...]]:
     resample = _filters((p["interpolation"],))[0]
-    return autoaug.apply(img, autoaug.choose_trivial_wide(rng, p["num_magnitude_bins"], resample), _fill(p))
+    return autoaug.choose_trivial_wide(rng, p["num_magnitude_bins"], resample), _fill(p)
 
 
-def _rand_choices(img: Any, p: dict[str, Any], rng: Rng) -> tuple[list[autoaug.Choice], tuple[int, ...]]:
+def _rand_choices(p: dict[str, Any], rng: Rng, height: int, width: int) -> tuple[list[autoaug.Choice], tuple[int, ...]]:
     if p["flavour"] == "timm":
         names = _TIMM_RANDOM if p["interpolation"] in ("auto", "random") else (p["interpolation"],)
         choices = autoaug.choose_rand_timm(rng, p["num_ops"], float(p["magnitude"]), p["magnitude_std"],
@@ -61,18 +57,28 @@ def _rand_choices(img: Any, p: dict[str, Any], rng: Rng) -> tuple[list[autoaug.C
         return choices, _fill(p, timm=True)
     interp = "nearest" if p["interpolation"] == "auto" else p["interpolation"]
     choices = autoaug.choose_rand_torchvision(rng, p["num_ops"], p["magnitude"], p["num_magnitude_bins"],
-                                              img.height, img.width, _filters((interp,))[0])
+                                              height, width, _filters((interp,))[0])
     return choices, _fill(p)
 
 
-def _rand_augment(img: Any, p: dict[str, Any], rng: Rng) -> Any:
-    choices, fill = _rand_choices(img, p, rng)
-    return autoaug.apply(img, choices, fill)
-
-
-def _auto_augment(img: Any, p: dict[str, Any], rng: Rng) -> Any:
+def _auto_choices(p: dict[str, Any], rng: Rng, height: int, width: int) -> tuple[list[autoaug.Choice], tuple[int, ...]]:
     resample = _filters((p["interpolation"],))[0]
-    return autoaug.apply(img, autoaug.choose_auto_imagenet(rng, img.height, img.width, resample), _fill(p))
+    return autoaug.choose_auto_imagenet(rng, height, width, resample), _fill(p)
+
+
+def _pil_form(choose: Any) -> Any:
+    """The op's form on a PIL image (the pil program): the same draw, :func:`feedfast.ops.autoaug.apply`."""
+
+    def augment(img: Any, p: dict[str, Any], rng: Rng) -> Any:
+        choices, fill = choose(p, rng, img.height, img.width)
+        return autoaug.apply(img, choices, fill)
+
+    return augment
+
+
+_trivial_augment = _pil_form(_trivial_choices)
+_rand_augment = _pil_form(_rand_choices)
+_auto_augment = _pil_form(_auto_choices)
 
 
 _BINS = Param("num_magnitude_bins", "int", 31, "number of magnitude bins", low=2, high=1000)
@@ -104,7 +110,7 @@ TRIVIAL_AUGMENT_WIDE = OpDef(
     pil=_trivial_augment,
     random=True,
     dali_name="auto_aug.trivial_augment_wide",
-    threaded=th.Threaded("kernel", kernel=_image_kernel(_trivial_augment)),
+    threaded=th.Threaded("kernel", kernel=_array_kernel(_trivial_choices)),
     conditionals=True,
 )
 
@@ -130,7 +136,7 @@ RAND_AUGMENT = OpDef(
     pil=_rand_augment,
     random=True,
     dali_name="auto_aug.rand_augment",
-    threaded=th.Threaded("kernel", kernel=_image_kernel(_rand_augment)),
+    threaded=th.Threaded("kernel", kernel=_array_kernel(_rand_choices)),
     conditionals=True,
     dali_refuses=dr.rand_augment_refuses,
 )
@@ -144,7 +150,7 @@ AUTO_AUGMENT = OpDef(
     pil=_auto_augment,
     random=True,
     dali_name="auto_aug.apply_auto_augment",
-    threaded=th.Threaded("kernel", kernel=_image_kernel(_auto_augment)),
+    threaded=th.Threaded("kernel", kernel=_array_kernel(_auto_choices)),
     conditionals=True,
 )
 
