@@ -166,6 +166,25 @@ def test_the_array_form_of_each_sub_op_is_torchvision_s_at_every_magnitude() -> 
                     assert np.array_equal(got.reshape(want.shape), want), (op, value, arr.shape)
 
 
+@pytest.mark.parametrize("interp", [InterpolationMode.NEAREST, InterpolationMode.BILINEAR])
+def test_whole_pixel_translations_are_torchvision_s_at_every_shift_and_fill(interp: InterpolationMode) -> None:
+    """TranslateX / TranslateY as a copy: every whole-pixel shift either way (past the image too), odd and
+    even sizes, gray, one fill and three, against torchvision's _apply_op."""
+    from torchvision.transforms.functional import pil_modes_mapping
+
+    rng = np.random.default_rng(9)
+    images = [rng.integers(0, 256, shape, dtype=np.uint8) for shape in ((17, 23, 3), (16, 20, 3), (15, 12, 1))]
+    for arr in images:
+        for op in ("TranslateX", "TranslateY"):
+            for shift in range(-26, 27):
+                for fill in (None, [7], [10, 200, 30][:arr.shape[2]]):
+                    want = np.asarray(tv_autoaugment._apply_op(_pil_of(arr), op, float(shift), interpolation=interp,
+                                                               fill=fill))
+                    got = autoaug.apply_array(arr, [autoaug.Choice(op, float(shift), int(pil_modes_mapping[interp]))],
+                                              fill or (0,))
+                    assert np.array_equal(got.reshape(want.shape), want), (op, shift, fill, arr.shape)
+
+
 def test_the_array_form_of_timm_s_sub_ops_is_its_pil_form_at_random_levels() -> None:
     """timm's magnitudes are continuous (a Gaussian level): its table ops at random factors on the array
     against the PIL form (which the test above checks against timm's own functions)."""

@@ -272,12 +272,39 @@ def apply_array(pixels: Any, choices: Sequence[Choice], fill: Sequence[int]) -> 
             if lut is not None:
                 state = np.take(lut, state)
                 continue
+            shifted = _integer_shift(state, choice, fill)
+            if shifted is not None:
+                state = shifted
+                continue
             state = _to_pil(state)
         state = (_timm_op if choice.timm else _torchvision_op)(state, choice, fill)
     if isinstance(state, np.ndarray):
         return state
     out = np.asarray(state)
     return out[:, :, None] if out.ndim == 2 else out
+
+
+def _integer_shift(pixels: Any, choice: Choice, fill: Sequence[int]) -> Any:
+    """torchvision's TranslateX / TranslateY as a copy, where its affine matrix is a shift by whole pixels
+    (its translations are ``int(magnitude)``) and the filter samples pixel centres exactly (nearest,
+    bilinear): every output pixel is one input pixel or the fill. None where that does not hold."""
+    import numpy as np
+
+    if choice.timm or choice.op not in ("TranslateX", "TranslateY") or choice.resample not in (0, 2):
+        return None
+    height, width, bands = pixels.shape
+    shift = [int(choice.magnitude), 0] if choice.op == "TranslateX" else [0, int(choice.magnitude)]
+    m = inverse_affine([width * 0.5, height * 0.5], 0.0, shift, [0.0, 0.0])
+    if m[0] != 1.0 or m[1] != 0.0 or m[3] != 0.0 or m[4] != 1.0 or m[2] % 1.0 or m[5] % 1.0:
+        return None
+    dx, dy = -int(m[2]), -int(m[5])  # out[y, x] = in[y - dy, x - dx]
+    values = tuple(int(v) for v in fill)
+    out = np.empty_like(pixels)
+    out[...] = np.asarray((values * bands if len(values) == 1 else values)[:bands], dtype=np.uint8)
+    if abs(dx) < width and abs(dy) < height:
+        out[max(dy, 0):height + min(dy, 0), max(dx, 0):width + min(dx, 0)] = \
+            pixels[max(-dy, 0):height + min(-dy, 0), max(-dx, 0):width + min(-dx, 0)]
+    return out
 
 
 def _to_pil(pixels: Any) -> Any:
