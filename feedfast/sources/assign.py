@@ -31,6 +31,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from feedfast.sources import schemes
+
 
 class Runs(Sequence[int]):
     """A tuple of ints stored as runs of equal values: a rank's per-step sizes in O(1), whatever the steps.
@@ -110,7 +112,7 @@ class EpochPlan:
         return self.rank_samples - self.valid.total()
 
 
-def partition_for(read_kinds: tuple[str, ...], *, shuffled: bool) -> str:
+def partition_for(read_kinds: tuple[str, ...], *, shuffled: bool, by_range: bool = False) -> str:
     """How an epoch's samples are ordered and dealt to ranks; the one rule, for every reader:
 
     ==========  ==================================  ===========================================
@@ -118,19 +120,26 @@ def partition_for(read_kinds: tuple[str, ...], *, shuffled: bool) -> str:
     ==========  ==================================  ===========================================
     ``shards``  not shuffled                        the shards in order; each rank a contiguous
                                                     range (DALI's split)
-    ``global``  shuffled, every shard a local file  one uniform permutation of the whole
-                                                    dataset, dealt out in global batches
+    ``global``  shuffled, every shard a local file, one uniform permutation of the whole
+                or (``by_range``) every shard read  dataset, dealt out in global batches
+                by range
     ``block``   shuffled, any shard remote (http,   windows of many shards interleaved (the
-                ``pipe:``, s3, gs)                  block shuffle), each rank a contiguous
-                                                    range of the shuffled windows
+                ``pipe:``, s3, gs) and not          block shuffle), each rank a contiguous
+                ``by_range``                        range of the shuffled windows
     ==========  ==================================  ===========================================
 
-    A sample read costs a request on a remote shard, so remote shards are read a window
-    of consecutive samples at a time; local ones sample by sample.
+    A sample read costs a request on a remote shard. DALI's feed reads remote shards a window
+    of consecutive samples at a time; the CPU paths (``by_range``: the ``threads`` and ``pil``
+    backends) read any shard with ranged reads (every kind but an uncached ``pipe:``) sample by
+    sample, their requests on threads of their own ahead of decoding
+    (:mod:`feedfast.sources.rangeread`), so they keep the global order, and with it the elastic
+    resume, over remote shards too.
     """
     if not shuffled:
         return "shards"
-    return "global" if all(k == "file" for k in read_kinds) else "block"
+    if all(k == "file" for k in read_kinds) or (by_range and all(schemes.kind(k).ranged for k in read_kinds)):
+        return "global"
+    return "block"
 
 
 def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool) -> tuple[int, ...]:

@@ -104,7 +104,11 @@ class BatchFeeder:
 
     def batch(self, step: int) -> list[list[np.ndarray]]:
         """The samples of step ``step``, read now (in the calling thread)."""
-        rows = self.step_rows(step)
+        return self.members(self.step_rows(step))
+
+    def members(self, rows: list[int]) -> list[list[np.ndarray]]:
+        """Per component, the members of ``rows`` (the rank's row numbers, in that order), read now: from their
+        windows under a windowed or block order, else in ranged reads merged where members are near."""
         if self._windows.active:
             samples = self.rows.samples(rows).tolist()
             held = self._windows.rows(samples)
