@@ -121,23 +121,24 @@ def partition_for(read_kinds: tuple[str, ...], *, shuffled: bool, by_range: bool
     ``shards``  not shuffled                        the shards in order; each rank a contiguous
                                                     range (DALI's split)
     ``global``  shuffled, every shard a local file, one uniform permutation of the whole
-                or (``by_range``) every shard read  dataset, dealt out in global batches
-                by range
-    ``block``   shuffled, any shard remote (http,   windows of many shards interleaved (the
-                ``pipe:``, s3, gs) and not          block shuffle), each rank a contiguous
-                ``by_range``                        range of the shuffled windows
+                or (``by_range``) every shard of a  dataset, dealt out in global batches
+                kind that reads single samples
+                cheaply (http, the shard cache)
+    ``block``   shuffled, otherwise (remote shards  windows of many shards interleaved (the
+                on DALI's feed; s3 and gs)          block shuffle), each rank a contiguous
+                                                    range of the shuffled windows
     ==========  ==================================  ===========================================
 
     A sample read costs a request on a remote shard. DALI's feed reads remote shards a window
-    of consecutive samples at a time; the CPU paths (``by_range``: the ``threads`` and ``pil``
-    backends) read any shard with ranged reads (every kind but an uncached ``pipe:``) sample by
-    sample, their requests on threads of their own ahead of decoding
-    (:mod:`feedfast.sources.rangeread`), so they keep the global order, and with it the elastic
-    resume, over remote shards too.
+    of consecutive samples at a time. The CPU paths (``by_range``: the ``threads`` and ``pil``
+    backends) read shards whose kind reads single samples cheaply (``Kind.sample_reads`` in
+    :mod:`.schemes`: local files, http, the shard cache) sample by sample, their requests on
+    threads of their own ahead of decoding (:mod:`feedfast.sources.rangeread`), so they keep
+    the global order, and with it the elastic resume, over those remote shards too.
     """
     if not shuffled:
         return "shards"
-    if all(k == "file" for k in read_kinds) or (by_range and all(schemes.kind(k).ranged for k in read_kinds)):
+    if all(k == "file" for k in read_kinds) or (by_range and all(schemes.kind(k).sample_reads for k in read_kinds)):
         return "global"
     return "block"
 
