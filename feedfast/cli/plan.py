@@ -82,6 +82,7 @@ def backend_line(plan: Plan) -> str:
 
         how = f"; {chunk_way(plan)}"
     if local[0] == remote[0]:
-        return f"auto: {local[0]}, over local and remote shards alike, because {local[1]}{how}"
+        alike = ": remote ones read by range ahead of decoding" if local[0] == "threads" else ""
+        return f"auto: {local[0]}, because {local[1]}{how} (local and remote shards alike{alike})"
     return f"auto over local shards: {local[0]}, because {local[1]}{how}; over remote shards: {remote[0]}, " \
            f"because {remote[1]}"

@@ -389,6 +389,6 @@ def auto_backend(plan: Plan, shards: ShardSet) -> tuple[str, str]:
     if blocker:
         return "dali", blocker
     remote = sorted({kind for kind in shards.read_kinds if kind != "file"})
-    where = f"{', '.join(remote)} shards read by range ahead of decoding" if remote else "local shards"
-    return "threads", f"every op runs on the threaded path, faster than DALI's CPU pipeline ({where})"
+    where = f", its {', '.join(remote)} shards read by range ahead of decoding" if remote else ""
+    return "threads", f"every op runs on the threaded path, faster than DALI's CPU pipeline{where}"
 
