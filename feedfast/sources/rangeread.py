@@ -115,15 +115,17 @@ class RangeSource:
                 for c, column in enumerate(arrays)]
 
     def _named(self, exc: ShardError, where: Any) -> RemoteError:
-        """``exc`` as an error naming the shard and the first sample of the failed read."""
-        shards = where.shard.tolist()
+        """``exc`` as an error naming the shard and sample: the one ``exc`` names (an index that does not match
+        the tar), else the first of the failed read in the shard it names."""
+        shards, keys, text = where.shard.tolist(), self.rows.index.batch_keys(where), str(exc)
         url = getattr(exc, "url", None)
-        at = next((i for i, s in enumerate(shards) if self.names[s] == url), 0)
+        at = next((i for i, k in enumerate(keys) if f"sample {k!r}" in text), None)
+        if at is None:
+            at = next((i for i, s in enumerate(shards) if self.names[s] == url), 0)
         name = self.names[shards[at]]
-        key = self.rows.index.batch_keys(where)[at]
         others = sum(self.names[s] == name for s in shards) - 1
-        more = f" (and {others} more sample(s) of it read with it)" if others > 0 else ""
-        return RemoteError(f"cannot read sample {key!r} of shard {name!r}{more}: {exc}", url=name,
+        more = f" (read with {others} more of its samples)" if others > 0 else ""
+        return RemoteError(f"cannot read sample {keys[at]!r} of shard {name!r}{more}: {exc}", url=name,
                            status=getattr(exc, "status", None))
 
     def close(self) -> None:
