@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import feedfast
-from feedfast.errors import ShardError, UserError
+from feedfast.errors import ShardError
 from feedfast.sources.cache import ShardCache
 from feedfast.sources.index import format_index, scan_tar
 from feedfast.sources.remote import RemoteError, Transfer, fetch_range

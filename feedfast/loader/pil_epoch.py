@@ -137,7 +137,7 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
             return _Failure("shard", str(exc))
         per_sample = []
         for i in range(len(rows)):
-            raw = None if columns is None else [b"" if column[i] is None else column[i] for column in columns]
+            raw = None if columns is None else [column[i] or b"" for column in columns]
             out = self._sample(batch, i, origins, draws[i], raw)
             if isinstance(out, _Failure):
                 return out

@@ -13,9 +13,11 @@ decoded), where the ``pil`` backend raises.
 
 Why it is faster: PIL releases the GIL while it decodes and resizes, so ``workers`` threads
 decode in parallel with no pickling and no copies between processes; each sample is read
-with ``os.pread``, decoded at reduced size when its crop allows (JPEG DCT scaling) and
-cropped and resized in one call; its pixels are read from PIL's memory without a copy where
-Pillow exports them, and written straight into the batch (flips as reversed views), and
+with ``os.pread`` (from a remote shard: by range, on reader threads ahead of decoding, then
+taken from memory, :mod:`feedfast.sources.rangeread`), decoded at reduced size when its crop
+allows (JPEG DCT scaling) and cropped and resized in one call; its pixels are read from PIL's
+memory without a copy where Pillow exports them, and written straight into the batch (flips
+as reversed views), and
 ``normalize`` runs vectorized in NumPy as they are written, in the thread that made them,
 while they are in cache (NumPy releases the GIL and starts no threads of its own, where
 torch would start its intra-op threads in every worker thread). When the plan defers
@@ -74,8 +76,8 @@ from feedfast.ops.registry import OPS
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.rows import Rows
 from feedfast.sources.rangeread import StepReads, epoch_reads
+from feedfast.sources.rows import Rows
 from feedfast.sources.shardfiles import ShardFiles
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -418,7 +420,7 @@ class _Epoch:
     def _raw(self, job: _Job, i: int) -> list[bytes]:
         """Row ``i``'s member bytes per component (``b""`` where it has no such member)."""
         if self.reads is not None:
-            return [b"" if column[0] is None else column[0] for column in self.reads.chunk(job.step, i, i + 1)]
+            return [column[0] or b"" for column in self.reads.chunk(job.step, i, i + 1)]
         return [b"" if m is None else self.files.read(int(job.rows.shard[i]), *m) for m in members_of(job.rows, i)]
 
     def close(self) -> None:
