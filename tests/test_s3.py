@@ -302,3 +302,12 @@ def test_an_s3_shard_gone_mid_epoch_names_the_shard_and_sample(small_spec: dict,
         for _ in loader:
             pass
     loader.close()
+
+
+def test_the_pil_backend_reads_s3_in_the_block_order_batch_by_batch(small_spec: dict, s3: Any) -> None:
+    url, shuffled = f"s3://indexed/{SHARDS}", {**small_spec, "shuffle": {"buffer": 8, "shards": True, "block": 8,
+                                                                        "window": 2}}
+    threads = _threads(shuffled, url, shuffle=True)[2]
+    backend, partition, pil = _threads(shuffled, url, shuffle=True, backend="pil", num_workers=2)
+    assert (backend, partition) == ("pil", "block")
+    assert [b[:2] for b in pil] == [b[:2] for b in threads]  # the same samples and labels, batch for batch

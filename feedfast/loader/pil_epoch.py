@@ -246,8 +246,8 @@ def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
         ShardError: a shard or its index cannot be read.
     """
     program, rows = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
-    source = RangeSource(shards.paths, shards.read_kinds, rows, cache=shards.cache, transfer=shards.transfer) \
-        if remote(shards.read_kinds) else None
+    source = RangeSource(shards.paths, shards.read_kinds, rows, cache=shards.cache, transfer=shards.transfer,
+                         windows=workers == 0) if remote(shards.read_kinds) else None  # a worker sees some steps
     data = EpochBatches(program, shards.paths, rows, ep, batch_size=batch_size, seed=seed, epoch=epoch, start=start,
                         check_seconds=plan.spec.check_seconds, source=source)
     loader = torch.utils.data.DataLoader(

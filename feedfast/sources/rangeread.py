@@ -9,8 +9,9 @@ so the rules are the ones DALI's feed already keeps:
 - the order is the epoch's rows (:mod:`.rows`): under the global order every sample is one
   ranged request, merged into one where a read's members lie within 256 KB of each other
   (consecutive samples of a shard); under the block shuffle each window of consecutive samples
-  is one request, kept until its samples are served; unshuffled, a step's samples of a shard
-  are one request;
+  is one request, kept until its samples are served (on the threaded path; a ``pil`` worker
+  process reads its batch's rows, merged where adjacent); unshuffled, a step's samples of a
+  shard are one request;
 - every ranged read of a remote or cached shard starts one tar block early and checks that each
   member sits right after its own header, so a stale or wrong index is an error naming the
   shard and sample, never a mislabelled sample (:mod:`.memberheader`);
@@ -75,27 +76,32 @@ class RangeSource:
         names, kinds: the shards (paths or URLs) and how each is read (``ShardSet.read_kinds``).
         rows: the rank's rows of the epoch (:class:`~feedfast.sources.rows.Rows`).
         cache, transfer: the shard cache (``cache`` shards) and the remote settings.
+        windows: under the block shuffle, read each window whole and hold it until its samples are
+            served (one process reads every step: the threaded path); False reads only the rows asked
+            for, merged where adjacent (a ``pil`` worker process sees only some of the steps, and would
+            hold the windows it never finishes).
     """
 
     def __init__(self, names: tuple[str, ...], kinds: tuple[str, ...], rows: Any, *, cache: ShardCache | None,
-                 transfer: Transfer) -> None:
+                 transfer: Transfer, windows: bool = True) -> None:
         self.names, self.kinds, self.rows, self.cache, self.transfer = names, kinds, rows, cache, transfer
+        self.windows = windows
         self._feeder: BatchFeeder | None = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"names": self.names, "kinds": self.kinds, "rows": self.rows, "cache": self.cache,
-                "transfer": self.transfer}
+                "transfer": self.transfer, "windows": self.windows}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["names"], state["kinds"], state["rows"], cache=state["cache"],  # type: ignore[misc]
-                      transfer=state["transfer"])
+                      transfer=state["transfer"], windows=state["windows"])
 
     def _reader(self) -> BatchFeeder:
         with self._lock:
             if self._feeder is None:
                 self._feeder = BatchFeeder(self.names, self.kinds, self.rows, None, steps=0, cache=self.cache,
-                                           transfer=self.transfer, workers=1, ahead=0)
+                                           transfer=self.transfer, workers=1, ahead=0, windows=self.windows)
             return self._feeder
 
     def read(self, rows: list[int]) -> Columns:
@@ -176,7 +182,9 @@ class StepReads:
         if parts is None:
             self.want(step)
             with self._lock:
-                parts = self._parts[step]
+                parts = self._parts.get(step)
+            if parts is None:
+                raise ShardError(f"step {step} was asked for after the epoch's remote reads were closed")
         got: Columns = []
         for p in range(a // PART, (b - 1) // PART + 1):
             part = parts[p].result()
