@@ -12,8 +12,11 @@ order over ``--rounds`` rounds:
   child process, fake credentials, as ``tests/test_s3.py`` starts it); left out, loudly, when
   moto, boto3 or s3fs is missing.
 
-Per round: the backend ``auto`` chose, the time from ``iter()`` to the first batch, and
-samples per second over ``--batches`` batches after ``--warmup`` (epoch after epoch). Medians
+Per round: the backend ``auto`` chose, the time from ``iter()`` to the first batch,
+samples per second over ``--batches`` batches after ``--warmup`` (epoch after epoch), CPU ms
+a sample (this process: the servers run in child processes), and for remote sources how many
+of the decoding threads' chunks found their bytes not read yet (the read-ahead's misses,
+``feedfast/sources/rangeread.py``; the first batches' included). Medians
 over rounds; the target (issue 27): each remote source's samples/s within 10 % of the local
 figure on the threaded path, printed met or not.
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -151,8 +155,35 @@ def s3_source(folder: Path, names: list[str]) -> Iterator[list[str]]:
                 os.environ[k] = v
 
 
+class _Waits(logging.Handler):
+    """Sums what each epoch's remote reads log when they close: chunks, those that waited on the network, seconds."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.waits, self.chunks, self.waited = 0, 0, 0.0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg.startswith("remote reads:") and isinstance(record.args, tuple):
+            waits, chunks, waited = record.args
+            self.waits, self.chunks, self.waited = self.waits + waits, self.chunks + chunks, self.waited + waited
+
+
 def one_round(shards: list[str], args: argparse.Namespace, cache: Path) -> dict[str, Any]:
-    """One fresh loader over ``shards``: its backend, first-batch seconds, samples/s and CPU ms a sample."""
+    """One fresh loader over ``shards``: its backend, first-batch seconds, samples/s, CPU ms a sample, and how
+    often decoding waited on the network (remote sources on the CPU paths)."""
+
+    waits = _Waits()
+    reads_log = logging.getLogger("feedfast.rangeread")
+    reads_log.addHandler(waits)
+    reads_log.setLevel(logging.DEBUG)
+    try:
+        got = _timed(shards, args, cache)
+    finally:
+        reads_log.removeHandler(waits)
+    return {**got, "chunks": waits.chunks, "chunks_waited": waits.waits, "waited_s": waits.waited}
+
+
+def _timed(shards: list[str], args: argparse.Namespace, cache: Path) -> dict[str, Any]:
     import feedfast
 
     loader = feedfast.DataLoader(SPEC, shards=shards, batch_size=args.batch_size, num_workers=args.workers,
@@ -191,8 +222,10 @@ def measure(sources: dict[str, list[str]], args: argparse.Namespace, cache: Path
         for name in names[r % len(names):] + names[: r % len(names)]:
             got = one_round(sources[name], args, cache)
             out[name].append(got)
+            waited = f"  decoding waited on {got['chunks_waited']} of {got['chunks']} chunks" if got["chunks"] else ""
             print(f"  round {r + 1} {name:<6} {got['backend']:<8} {got['samples_per_s']:8.0f} samples/s  "
-                  f"first batch {got['first_batch_s']:.2f} s  {got['cpu_ms_per_sample']:.2f} CPU ms/sample", flush=True)
+                  f"first batch {got['first_batch_s']:.2f} s  {got['cpu_ms_per_sample']:.2f} CPU ms/sample{waited}",
+                  flush=True)
     return out
 
 

@@ -295,3 +295,19 @@ def test_which_kinds_are_read_here() -> None:
     assert not rangeread.remote(("file", "file"))
     assert rangeread.remote(("file", "http")) and rangeread.remote(("cache",))
     assert rangeread.unranged(("http", "s3", "cache")) is None and rangeread.unranged(("pipe",)) == "pipe"
+
+
+def test_a_chunk_whose_bytes_are_not_read_yet_is_counted_as_a_wait(caplog: pytest.LogCaptureFixture) -> None:
+    gate = threading.Event()
+    reads = StepReads(_Recorded(gate), lambda s: [0, 1, 2], steps=2)  # type: ignore[arg-type]
+    reads.want(0)
+    threading.Timer(0.2, gate.set).start()
+    assert reads.chunk(0, 0, 3)[0] == [b"0", b"1", b"2"]  # waited for the gate
+    deadline = time.monotonic() + 10
+    while not reads._parts[1][0].done() and time.monotonic() < deadline:  # step 1's read, queued with step 0
+        time.sleep(0.01)
+    assert reads.chunk(1, 0, 3)[0] == [b"0", b"1", b"2"]  # read ahead meanwhile: no wait
+    assert (reads.chunks, reads.waits) == (2, 1) and reads.waited >= 0.1
+    with caplog.at_level("DEBUG", logger="feedfast.rangeread"):
+        reads.close()
+    assert "decoding waited on 1 of 2 chunks" in caplog.text

@@ -37,7 +37,9 @@ are dropped when its batch is handed over.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
@@ -53,6 +55,8 @@ READERS = 8
 """Reader threads of an epoch (I/O: they wait on sockets without the GIL)."""
 AHEAD = 2
 """Steps read past the last step queued for decoding."""
+
+log = logging.getLogger("feedfast.rangeread")
 
 Columns = list[list["bytes | None"]]
 """Per component, each row's member bytes (None: the sample has no such member)."""
@@ -159,6 +163,9 @@ class StepReads:
         self._parts: dict[int, list[Future[Columns]]] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self.chunks = 0  # chunks asked for
+        self.waits = 0  # of them, those whose bytes were not read yet
+        self.waited = 0.0  # seconds decoding waited on the network, over all threads
 
     def want(self, step: int) -> None:
         """Queue the reads of ``step`` and of the :data:`AHEAD` steps after it (those not queued yet)."""
@@ -186,6 +193,16 @@ class StepReads:
             if parts is None:
                 raise ShardError(f"step {step} was asked for after the epoch's remote reads were closed")
         got: Columns = []
+        pending = [parts[p] for p in range(a // PART, (b - 1) // PART + 1) if not parts[p].done()]
+        if pending:
+            started = time.perf_counter()
+            for future in pending:
+                future.exception()  # waits; a failure is raised below, by result()
+            with self._lock:
+                self.waits += 1
+                self.waited += time.perf_counter() - started
+        with self._lock:
+            self.chunks += 1
         for p in range(a // PART, (b - 1) // PART + 1):
             part = parts[p].result()
             lo, hi = max(a, p * PART) - p * PART, min(b, (p + 1) * PART) - p * PART
@@ -218,6 +235,8 @@ class StepReads:
                 part.cancel()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.source.close()
+        log.debug("remote reads: decoding waited on %d of %d chunks, %.3f s in all", self.waits, self.chunks,
+                  self.waited)
 
 
 def epoch_reads(shards: Any, rows: Any, ep: Any, *, batch_size: int) -> StepReads | None:
