@@ -17,10 +17,9 @@ with ``os.pread`` (from a remote shard: by range, on reader threads ahead of dec
 taken from memory, :mod:`feedfast.sources.rangeread`), decoded at reduced size when its crop
 allows (JPEG DCT scaling) and cropped and resized in one call; its pixels are read from PIL's
 memory without a copy where Pillow exports them, and written straight into the batch (flips
-as reversed views), and
-``normalize`` runs vectorized in NumPy as they are written, in the thread that made them,
-while they are in cache (NumPy releases the GIL and starts no threads of its own, where
-torch would start its intra-op threads in every worker thread). When the plan defers
+as reversed views), and ``normalize`` runs vectorized in NumPy as they are written, in the
+thread that made them, while they are in cache (NumPy releases the GIL and starts no threads
+of its own, where torch would start its intra-op threads in every worker thread). When the plan defers
 ``normalize`` to a CUDA consumer (the cheap-transfer pass), the field is yielded as uint8
 HWC, as the DALI path leaves it before its copy.
 
