@@ -19,8 +19,9 @@ import pytest
 import torch
 
 import feedfast
-from feedfast.errors import ShardError
+from feedfast.errors import ShardError, UserError
 from feedfast.loader import batchplan, native
+from feedfast.loader.pil_epoch import run_pil_epoch
 from feedfast.loader.thread_epoch import run_thread_epoch
 from feedfast.sources import rangeread
 from feedfast.sources.index import format_index, scan_tar
@@ -66,19 +67,31 @@ def _loader(spec: dict, shards: Any, **kw: Any) -> feedfast.DataLoader:
     return feedfast.DataLoader(spec, shards=shards, **kw)
 
 
+def _local_in_order_of(here: feedfast.DataLoader, there: feedfast.DataLoader, epoch: int,
+                       run: Any = run_thread_epoch) -> Batches:
+    """The epoch ``there`` (remote shards) reads, read by ``run`` (the threaded path; or the pil backend's) from
+    ``here``'s local shards with ``pread``: the same rows (an order depends on the shards' sizes only), the same plan."""
+    shards = dataclasses.replace(here.shards, shuffle=there.shards.shuffle)
+    out = []
+    for batch in run(here.plan, shards, there.epoch_plan(epoch), rank=0, world=1, batch_size=4, workers=0
+                     if run is run_pil_epoch else 2, seed=here.spec.seed, epoch=epoch):
+        images, labels = batch.fields["image"], batch.fields["label"]
+        out.append(([k for _, k in list(batch.origins)[: batch.valid]], labels.tolist(), images.clone()))
+    return out
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_auto_runs_the_threaded_path_over_http_and_delivers_what_local_shards_do(
         small_spec: dict, local: list[str], server: RangeServer, shuffle: bool) -> None:
     here, there = _loader(small_spec, local, shuffle=shuffle), _loader(small_spec, _urls(server, local), shuffle=shuffle)
     assert (here.backend, there.backend) == ("threads", "threads")
     assert there.shards.kinds == ("http",) * 5
-    assert there._partition == ("global" if shuffle else "shards") == here._partition  # one order for both
+    assert there._partition == ("block" if shuffle else "shards")  # windows, a request each (schemes.HTTP)
     for epoch in (0, 1):
-        here.set_epoch(epoch)
         there.set_epoch(epoch)
-        expected = _epoch(here)
-        assert _same(_epoch(there), expected)  # the same samples, labels and pixels, batch for batch
-        assert sorted(k for keys, _, _ in expected for k in keys) == sorted(f"train-{i:08d}" for i in range(23))
+        got = _epoch(there)
+        assert _same(got, _local_in_order_of(here, there, epoch))  # the same samples, labels, pixels, batch for batch
+        assert sorted(k for keys, _, _ in got for k in keys) == sorted(f"train-{i:08d}" for i in range(23))
     here.close()
     there.close()
     ranged = [r for r in server.requests if r[0] == "GET" and r[2]]
@@ -90,8 +103,10 @@ def test_the_pil_backend_reads_http_shards_by_range_too(small_spec: dict, local:
     for workers in (0, 2):  # in this process, and in DataLoader worker processes (each makes its own reader)
         here = _loader(small_spec, local, shuffle=True, backend="pil", num_workers=workers)
         there = _loader(small_spec, _urls(server, local), shuffle=True, backend="pil", num_workers=workers)
-        assert there._partition == "global"
-        assert _same(_epoch(there), _epoch(here))
+        assert there._partition == "block"
+        assert _same(_epoch(there), _local_in_order_of(here, there, 0, run_pil_epoch)) if workers == 0 else \
+            [b[:2] for b in _epoch(there)] == [b[:2] for b in _epoch(_loader(small_spec, _urls(server, local),
+                                                                              shuffle=True))]
         here.close()
         there.close()
 
@@ -136,17 +151,22 @@ def test_resume_mid_epoch_over_http_on_the_threaded_path(small_spec: dict, local
     resumed.close()
 
 
-def test_an_http_state_resumes_at_another_world_size(small_spec: dict, local: list[str], server: RangeServer) -> None:
-    """The global order over http: a state taken at 1 rank resumes at 2, each remaining sample once, in order."""
-    urls = _urls(server, local)
-    whole = _loader(small_spec, urls, shuffle=True, batch_size=2)
+def test_a_state_over_downloaded_http_shards_resumes_at_another_world_size(small_spec: dict, local: list[str],
+                                                                           server: RangeServer,
+                                                                           tmp_path: Path) -> None:
+    """Under on_error: skip, http shards are downloaded, checked and read from the shard cache in the global order:
+    a state taken at 1 rank resumes at 2, each remaining sample once, in order. Read in place (the block shuffle),
+    a state resumes the same world size only, and another is refused naming what differs."""
+    urls, kw = _urls(server, local), dict(shuffle=True, batch_size=2, on_error="skip", cache_dir=tmp_path)
+    whole = _loader(small_spec, urls, **kw)
+    assert whole.shards.kinds == ("cache",) * 5 and whole._partition == "global"
     sequence = [k for keys, _, _ in _epoch(whole) for k in keys]
     whole.close()
-    first = _loader(small_spec, urls, shuffle=True, batch_size=2)
+    first = _loader(small_spec, urls, **kw)
     head = [k for keys, _, _ in _epoch(first, stop=3) for k in keys]
     state = json.loads(json.dumps(first.state_dict()))
     first.close()
-    ranks = [_loader(small_spec, urls, shuffle=True, batch_size=2, rank=r, world_size=2) for r in (0, 1)]
+    ranks = [_loader(small_spec, urls, rank=r, world_size=2, **kw) for r in (0, 1)]
     for loader in ranks:
         loader.load_state_dict(state)
     steps = [_epoch(loader) for loader in ranks]
@@ -155,6 +175,14 @@ def test_an_http_state_resumes_at_another_world_size(small_spec: dict, local: li
     tail = [k for s in range(max(map(len, steps))) for rank in steps if s < len(rank) for k in rank[s][0]]
     assert head + tail == sequence  # step by step, rank by rank: the rest of the one global order
     assert Counter(head + tail) == Counter(f"train-{i:08d}" for i in range(23))
+    in_place = _loader(small_spec, urls, shuffle=True, batch_size=2)
+    _epoch(in_place, stop=2)
+    block_state = json.loads(json.dumps(in_place.state_dict()))
+    in_place.close()
+    other = _loader(small_spec, urls, shuffle=True, batch_size=2, rank=0, world_size=2)
+    with pytest.raises(UserError, match="cannot resume from this state"):
+        other.load_state_dict(block_state)
+    other.close()
 
 
 def test_a_short_body_is_retried_and_a_persistent_one_names_the_shard_and_sample(
@@ -208,7 +236,7 @@ def test_a_stale_sidecar_index_is_an_error_naming_the_sample_never_a_mislabel(sm
     with RangeServer(served) as srv:  # the first and last 256 KiB are right: trusted when opened
         url = f"{srv.url}/train-0000.tar"
         loader = _loader(small_spec, url, cache_dir=tmp_path / "c", shuffle=True)
-        assert loader.backend == "threads" and loader._partition == "global"
+        assert loader.backend == "threads" and loader._partition == "block"
         with pytest.raises(ShardError, match=rf"cannot read sample '(train-\d+)' of shard '{url}'.*"
                                              r"does not match the tar: sample '\1' has a member.*another sample") as caught:
             for _ in loader:

@@ -123,18 +123,20 @@ def partition_for(read_kinds: tuple[str, ...], *, shuffled: bool, by_range: bool
     ``global``  shuffled, every shard a local file, one uniform permutation of the whole
                 or (``by_range``) every shard of a  dataset, dealt out in global batches
                 kind that reads single samples
-                cheaply (http, the shard cache)
-    ``block``   shuffled, otherwise (remote shards  windows of many shards interleaved (the
-                on DALI's feed; s3 and gs)          block shuffle), each rank a contiguous
+                cheaply (the shard cache)
+    ``block``   shuffled, otherwise (http, s3, gs;  windows of many shards interleaved (the
+                any remote shard on DALI's feed)    block shuffle), each rank a contiguous
                                                     range of the shuffled windows
     ==========  ==================================  ===========================================
 
     A sample read costs a request on a remote shard. DALI's feed reads remote shards a window
     of consecutive samples at a time. The CPU paths (``by_range``: the ``threads`` and ``pil``
     backends) read shards whose kind reads single samples cheaply (``Kind.sample_reads`` in
-    :mod:`.schemes`: local files, http, the shard cache) sample by sample, their requests on
-    threads of their own ahead of decoding (:mod:`feedfast.sources.rangeread`), so they keep
-    the global order, and with it the elastic resume, over those remote shards too.
+    :mod:`.schemes`: local files and the shard cache, where a ``pipe:`` shard or, under
+    ``on_error: skip``, a checked download is read) sample by sample, so they keep the global
+    order, and with it the elastic resume, over those; a request per sample costs too much CPU
+    (see :mod:`.schemes`), so http, s3 and gs shards are read a window at a time, by range,
+    ahead of decoding (:mod:`feedfast.sources.rangeread`).
     """
     if not shuffled:
         return "shards"

@@ -38,6 +38,7 @@ are dropped when its batch is handed over.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -57,6 +58,8 @@ AHEAD = 2
 """Steps read past the last step queued for decoding."""
 
 log = logging.getLogger("feedfast.rangeread")
+_NAMED = re.compile(r"sample '([^']*)'")
+"""A sample an error's message already names (the index check names the sample whose member is misplaced)."""
 
 Columns = list[list["bytes | None"]]
 """Per component, each row's member bytes (None: the sample has no such member)."""
@@ -125,14 +128,17 @@ class RangeSource:
                 for c, column in enumerate(arrays)]
 
     def _named(self, exc: ShardError, where: Any) -> RemoteError:
-        """``exc`` as an error naming the shard and sample: the one ``exc`` names (an index that does not match
-        the tar), else the first of the failed read in the shard it names."""
+        """``exc`` as an error naming the shard and sample: the sample ``exc`` names (an index that does not match
+        the tar; under the block shuffle maybe one of the window read with the rows), else the first of the failed
+        read in the shard ``exc`` names."""
         shards, keys, text = where.shard.tolist(), self.rows.index.batch_keys(where), str(exc)
         url = getattr(exc, "url", None)
-        at = next((i for i, k in enumerate(keys) if f"sample {k!r}" in text), None)
-        if at is None:
-            at = next((i for i, s in enumerate(shards) if self.names[s] == url), 0)
+        at = next((i for i, s in enumerate(shards) if self.names[s] == url or repr(self.names[s]) in text), 0)
         name = self.names[shards[at]]
+        named = _NAMED.search(text)
+        if named is not None:
+            return RemoteError(f"cannot read sample {named.group(1)!r} of shard {name!r}: {exc}", url=name,
+                               status=getattr(exc, "status", None))
         others = sum(self.names[s] == name for s in shards) - 1
         more = f" (read with {others} more of its samples)" if others > 0 else ""
         return RemoteError(f"cannot read sample {keys[at]!r} of shard {name!r}{more}: {exc}", url=name,
