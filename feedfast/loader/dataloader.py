@@ -207,9 +207,11 @@ class DataLoader(TorchAttributes):
         self._mix, base = open_dataset(shards, self.spec, self._cache_dir, **open_kw)
         self.shards: ShardSet = self.shards_for(0) if self._mix else cast(ShardSet, base)
         self.backend = choose_backend(backend, self.plan, self.shards)
-        # shuffled: one permutation of the whole dataset per epoch over local shards, a block shuffle of windows
-        # of every shard over remote ones (sources/order.py); unshuffled: each rank's contiguous range
-        self._partition = partition_for(self.shards.read_kinds, shuffled=self.spec.shuffled)
+        # shuffled: one permutation of the whole dataset per epoch over local shards and on the CPU paths (which
+        # read every shard by range), a block shuffle of windows over remote ones on DALI's feed (sources/order.py);
+        # unshuffled: each rank's contiguous range
+        self._partition = partition_for(self.shards.read_kinds, shuffled=self.spec.shuffled,
+                                        by_range=self.backend != "dali")
         self._check_size()
         if self._mix is None and (self.backend != "dali" or self._partition != "shards" or self.shards.transport != "native"):
             # the rows feedfast reads itself come from the dataset's columnar index: built here (once per

@@ -13,12 +13,13 @@ decoded), where the ``pil`` backend raises.
 
 Why it is faster: PIL releases the GIL while it decodes and resizes, so ``workers`` threads
 decode in parallel with no pickling and no copies between processes; each sample is read
-with ``os.pread``, decoded at reduced size when its crop allows (JPEG DCT scaling) and
-cropped and resized in one call; its pixels are read from PIL's memory without a copy where
-Pillow exports them, and written straight into the batch (flips as reversed views), and
-``normalize`` runs vectorized in NumPy as they are written, in the thread that made them,
-while they are in cache (NumPy releases the GIL and starts no threads of its own, where
-torch would start its intra-op threads in every worker thread). When the plan defers
+with ``os.pread`` (from a remote shard: by range, on reader threads ahead of decoding, then
+taken from memory, :mod:`feedfast.sources.rangeread`), decoded at reduced size when its crop
+allows (JPEG DCT scaling) and cropped and resized in one call; its pixels are read from PIL's
+memory without a copy where Pillow exports them, and written straight into the batch (flips
+as reversed views), and ``normalize`` runs vectorized in NumPy as they are written, in the
+thread that made them, while they are in cache (NumPy releases the GIL and starts no threads
+of its own, where torch would start its intra-op threads in every worker thread). When the plan defers
 ``normalize`` to a CUDA consumer (the cheap-transfer pass), the field is yielded as uint8
 HWC, as the DALI path leaves it before its copy.
 
@@ -76,6 +77,7 @@ from feedfast.ops.registry import OPS
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
+from feedfast.sources.rangeread import StepReads, epoch_reads
 from feedfast.sources.rows import Rows
 from feedfast.sources.shardfiles import ShardFiles
 
@@ -201,7 +203,8 @@ class _Epoch:
     """The epoch's samples, files, pool work and batch assembly."""
 
     def __init__(self, plan: Plan, program: PilProgram, paths: tuple[str, ...], rows: Rows,
-                 ep: EpochPlan, *, batch_size: int, knobs: Knobs, seed: int, epoch: int) -> None:
+                 ep: EpochPlan, *, batch_size: int, knobs: Knobs, seed: int, epoch: int,
+                 reads: StepReads | None = None) -> None:
         self.program, self.paths, self.rows, self.ep = program, paths, rows, ep
         self.batch_size, self.seed, self.epoch = batch_size, seed, epoch
         self.fields = _fields(plan, program)
@@ -213,6 +216,7 @@ class _Epoch:
         pixel_fields = sum(f.kind == "pixels" for f in self.fields)
         self.buffers = _Buffers(limit=pixel_fields * (knobs.max_prefetch + 3))  # in flight, the consumer's, a spare
         self.files = ShardFiles(paths)
+        self.reads = reads  # remote shards: each step's bytes read ahead by range (sources/rangeread.py)
         self._local = threading.local()
         self.check_seconds, self.decodes = plan.spec.check_seconds, image_decodes(program)
         self.chain = batchplan.chain_of(program) if self.fast else None
@@ -242,12 +246,16 @@ class _Epoch:
         draws = batch_draws(seed=self.seed, epoch=self.epoch, samples=batch.samples)
         job = _Job(step, batch, Origins(self.rows.index, self.paths, batch), draws, self.ep.valid[step], outputs,
                    len(starts))
+        if self.reads is not None:
+            self.reads.want(step)
         for a in starts:
             pool.submit(self._run_chunk, job, a, min(n, a + chunk))
         return job
 
     def result(self, job: _Job) -> Batch:
         job.done.wait()
+        if self.reads is not None:
+            self.reads.release(job.step)
         if job.error is not None:
             raise job.error
         fields: dict[str, Any] = {}
@@ -312,8 +320,12 @@ class _Epoch:
         chain = self.chain
         assert chain is not None
         rows = job.rows
-        fds = self.files.fds(rows.shard[a:b])
-        raws = [batchplan.read(fds, rows.offsets[a:b, c], rows.sizes[a:b, c]) for c in range(rows.offsets.shape[1])]
+        if self.reads is not None:  # remote shards: the bytes read ahead, from memory
+            raws = self.reads.chunk(job.step, a, b)
+        else:
+            fds = self.files.fds(rows.shard[a:b])
+            raws = [batchplan.read(fds, rows.offsets[a:b, c], rows.sizes[a:b, c])
+                    for c in range(rows.offsets.shape[1])]
         images = raws[chain.component]
         plans = batchplan.plan(chain, images, rows.samples[a:b], self.key, Image.MAX_IMAGE_PIXELS)
         host = {name: _host_column(steps, raws) for name, steps in self.host_chains.items()}
@@ -405,7 +417,7 @@ class _Epoch:
         number = int(job.rows.shard[i])
         shard = self.paths[number]
         try:
-            raw = [b"" if m is None else self.files.read(number, *m) for m in members_of(job.rows, i)]
+            raw = self._raw(job, i)
             named = job.origins.lazy(i)  # PIL's warnings go to logging naming the sample (read if they come)
             try:
                 if self.fast:
@@ -428,9 +440,17 @@ class _Epoch:
             raise BackendError(f"threaded CPU backend failed on shard {shard!r}, sample {job.origins[i][1]!r}: "
                                f"{type(exc).__name__}: {exc}") from exc
 
+    def _raw(self, job: _Job, i: int) -> list[bytes]:
+        """Row ``i``'s member bytes per component (``b""`` where it has no such member)."""
+        if self.reads is not None:
+            return [column[0] or b"" for column in self.reads.chunk(job.step, i, i + 1)]
+        return [b"" if m is None else self.files.read(int(job.rows.shard[i]), *m) for m in members_of(job.rows, i)]
+
     def close(self) -> None:
-        """Close the shard files."""
+        """Close the shard files and stop the remote reads."""
         self.files.close()
+        if self.reads is not None:
+            self.reads.close()
 
 
 _WRITTEN = object()
@@ -521,7 +541,8 @@ def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, 
     """
     program, rows = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
     knobs = knobs or Knobs(threads=workers or _env.usable_cores(), prefetch=max(1, prefetch_factor))
-    work = _Epoch(plan, program, shards.paths, rows, ep, batch_size=batch_size, knobs=knobs, seed=seed, epoch=epoch)
+    work = _Epoch(plan, program, shards.paths, rows, ep, batch_size=batch_size, knobs=knobs, seed=seed, epoch=epoch,
+                  reads=epoch_reads(shards, rows, ep, batch_size=batch_size))
     pool = LivePool(knobs, name="feedfast-cpu")
     jobs: deque[_Job] = deque()
     submitted = start
