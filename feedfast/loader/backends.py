@@ -37,7 +37,7 @@ from feedfast.loader import nativelog, rescue
 from feedfast.loader.diagnose import diagnose
 from feedfast.loader.epoch import CHECKPOINT_EVERY, Batch, EpochPipe, make_pipeline, release_memory, run_epoch
 from feedfast.loader.knobs import Knobs
-from feedfast.loader.prefetch import PinnedRing
+from feedfast.loader.ring import PinnedRing
 from feedfast.sources.assign import EpochPlan
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.rows import epoch_rows

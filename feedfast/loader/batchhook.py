@@ -26,7 +26,7 @@ from torch.utils.data import default_collate, default_convert
 from feedfast.errors import FeedfastError, UserError
 from feedfast.loader.batchinfo import BatchInfo
 from feedfast.loader.epoch import Batch
-from feedfast.loader.prefetch import NullEvent, PinnedRing, Ready
+from feedfast.loader.ring import NullEvent, PinnedRing, Ready
 
 BatchHook = Callable[[Any], Any]
 

@@ -34,7 +34,7 @@ from feedfast.loader.options import (
     threads_for,
     timeout_seconds,
 )
-from feedfast.loader.prefetch import PinnedRing
+from feedfast.loader.ring import PinnedRing
 from feedfast.loader.state import Identity, LoaderState, ResumePoint, parse_state, shard_set_digest, spec_digest
 from feedfast.loader.torchcompat import TorchAttributes
 from feedfast.loader.tune import Tuner, budget_batches

@@ -15,7 +15,7 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError
 from feedfast.loader import convert
 from feedfast.loader.diagnose import diagnose, first_line
-from feedfast.loader.prefetch import PinnedRing, Ready
+from feedfast.loader.ring import PinnedRing, Ready
 from feedfast.loader.rescue import PatchedFeed, Patches, epoch_stream, wrap_checkpoint
 from feedfast.ops.color import normalize_tensor
 from feedfast.sources.assign import EpochPlan
