@@ -106,7 +106,7 @@ def test_the_producer_thread_sets_the_delivery_device_before_any_cuda_call(
 
 
 def test_ahead_runs_its_setup_on_its_thread_before_producing() -> None:
-    from feedfast.loader.ahead import Ahead
+    from feedfast.loader.producer import Ahead
 
     seen: list[str] = []
 

@@ -16,7 +16,7 @@ and its own augmentation draws. :func:`choose_backend` picks ``threads`` for a C
 over local shards whose ops it runs, else ``dali``.
 
 Every source's :meth:`EpochSource.batches` runs on the loader's producer thread
-(:mod:`feedfast.loader.ahead`); a batch whose ``ready`` is None holds host tensors that the
+(:mod:`feedfast.loader.producer`); a batch whose ``ready`` is None holds host tensors that the
 loader then copies through the pinned ring.
 """
 

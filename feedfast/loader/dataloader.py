@@ -16,7 +16,7 @@ from feedfast.compile.passes import forced_onto_gpu
 from feedfast.compile.plan import Plan, build_plan, lower
 from feedfast.errors import FeedfastError, UserError
 from feedfast.loader.accelerate_state import AccelerateEpoch
-from feedfast.loader.ahead import Ahead
+from feedfast.loader.producer import Ahead
 from feedfast.loader.backends import DaliSource, EpochSource, ProgramSource, choose_backend
 from feedfast.loader.batchhook import HOOKED, check_batch_hook, hook_on_stream, with_info
 from feedfast.loader.batchinfo import BatchInfo
@@ -334,7 +334,7 @@ class DataLoader(TorchAttributes):
         return self._iterate()
 
     def _batches(self, epoch: int, ep: EpochPlan, point: ResumePoint, hooked: bool) -> Iterator[Batch]:
-        """The epoch's batches from ``point``, made on the producer thread (see :mod:`feedfast.loader.ahead`).
+        """The epoch's batches from ``point``, made on the producer thread (see :mod:`feedfast.loader.producer`).
 
         The backend starts at the point's checkpoint; the batches from there to the point's step
         were handed out before the state was taken, and are made again and dropped here.

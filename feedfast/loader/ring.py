@@ -2,7 +2,7 @@
 
 Two sides, two threads:
 
-- the producer (the loader's background thread, :mod:`feedfast.loader.ahead`) takes a slot
+- the producer (the loader's background thread, :mod:`feedfast.loader.producer`) takes a slot
   (:meth:`PinnedRing.slot`, which waits until that slot's previous copy finished), stages host
   tensors into it, and :meth:`PinnedRing.upload` copies them on a side stream and records a
   ``ready`` event there. The side stream never waits for the training stream: the copy of
