@@ -230,7 +230,7 @@ def test_default_threads_are_this_ranks_share_of_the_cores(monkeypatch: pytest.M
 # ---------------------------------------------------------------------------- 6: the next epoch's build
 def test_the_batch_that_triggers_the_next_epochs_build_is_handed_over_before_the_build(
         monkeypatch: pytest.MonkeyPatch, small_spec: dict, shards: list[str]) -> None:
-    from feedfast.loader import backends
+    from feedfast.loader.backends import choose as backends
 
     made: list[int] = []
     handed: list[int] = []

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
 def backend_line(plan: Plan) -> str:
     """What ``backend="auto"`` runs this plan on over local shards, and why (how, on the threaded path)."""
-    from feedfast.loader.backends import auto_backend
+    from feedfast.loader.backends.choose import auto_backend
     from feedfast.sources.dataset import ShardSet
 
     chosen, why = auto_backend(plan, ShardSet((), (), ()))  # local shards (remote ones always go to DALI)

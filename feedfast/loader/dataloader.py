@@ -17,7 +17,7 @@ from feedfast.compile.plan import Plan, build_plan, lower
 from feedfast.errors import FeedfastError, UserError
 from feedfast.loader.accelerate_state import AccelerateEpoch
 from feedfast.loader.producer import Ahead
-from feedfast.loader.backends import DaliSource, EpochSource, ProgramSource, choose_backend
+from feedfast.loader.backends.choose import DaliSource, EpochSource, ProgramSource, choose_backend
 from feedfast.loader.batchhook import HOOKED, check_batch_hook, hook_on_stream, with_info
 from feedfast.loader.batchinfo import BatchInfo
 from feedfast.loader.batchsize import check_batch_size, sample_bytes
@@ -119,7 +119,7 @@ class DataLoader(TorchAttributes):
             ``threads`` for a CPU-placed plan over local shards whose
             ops the threaded path runs, else ``dali``; ``dali``; ``threads`` (pillow-simd in
             threads, reduced-size JPEG decode); or ``pil`` (PIL in torch DataLoader worker
-            processes, the portable backend). See :mod:`feedfast.loader.backends`.
+            processes, the portable backend). See :mod:`feedfast.loader.backends.choose`.
         cache_limit: bytes the cache of whole remote shards (``pipe:`` shards, and http
             ones under ``on_error='skip'``) may hold; least recently used go first
             (default: no limit; see :mod:`feedfast.sources.cache`).
@@ -254,7 +254,7 @@ class DataLoader(TorchAttributes):
         return "gpu"
 
     def _source(self, num_workers: int | None) -> EpochSource:
-        """The backend's epoch source (see :mod:`feedfast.loader.backends`)."""
+        """The backend's epoch source (see :mod:`feedfast.loader.backends.choose`)."""
         common: dict[str, Any] = dict(rank=self.rank, world=self.world, batch_size=self.spec.batch_size,
                                       seed=self.spec.seed, prefetch=self.prefetch)
         if self.backend == "dali":
