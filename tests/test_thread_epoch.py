@@ -17,7 +17,7 @@ from feedfast import _env
 from feedfast.compile.plan import build_plan
 from feedfast.errors import SampleError
 from feedfast.loader import native, pil_fast, thread_sample
-from feedfast.loader.epoch import Batch
+from feedfast.loader.backends.dali_pipe import Batch
 from feedfast.loader.pil_epoch import run_pil_epoch
 from feedfast.loader.thread_epoch import fast_path_supported, run_thread_epoch
 from feedfast.sources.assign import plan_epoch

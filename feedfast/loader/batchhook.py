@@ -25,7 +25,7 @@ from torch.utils.data import default_collate, default_convert
 
 from feedfast.errors import FeedfastError, UserError
 from feedfast.loader.batchinfo import BatchInfo
-from feedfast.loader.epoch import Batch
+from feedfast.loader.backends.dali_pipe import Batch
 from feedfast.loader.ring import NullEvent, PinnedRing, Ready
 
 BatchHook = Callable[[Any], Any]

@@ -22,7 +22,7 @@ from feedfast.loader.batchhook import HOOKED, check_batch_hook, hook_on_stream, 
 from feedfast.loader.batchinfo import BatchInfo
 from feedfast.loader.batchsize import check_batch_size, sample_bytes
 from feedfast.loader.devices import DeviceLayer, delivery_here, layer_for
-from feedfast.loader.epoch import CHECKPOINT_EVERY, Batch
+from feedfast.loader.backends.dali_pipe import CHECKPOINT_EVERY, Batch
 from feedfast.loader.knobs import Knobs
 from feedfast.loader.options import (
     at_least_zero,

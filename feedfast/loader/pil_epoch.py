@@ -1,6 +1,6 @@
 """One epoch of one rank through the portable backend: PIL in torch DataLoader workers.
 
-It yields the same :class:`~feedfast.loader.epoch.Batch` objects as the DALI path's
+It yields the same :class:`~feedfast.loader.backends.dali_pipe.Batch` objects as the DALI path's
 ``run_epoch`` with the same sample assignment: the shards concatenated in
 ``ep.shard_order``, each shard's samples in the order of the index DALI is given
 (``ShardSet.index_paths``: already filtered by :func:`~feedfast.sources.dataset.open_shards`
@@ -54,7 +54,7 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, SampleError, ShardError
 from feedfast.loader import convert
 from feedfast.loader.draws import SampleDraws, batch_draws
-from feedfast.loader.epoch import Batch
+from feedfast.loader.backends.dali_pipe import Batch
 from feedfast.loader.pil_warnings import routed
 from feedfast.loader.second_run import image_decodes, second_raw
 from feedfast.ops.base import Signature

@@ -2,7 +2,7 @@
 
 It yields what :func:`~feedfast.loader.pil_epoch.run_pil_epoch` yields, sample for sample:
 the same samples per step (:func:`~feedfast.loader.pil_epoch.epoch_samples`, padding that
-repeats the rank's last sample), the same :class:`~feedfast.loader.epoch.Batch` objects, the
+repeats the rank's last sample), the same :class:`~feedfast.loader.backends.dali_pipe.Batch` objects, the
 same per-sample draws (:mod:`~feedfast.loader.draws`, keyed by seed, epoch and sample) and so
 the same crop boxes and flips, and the same :class:`~feedfast.errors.SampleError` naming shard and key.
 Pixels agree with the ``pil`` backend within the tolerances stated in
@@ -54,7 +54,7 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, FeedfastError, SampleError
 from feedfast.loader import batchplan, convert, native
 from feedfast.loader.draws import SampleDraws, batch_draws, draws_key
-from feedfast.loader.epoch import Batch
+from feedfast.loader.backends.dali_pipe import Batch
 from feedfast.loader.knobs import Knobs, LivePool
 from feedfast.loader.pil_epoch import epoch_samples, members_of
 from feedfast.loader.pil_fast import REGION_MARGIN, JpegHeader, decode_region

@@ -35,7 +35,7 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import UserError
 from feedfast.loader import nativelog, rescue
 from feedfast.loader.diagnose import diagnose
-from feedfast.loader.epoch import CHECKPOINT_EVERY, Batch, EpochPipe, make_pipeline, release_memory, run_epoch
+from feedfast.loader.backends.dali_pipe import CHECKPOINT_EVERY, Batch, EpochPipe, make_pipeline, release_memory, run_epoch
 from feedfast.loader.knobs import Knobs
 from feedfast.loader.ring import PinnedRing
 from feedfast.sources.assign import EpochPlan
