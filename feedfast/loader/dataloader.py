@@ -269,7 +269,7 @@ class DataLoader(TorchAttributes):
 
             return ProgramSource("threads", run_thread_epoch, self.plan, self.shards_for, workers=self.threads,
                                  plan_for=self.epoch_plan, knobs=self.knobs, start_ahead=True, **common)
-        from feedfast.loader.pil_epoch import run_pil_epoch
+        from feedfast.loader.backends.pil import run_pil_epoch
 
         workers = self.threads if num_workers is None else num_workers  # 0: in this process, as in torch
         return ProgramSource("pil", run_pil_epoch, self.plan, self.shards_for, workers=workers,

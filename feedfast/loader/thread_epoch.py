@@ -1,7 +1,7 @@
 """One epoch of one rank on the CPU in threads: PIL (pillow-simd) decode and resize, no processes.
 
-It yields what :func:`~feedfast.loader.pil_epoch.run_pil_epoch` yields, sample for sample:
-the same samples per step (:func:`~feedfast.loader.pil_epoch.epoch_samples`, padding that
+It yields what :func:`~feedfast.loader.backends.pil.run_pil_epoch` yields, sample for sample:
+the same samples per step (:func:`~feedfast.loader.backends.pil.epoch_samples`, padding that
 repeats the rank's last sample), the same :class:`~feedfast.loader.backends.dali_pipe.Batch` objects, the
 same per-sample draws (:mod:`~feedfast.loader.draws`, keyed by seed, epoch and sample) and so
 the same crop boxes and flips, and the same :class:`~feedfast.errors.SampleError` naming shard and key.
@@ -56,7 +56,7 @@ from feedfast.loader import batchplan, convert, native
 from feedfast.loader.draws import SampleDraws, batch_draws, draws_key
 from feedfast.loader.backends.dali_pipe import Batch
 from feedfast.loader.knobs import Knobs, LivePool
-from feedfast.loader.pil_epoch import epoch_samples, members_of
+from feedfast.loader.backends.pil import epoch_samples, members_of
 from feedfast.loader.pil_fast import REGION_MARGIN, JpegHeader, decode_region
 from feedfast.loader.second_run import image_decodes, second_raw
 from feedfast.loader.thread_sample import (

@@ -232,7 +232,7 @@ class ProgramSource:
     Args:
         name: the backend's name.
         run: :func:`~feedfast.loader.thread_epoch.run_thread_epoch` or
-            :func:`~feedfast.loader.pil_epoch.run_pil_epoch` (one signature).
+            :func:`~feedfast.loader.backends.pil.run_pil_epoch` (one signature).
         knobs: read live by ``run`` (the threaded path's threads and batches in flight); None:
             ``workers`` and ``prefetch`` are fixed per epoch.
         start_ahead: whether :meth:`prepare` starts the next epoch on a thread while this one drains.
