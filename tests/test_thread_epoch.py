@@ -19,7 +19,7 @@ from feedfast.errors import SampleError
 from feedfast.loader import native, pil_fast, thread_sample
 from feedfast.loader.backends.dali_pipe import Batch
 from feedfast.loader.backends.pil import run_pil_epoch
-from feedfast.loader.thread_epoch import fast_path_supported, run_thread_epoch
+from feedfast.loader.backends.threads import fast_path_supported, run_thread_epoch
 from feedfast.sources.assign import plan_epoch
 from feedfast.sources.dataset import ShardSet, open_shards
 from feedfast.sources.index import load_index

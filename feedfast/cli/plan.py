@@ -76,6 +76,6 @@ def backend_line(plan: Plan) -> str:
     chosen, why = auto_backend(plan, ShardSet((), (), ()))  # local shards (remote ones always go to DALI)
     if chosen != "threads":
         return f"auto over local shards: {chosen}, because {why}; remote shards: dali"
-    from feedfast.loader.thread_epoch import chunk_way
+    from feedfast.loader.backends.threads import chunk_way
 
     return f"auto over local shards: threads ({chunk_way(plan)}); remote shards: dali"

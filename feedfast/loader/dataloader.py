@@ -265,7 +265,7 @@ class DataLoader(TorchAttributes):
                               max_pixels=self.max_pixels, checkpoint_every=1 if self.sample_info else CHECKPOINT_EVERY,
                               **common)
         if self.backend == "threads":
-            from feedfast.loader.thread_epoch import run_thread_epoch
+            from feedfast.loader.backends.threads import run_thread_epoch
 
             return ProgramSource("threads", run_thread_epoch, self.plan, self.shards_for, workers=self.threads,
                                  plan_for=self.epoch_plan, knobs=self.knobs, start_ahead=True, **common)

@@ -6,7 +6,7 @@ backend    what makes the batches                                      resumes f
 dali       a DALI pipeline per epoch (CPU or GPU placement); local,    DALI's checkpoint
            s3/gs (DALI's reader) and http/pipe (the stream transport)
 threads    pillow-simd in threads, reduced-size JPEG decode, one       the step (per-sample RNG)
-           crop-and-resize call per image (:mod:`.thread_epoch`)
+           crop-and-resize call per image (:mod:`~feedfast.loader.backends.threads`)
 pil        the PIL program in torch DataLoader worker processes        the step (per-sample RNG)
 =========  ==========================================================  ==========================
 
@@ -231,7 +231,7 @@ class ProgramSource:
 
     Args:
         name: the backend's name.
-        run: :func:`~feedfast.loader.thread_epoch.run_thread_epoch` or
+        run: :func:`~feedfast.loader.backends.threads.run_thread_epoch` or
             :func:`~feedfast.loader.backends.pil.run_pil_epoch` (one signature).
         knobs: read live by ``run`` (the threaded path's threads and batches in flight); None:
             ``workers`` and ``prefetch`` are fixed per epoch.
@@ -370,7 +370,7 @@ def auto_backend(plan: Plan, shards: ShardSet) -> tuple[str, str]:
     if remote:
         return "dali", f"shards read as {', '.join(remote)} (the threaded path reads local shards only)"
     try:
-        from feedfast.loader.thread_epoch import fast_path_blocker
+        from feedfast.loader.backends.threads import fast_path_blocker
     except ImportError as exc:  # no PIL
         return "dali", f"PIL does not import ({exc})"
     blocker = fast_path_blocker(plan)
