@@ -12,7 +12,7 @@ import torch
 
 import feedfast
 from feedfast.errors import FeedfastError, UserError
-from feedfast.loader.batchinfo import BatchInfo
+from feedfast.loader.batch import BatchInfo
 
 
 def _loader(spec: dict, shards: list[str], **kw: Any) -> feedfast.DataLoader:

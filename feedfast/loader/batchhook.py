@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import default_collate, default_convert
 
 from feedfast.errors import FeedfastError, UserError
-from feedfast.loader.batchinfo import BatchInfo
+from feedfast.loader.batch import BatchInfo
 from feedfast.loader.backends.dali_pipe import Batch
 from feedfast.loader.ring import NullEvent, PinnedRing, Ready
 

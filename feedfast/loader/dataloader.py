@@ -19,7 +19,7 @@ from feedfast.loader.accelerate_state import AccelerateEpoch
 from feedfast.loader.producer import Ahead
 from feedfast.loader.backends.choose import DaliSource, EpochSource, ProgramSource, choose_backend
 from feedfast.loader.batchhook import HOOKED, check_batch_hook, hook_on_stream, with_info
-from feedfast.loader.batchinfo import BatchInfo
+from feedfast.loader.batch import BatchInfo
 from feedfast.loader.batchsize import check_batch_size, sample_bytes
 from feedfast.loader.devices import DeviceLayer, delivery_here, layer_for
 from feedfast.loader.backends.dali_pipe import CHECKPOINT_EVERY, Batch
@@ -124,7 +124,7 @@ class DataLoader(TorchAttributes):
             ones under ``on_error='skip'``) may hold; least recently used go first
             (default: no limit; see :mod:`feedfast.sources.cache`).
         remote_retries: retries of a failed remote read (default 3, backoff 0.5 s doubling).
-        sample_info: give each batch a :class:`~feedfast.loader.batchinfo.BatchInfo` (its
+        sample_info: give each batch a :class:`~feedfast.loader.batch.BatchInfo` (its
             samples' shards and keys, the padding mask, the state to resume after it): the
             last element of a tuple batch, or ``batch["sample_info"]`` of a dict batch.
         tune: search the loader's threads and batches ahead during the first batches, by the
