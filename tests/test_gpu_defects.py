@@ -230,12 +230,12 @@ def test_default_threads_are_this_ranks_share_of_the_cores(monkeypatch: pytest.M
 # ---------------------------------------------------------------------------- 6: the next epoch's build
 def test_the_batch_that_triggers_the_next_epochs_build_is_handed_over_before_the_build(
         monkeypatch: pytest.MonkeyPatch, small_spec: dict, shards: list[str]) -> None:
-    from feedfast.loader.backends import choose as backends
+    from feedfast.loader.backends import dali as backends
 
     made: list[int] = []
     handed: list[int] = []
     at_build: list[tuple[int, int]] = []
-    run_epoch, prepare = backends.run_epoch, backends.DaliSource._prepare
+    run_epoch, prepare = backends.run_epoch, backends.DaliBackend.prepare
 
     def counting_run_epoch(*args: Any, **kwargs: Any) -> Any:
         for batch in run_epoch(*args, **kwargs):
@@ -247,16 +247,16 @@ def test_the_batch_that_triggers_the_next_epochs_build_is_handed_over_before_the
         prepare(self, epoch)
 
     monkeypatch.setattr(backends, "run_epoch", counting_run_epoch)
-    monkeypatch.setattr(backends.DaliSource, "_prepare", spying_prepare)
+    monkeypatch.setattr(backends.DaliBackend, "prepare", spying_prepare)
     loader = feedfast.DataLoader(small_spec, shards=shards, backend="dali", num_workers=1, prefetch_factor=2)
-    batches = loader.source.batches
+    batches = loader._backend.batches
 
     def counting_batches(*args: Any, **kwargs: Any) -> Any:
         for batch in batches(*args, **kwargs):
             handed.append(1)
             yield batch
 
-    monkeypatch.setattr(loader.source, "batches", counting_batches)
+    monkeypatch.setattr(loader._backend, "batches", counting_batches)
     assert sum(1 for _ in loader) == 6
     (built,) = at_build
     assert built[0] == built[1] > 0, f"{built[0]} batches made, {built[1]} handed over when the build started"

@@ -53,22 +53,23 @@ from feedfast.compile.pil import PilProgram, PilStep, compile_pil
 from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, FeedfastError, SampleError
 from feedfast.loader import batchplan, convert, native
+from feedfast.loader.backends.samples import epoch_samples, failure_reason, members_of
+from feedfast.loader.batch import Batch
 from feedfast.loader.draws import SampleDraws, batch_draws, draws_key
-from feedfast.loader.backends.dali_pipe import Batch
 from feedfast.loader.knobs import Knobs, LivePool
-from feedfast.loader.backends.pil import epoch_samples, members_of
 from feedfast.loader.pil_fast import REGION_MARGIN, JpegHeader, decode_region
 from feedfast.loader.second_run import image_decodes, second_raw
 from feedfast.loader.thread_sample import (
     REDUCING_GAP,
     NeedsFallback,
     View,
-    _pixels,
     fast_program,
     fast_program_blocker,
     fast_values,
     program_values,
+    view_pixels,
 )
+from feedfast.ops.color import normalize_tensor
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.registry import OPS
 from feedfast.sources.assign import EpochPlan, step_positions
@@ -247,7 +248,7 @@ class _Epoch:
                 value = convert.collate(value, f.host_kind)
             elif isinstance(value, list):  # pixels of varying size: stacked as the pil backend does
                 value = torch.stack([torch.from_numpy(np.ascontiguousarray(v)) for v in value])
-                value = _normalized(value, f.normalize) if f.normalize else value
+                value = normalize_tensor(value, f.normalize) if f.normalize else value
             fields[f.name] = value
         return Batch(fields, job.origins, job.valid)
 
@@ -351,14 +352,14 @@ class _Epoch:
         view = View(chain.decode, (row[bx], row[bx + 1], row[bx + 2], row[bx + 3]), (int(row[sz]), int(row[sz + 1])),
                     (int(row[c]), int(row[c + 1]), int(row[c + 2]), int(row[c + 3])),
                     None if resample < 0 else resample, bool(row[batchplan.HFLIP]), bool(row[batchplan.VFLIP]))
-        return _pixels(region[0], view, float(factor), (region[1], region[2]))
+        return view_pixels(region[0], view, float(factor), (region[1], region[2]))
 
     def _normalize_into(self, out: np.ndarray, pixels: np.ndarray, name: str) -> None:
         """``normalize`` of one image's uint8 HWC pixels into its slot of the batch.
 
         In one pass in feedfast's extension where it is built (:mod:`.native`), else in NumPy;
         both release the GIL and start no threads (torch would start its intra-op threads in
-        every worker thread); the arithmetic is :func:`_normalized`'s, bit for bit.
+        every worker thread); the arithmetic is :func:`~feedfast.ops.color.normalize_tensor`'s, bit for bit.
         """
         mean, inv = self.constants[name]
         if native.normalize_into(pixels, out, *self.flat[name], mean.ndim == 3):
@@ -395,14 +396,12 @@ class _Epoch:
                 if fixed is None:
                     raise
                 return program_values(self.program, fixed, job.draws[i].replay(), sample=named)
-        except DecodeFailure as exc:
-            raise SampleError("the threaded CPU backend could not process a sample", shard=shard,
-                              key=job.origins[i][1], reason=str(exc)) from None
         except FeedfastError:
             raise
-        except Exception as exc:
-            raise BackendError(f"threaded CPU backend failed on shard {shard!r}, sample {job.origins[i][1]!r}: "
-                               f"{type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - whatever a decoder or plugin raises names the sample
+            key = job.origins[i][1]
+            raise SampleError("the threaded CPU backend could not process a sample", shard=shard, key=key,
+                              reason=failure_reason(exc, shard, key)) from None
 
     def close(self) -> None:
         """Close the shard files."""
@@ -458,17 +457,6 @@ def _constants(params: dict[str, Any], chw: bool) -> tuple[np.ndarray, np.ndarra
     mean = np.array([m * 255.0 for m in params["mean"]], dtype=np.float32)
     inv = np.array([1.0 / (s * 255.0) for s in params["std"]], dtype=np.float32)
     return (mean[:, None, None], inv[:, None, None]) if chw else (mean, inv)
-
-
-def _normalized(pixels: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
-    """``normalize`` of uint8 NHWC pixels, the arithmetic of :func:`~feedfast.ops.color.normalize_tensor`."""
-    mean, inv = (torch.from_numpy(c) for c in _constants(params, params["layout"] == "CHW"))
-    if params["layout"] == "CHW":
-        pixels = pixels.permute(0, 3, 1, 2)
-    out = torch.empty(pixels.shape, dtype=torch.float32)
-    out.copy_(pixels)
-    out.sub_(mean).mul_(inv)
-    return out if params["dtype"] == "float32" else out.to(_DTYPES[params["dtype"]])
 
 
 def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
