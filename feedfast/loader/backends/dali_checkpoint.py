@@ -86,10 +86,8 @@ def pipeline_operators(plan: Plan, shards: ShardSet, *, fed: bool, batch_size: i
     reader = ReaderConfig(paths=list(shards.paths), index_paths=list(shards.index_paths),
                           feed=_no_feed if fed else None)
     pipe, _ = build_pipeline(plan, reader, batch_size=batch_size, num_threads=1, device_id=None, seed=0)
-    prepare = getattr(pipe, "_prepare_graph", None)
     try:
-        if callable(prepare):
-            prepare()
+        pipe.serialize()  # defines the graph (no build, no GPU): its operators are then listed
         return {op.name for op in pipe._ops}
     except (AttributeError, TypeError, RuntimeError) as exc:
         log.warning("cannot list the operators of this DALI's pipeline (%s): a state's checkpoint is checked "
