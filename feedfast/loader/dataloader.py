@@ -6,7 +6,7 @@ import concurrent.futures.thread  # noqa: F401 - imported first, so its exit hoo
 import os
 import threading
 import weakref
-from typing import Any, Iterator, Sequence, cast
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -16,23 +16,21 @@ from feedfast.compile.plan import Plan, build_plan, lower
 from feedfast.errors import FeedfastError, UserError
 from feedfast.loader.accelerate_state import AccelerateEpoch
 from feedfast.loader.backends.base import Backend, BackendSettings
-from feedfast.loader.backends.choose import choose_backend, make_backend
+from feedfast.loader.backends.choose import backend_type, choose_backend, make_backend
 from feedfast.loader.backends.dali_pipe import CHECKPOINT_EVERY
 from feedfast.loader.batch import batch_info
-from feedfast.loader.batchsize import check_batch_size, sample_bytes
 from feedfast.loader.deliver import Delivered, Delivery
 from feedfast.loader.devices import DeviceLayer, delivery_here, layer_for
+from feedfast.loader.epochs import EpochData
 from feedfast.loader.options import check_pin_memory_device, check_torch_kwargs, rank_cores, settle_spec
 from feedfast.loader.producer import Ahead
 from feedfast.loader.ring import PinnedRing
 from feedfast.loader.settings import loader_settings
-from feedfast.loader.state import Identity, LoaderState, ResumePoint, parse_state, shard_set_digest, spec_digest
+from feedfast.loader.state import Identity, LoaderState, ResumePoint, parse_state, spec_digest
 from feedfast.loader.torchcompat import TorchAttributes
 from feedfast.loader.tune import Tuner, budget_batches
-from feedfast.sources.assign import EpochPlan, partition_for, plan_epoch
-from feedfast.sources.columnar import dataset_index
+from feedfast.sources.assign import EpochPlan
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.mix import mixed_epoch, open_dataset
 from feedfast.spec.load import load_spec
 
 _LIVE: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
@@ -155,36 +153,31 @@ class DataLoader(TorchAttributes):
             settings.knobs
         self.rank, self.world, self.sample_info = settings.rank, settings.world, settings.sample_info
         self.max_pixels, self._cache_dir = settings.max_pixels, settings.cache_dir
-        # the plan: where it runs (the device rule) and for which consumer
-        wanted = settings.backend
-        if wanted in ("threads", "pil"):
+        # the plan: where it runs (the device rule) and for which consumer; a backend asked for by name says
+        # what it needs of the plan (a PIL program checked now, not mid-epoch; CPU placement; host normalize)
+        kind = backend_type(settings.backend)
+        if kind is not None and kind.pil_program:
             from feedfast.compile.pil import compile_pil
 
-            compile_pil(self.spec)  # an op without a PIL form fails here, not mid-epoch
-        requested = "cpu" if wanted in ("threads", "pil") else settings.placement or self.spec.device
-        delivery = delivery_here(self._placement(requested), settings.device)
+            compile_pil(self.spec)
+        cpu_only = kind is not None and kind.cpu_only
+        delivery = delivery_here(self._placement("cpu" if cpu_only else settings.placement or self.spec.device),
+                                 settings.device)
         self.device = delivery.device
         check_pin_memory_device(settings.pin_memory_device, self.device.type)
         self.device_id = delivery.device_id  # DALI's GPU: the same index as the output tensors and streams
-        consumer = "cpu" if wanted == "pil" else self.device.type
+        consumer = "cpu" if kind is not None and kind.host_normalize else self.device.type
         self.plan: Plan = build_plan(self.spec, device=delivery.placement, consumer=consumer)
-        # the data: the shards (or a Mix's draw per epoch), their partition and index
-        self._mixed: dict[int, ShardSet] = {}
-        self._lock = threading.Lock()  # the Mix draws, which the producer and the caller both read
-        self._mix, base = open_dataset(shards, self.spec, self._cache_dir, **settings.open_kw)
-        self.shards: ShardSet = self.shards_for(0) if self._mix else cast(ShardSet, base)
-        self.backend = choose_backend(wanted, self.plan, self.shards)
-        # shuffled: one permutation of the whole dataset per epoch over local shards, a block shuffle of windows
-        # of every shard over remote ones (sources/order.py); unshuffled: each rank's contiguous range
-        self._partition = partition_for(self.shards.read_kinds, shuffled=self.spec.shuffled)
-        self._check_size()
-        if self._mix is None and (self.backend != "dali" or self._partition != "shards" or self.shards.transport != "native"):
-            # the rows feedfast reads itself come from the dataset's columnar index: built here (once per
-            # dataset, then opened in O(shards)), not at the first batch
-            dataset_index(self.shards.paths, self.shards.index_paths, self.shards.sizes, self.plan.component_exts(),
-                          self._cache_dir)
-        # the stages: the delivery (ring slots: the producer's queue as deep as a tuner may make it, the batch
-        # being made, and a spare), the backend, the tuner
+        # the stages: the data of each epoch, the backend, the delivery (ring slots: the producer's queue as
+        # deep as a tuner may make it, the batch being made, and a spare), the tuner
+        self.data = EpochData(shards, self.spec, self._cache_dir, settings.open_kw, rank=self.rank, world=self.world)
+        self.shards: ShardSet = self.data.shards
+        self._partition = self.data.partition
+        self.data.check_size(self.plan)
+        self.backend = choose_backend(settings.backend, self.plan, self.shards)
+        self._backend: Backend = make_backend(self.backend, self._backend_settings())
+        if self._backend.reads_rows(self._partition, self.shards.transport):
+            self.data.build_row_index(self.plan)
         self.delivery = Delivery(self._layer(), depth=self.knobs.max_prefetch + 2, pin=settings.pin_memory,
                                  deferred=self.plan.deferred_outputs(), outputs=tuple(self.spec.outputs),
                                  form=self.spec.output_form, hook=settings.hook)
@@ -200,15 +193,12 @@ class DataLoader(TorchAttributes):
         self._anchor: tuple[int, str | None] = (0, None)
         self._producer: Ahead[Delivered] | None = None  # the background thread of the open epoch
         self._open = False  # an epoch was started and not closed
-        self._backend: Backend = make_backend(self.backend, self._backend_settings())
         self._tuner: Tuner | None = None
         if settings.tune:  # the threaded path changes its threads live; the others tune their batches ahead
             self._tuner = Tuner(self.knobs, cores=rank_cores(), tunable=self._backend.tunable,
                                 budget=budget_batches(self.spec.tune.budget, len(self)))
-        # what a state must match, computed once (a state is taken per batch under sample_info);
-        # no shard digest under a Mix, whose draw changes per epoch
-        self._digests = (None if self._mix else shard_set_digest(self.shards.paths, self.shards.sizes),
-                         spec_digest(self.spec.to_dict()))
+        # what a state must match, computed once (a state is taken per batch under sample_info)
+        self._digests = (self.data.digest, spec_digest(self.spec.to_dict()))
         _LIVE.add(self)
 
     @property
@@ -241,37 +231,14 @@ class DataLoader(TorchAttributes):
         """The device layer of the batches' device (tests replace it with a stand-in)."""
         return layer_for(self.device)
 
-    def _check_size(self) -> None:
-        n, b, w = self.shards.total, self.spec.batch_size, self.world
-        check_batch_size(b, samples=n, world=w, per_sample=sample_bytes(self.plan), memory=_env.physical_memory())
-        if n < w:
-            raise UserError(f"{n} samples cannot be split over {w} ranks: each rank needs at least one")
-        if self.spec.last_batch == "drop" and n // w < b:
-            raise UserError(f"drop_last with {n} samples over {w} ranks leaves no full batch of {b}: "
-                            f"use a batch size <= {n // w} or last_batch='partial'")
-
     def shards_for(self, epoch: int) -> ShardSet:
         """The epoch's dataset: the shards, or under a :class:`Mix` that epoch's draw."""
-        if self._mix is None:
-            return self.shards
-        with self._lock:
-            if epoch not in self._mixed:
-                mix, sets = self._mix
-                if len(self._mixed) > 2:
-                    self._mixed.pop(min(self._mixed))
-                self._mixed[epoch] = mixed_epoch(sets, mix, seed=self.spec.seed, epoch=epoch,
-                                                 cache_dir=self._cache_dir)
-            return self._mixed[epoch]
+        return self.data.shards_for(epoch)
 
     def epoch_plan(self, epoch: int | None = None, consumed: int = 0) -> EpochPlan:
         """This rank's plan for an epoch (default: the current one); ``consumed``: samples of its global order
         taken before an elastic resume."""
-        return plan_epoch(
-            list(self.shards_for(self.epoch if epoch is None else epoch).sizes), batch_size=self.spec.batch_size, rank=self.rank, world=self.world,
-            last_batch=self.spec.last_batch, seed=self.spec.seed,
-            epoch=self.epoch if epoch is None else epoch, shuffle_shards=self.spec.shuffle_shards,
-            partition=self._partition, consumed=consumed,
-        )
+        return self.data.plan(self.epoch if epoch is None else epoch, consumed)
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch (the same on every rank)."""

@@ -33,7 +33,7 @@ import torch
 from feedfast.loader.batch import Batch, BatchInfo, Pending, shape_outputs
 from feedfast.loader.batchhook import BatchHook, run_batch_hook, tensors_of, with_info
 from feedfast.loader.devices import DeviceLayer, NullEvent
-from feedfast.loader.ring import PinnedRing
+from feedfast.loader.ring import PinnedRing, Ready
 from feedfast.ops.color import normalize_tensor
 
 _NOT_HOOKED = object()
@@ -164,11 +164,7 @@ class Delivery:
     def hand_over(self, delivered: Delivered, info: BatchInfo | None = None) -> Any:
         """Consumer side: the training stream waits for the batch, its tensors are kept from reuse while that
         stream reads them, and the batch is returned as the user gets it (``info`` added when given)."""
-        if self.ring.cuda:
-            current = self.layer.current_stream()
-            current.wait_event(delivered.event)
-            for tensor in delivered.tensors():
-                self.layer.keep_for(tensor, current)
+        self.ring.hand_over(Ready({str(i): t for i, t in enumerate(delivered.tensors())}, delivered.event))
         if delivered.hooked is not _NOT_HOOKED:
             return with_info(delivered.hooked, info)
         return shape_outputs(delivered.fields, self.outputs, self.form, info)

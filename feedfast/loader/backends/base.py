@@ -81,16 +81,27 @@ class Backend(ABC):
       :meth:`check_checkpoint`); else from the step alone (its randomness is per sample);
     - ``tunable``: the knobs a tuner may change while it runs (:mod:`feedfast.loader.tune`);
     - ``stop_at_exit``: its background work must be stopped before the interpreter joins its
-      threads (the threaded path decodes in native code on pool threads).
+      threads (the threaded path decodes in native code on pool threads);
+    - ``pil_program``: it runs the spec as a PIL program (checked when the loader is built);
+    - ``cpu_only``: it runs on the CPU whatever the spec's placement;
+    - ``host_normalize``: it normalizes on the host, so the plan defers no ``normalize`` to the device.
     """
 
     name: ClassVar[str]
     checkpoints: ClassVar[bool] = False
     tunable: ClassVar[tuple[str, ...]] = ("prefetch",)
     stop_at_exit: ClassVar[bool] = False
+    pil_program: ClassVar[bool] = False
+    cpu_only: ClassVar[bool] = False
+    host_normalize: ClassVar[bool] = False
 
     def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings
+
+    def reads_rows(self, partition: str, transport: str) -> bool:
+        """Whether it reads the dataset's rows itself (from the columnar index) for this partition and transport."""
+        del partition, transport
+        return True
 
     @property
     def worker_processes(self) -> int:

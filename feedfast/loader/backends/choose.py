@@ -16,15 +16,25 @@ from feedfast.spec.runtime import BACKENDS
 log = logging.getLogger("feedfast")
 
 
-def make_backend(name: str, settings: BackendSettings) -> Backend:
-    """The backend ``name`` (one :func:`choose_backend` gave), built from the loader's settings."""
+def backend_type(name: str) -> type[Backend] | None:
+    """The class of backend ``name``, None for ``auto`` (or a name :func:`choose_backend` refuses)."""
     if name == "dali":
         from feedfast.loader.backends.dali import DaliBackend
 
-        return DaliBackend(settings)
-    from feedfast.loader.backends.program import PilBackend, ThreadsBackend
+        return DaliBackend
+    if name in ("threads", "pil"):
+        from feedfast.loader.backends.program import PilBackend, ThreadsBackend
 
-    return {"threads": ThreadsBackend, "pil": PilBackend}[name](settings)
+        return ThreadsBackend if name == "threads" else PilBackend
+    return None
+
+
+def make_backend(name: str, settings: BackendSettings) -> Backend:
+    """The backend ``name`` (one :func:`choose_backend` gave), built from the loader's settings."""
+    kind = backend_type(name)
+    if kind is None:
+        raise UserError(f"backend must be one of {', '.join(repr(b) for b in BACKENDS if b != 'auto')}, got {name!r}")
+    return kind(settings)
 
 
 def choose_backend(requested: str, plan: Plan, shards: ShardSet) -> str:

@@ -42,6 +42,10 @@ class DaliBackend(Backend):
     name = "dali"
     checkpoints = True
 
+    def reads_rows(self, partition: str, transport: str) -> bool:
+        """DALI's reader reads a local rank range itself; feedfast's feed (a shuffled or streamed epoch) reads rows."""
+        return partition != "shards" or transport != "native"
+
     def __init__(self, settings: BackendSettings) -> None:
         super().__init__(settings)
         s = settings

@@ -17,7 +17,10 @@ from feedfast.sources.assign import EpochPlan
 
 
 class ProgramBackend(Backend):
-    """A PIL program per sample, its randomness per sample (it resumes from the step alone)."""
+    """A PIL program per sample on the CPU, its randomness per sample (it resumes from the step alone)."""
+
+    pil_program = True
+    cpu_only = True
 
     def __init__(self, settings: BackendSettings) -> None:
         super().__init__(settings)
@@ -135,6 +138,7 @@ class PilBackend(ProgramBackend):
     """
 
     name = "pil"
+    host_normalize = True  # batches come out of worker processes normalized: nothing is deferred to the device
 
     @property
     def worker_processes(self) -> int:
