@@ -172,7 +172,6 @@ class DataLoader(TorchAttributes):
         # deep as a tuner may make it, the batch being made, and a spare), the tuner
         self.data = EpochData(shards, self.spec, self._cache_dir, settings.open_kw, rank=self.rank, world=self.world)
         self.shards: ShardSet = self.data.shards
-        self._partition = self.data.partition
         self.data.check_size(self.plan)
         self.backend = choose_backend(settings.backend, self.plan, self.shards)
         self._backend: Backend = make_backend(self.backend, self._backend_settings())
@@ -200,6 +199,11 @@ class DataLoader(TorchAttributes):
         # what a state must match, computed once (a state is taken per batch under sample_info)
         self._digests = (self.data.digest, spec_digest(self.spec.to_dict()))
         _LIVE.add(self)
+
+    @property
+    def _partition(self) -> str:
+        """How epochs are partitioned over ranks (the data stage's: ``shards``, ``global`` or ``block``)."""
+        return self.data.partition
 
     @property
     def ring(self) -> PinnedRing:
