@@ -179,7 +179,7 @@ class DaliBackend(Backend):
         inner, _, keys = rescue.unwrap_checkpoint(checkpoint)
         shards, ep = self.shards_for(epoch), self.plan_for(epoch)
         fed = bool(keys) or bool(self.patches) or shards.transport == "stream" or ep.partition == "global"
-        check_operators(inner, pipeline_operators(self.plan, shards, fed=fed, batch_size=self.batch_size))
+        check_operators(inner or "", pipeline_operators(self.plan, shards, fed=fed, batch_size=self.batch_size))
 
     def _drop(self, ep_pipe: EpochPipe | None) -> None:
         if ep_pipe is not None:
