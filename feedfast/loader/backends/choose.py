@@ -73,5 +73,25 @@ def auto_backend(plan: Plan, shards: ShardSet) -> tuple[str, str]:
     except ImportError as exc:  # no PIL
         return "dali", f"PIL does not import ({exc})"
     blocker = fast_path_blocker(plan)
-    return ("dali", blocker) if blocker else ("threads", "every op runs on the threaded path, over local shards")
+    if not blocker:
+        return "threads", "every op runs on the threaded path, over local shards"
+    refused = dali_refusal(plan)
+    if refused:
+        return "threads", f"{blocker}, and DALI cannot run the spec ({refused}): the PIL program per sample, in threads"
+    return "dali", blocker
+
+
+def dali_refusal(plan: Plan) -> str | None:
+    """Why DALI has no form for an op of the plan with its parameters (``OpDef.dali``, ``dali_refuses``), or None."""
+    from feedfast.ops.registry import OPS
+
+    for n in plan.nodes:
+        for op in n.op.split("+") if n.op != "read" else ():
+            found = OPS[op]
+            if found.dali is None and not found.host:
+                return f"op `{op}` ({n.key}) has no DALI form"
+            reason = found.dali_refuses(n.params if op == n.op else n.params[op]) if found.dali_refuses else None
+            if reason:
+                return f"{n.key}: {reason}"
+    return None
 

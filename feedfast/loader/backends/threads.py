@@ -32,8 +32,8 @@ way below, and both give the same pixels bit for bit (``tests/test_batchplan.py`
 images this took one process from about 5,000 to 30,000 samples a second on one thread.
 
 Work is queued in chunks of a batch; the steps up to ``prefetch_factor`` batches ahead of
-the one being consumed are in flight. A spec with an image op outside
-:data:`~feedfast.loader.thread_sample.FAST_OPS` runs the PIL program per sample in the same
+the one being consumed are in flight. A spec with an image op that declares no threaded form (``OpDef.threaded``,
+:data:`~feedfast.loader.thread_sample.FAST_OPS`) runs the PIL program per sample in the same
 threads (:func:`fast_path_supported` says which way a plan goes).
 """
 
@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from feedfast import _env
-from feedfast.compile.pil import PilProgram, PilStep, compile_pil
+from feedfast.compile.pil import PilProgram, PilStep, compile_pil, own_draws
 from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, FeedfastError, SampleError
 from feedfast.loader import batchplan, convert, native
@@ -66,7 +66,9 @@ from feedfast.loader.thread_sample import (
     fast_program,
     fast_program_blocker,
     fast_values,
+    pixel_source,
     program_values,
+    run_kernels,
     view_pixels,
 )
 from feedfast.ops.color import normalize_tensor
@@ -103,6 +105,10 @@ def chunk_way(plan: Plan) -> str:
         return "per sample in Python: feedfast._plan is not built"
     if batchplan.chain_of(program) is None:
         return "per sample in Python: the plan takes one image output made by decode, geometry ops and flips"
+    chain = batchplan.chain_of(program)
+    if chain is not None and chain.kernels:
+        names = ", ".join(step.op for step in chain.kernels)
+        return f"each chunk planned in C, its pixels resized by Pillow, then {names} on them in the worker threads"
     return "each chunk planned in C, " + ("its pixels made in one call of the extension" if batchplan.one_call()
                                           else "its pixels resized by Pillow")
 
@@ -116,16 +122,19 @@ class _Field:
     hwc: tuple[int | None, ...] = ()
     normalize: dict[str, Any] | None = None
     host_kind: str = ""
+    post: tuple[PilStep, ...] = ()
+    """The tensor ops after ``normalize`` (``OpDef.threaded`` role ``tensor``), run on each normalized slot."""
 
 
 def _fields(plan: Plan, program: PilProgram) -> list[_Field]:
     out = []
     for name, sid in program.outputs.items():
         step = program.steps[sid]
-        if step.op == "normalize":
+        norm, post, source = pixel_source(program, sid)
+        if norm is not None:
             deferred = plan.nodes[plan.outputs[name]].deferred
-            hwc = program.steps[step.inputs[0]].sig.shape
-            out.append(_Field(name, "pixels", hwc, None if deferred else step.params))
+            hwc = program.steps[source].sig.shape
+            out.append(_Field(name, "pixels", hwc, None if deferred else norm.params, post=post))
         elif step.sig.kind == "image":
             out.append(_Field(name, "pixels", step.sig.shape))
         else:
@@ -212,7 +221,8 @@ class _Epoch:
         self.host_chains = _host_chains(program) if self.chain is not None else {}
         if self.chain is not None and set(program.outputs) != {self.chain.output, *self.host_chains}:
             self.chain = None  # an output the plan does not make (a component passed through as it is)
-        self.one_call = self.chain is not None and batchplan.one_call()  # decided once an epoch, not per chunk
+        # decided once an epoch, not per chunk; a chain with kernels writes its pixels after them
+        self.one_call = self.chain is not None and not self.chain.kernels and batchplan.one_call()
 
     def submit(self, pool: LivePool, step: int) -> _Job:
         batch = self.rows.take(step_positions(step, self.batch_size, self.ep.rank_samples, self.ep.batch_sizes[step]))
@@ -249,6 +259,8 @@ class _Epoch:
             elif isinstance(value, list):  # pixels of varying size: stacked as the pil backend does
                 value = torch.stack([torch.from_numpy(np.ascontiguousarray(v)) for v in value])
                 value = normalize_tensor(value, f.normalize) if f.normalize else value
+                for i in range(len(value) if f.post else 0):
+                    self._post(value[i].numpy(), f, job.draws[i])
             fields[f.name] = value
         return Batch(fields, job.origins, job.valid)
 
@@ -274,13 +286,15 @@ class _Epoch:
             for f in self.fields:
                 value = values[f.name]
                 if value is _WRITTEN:
-                    continue
-                if f.name not in arrays:
+                    pass
+                elif f.name not in arrays:
                     job.outputs[f.name][i] = value
                 elif f.normalize is None:
                     np.copyto(arrays[f.name][i], value)
                 else:
                     self._normalize_into(arrays[f.name][i], value, f.name)
+                if f.post and f.name in arrays:
+                    self._post(arrays[f.name][i], f, job.draws[i])
 
     def _planned(self, job: _Job, a: int, b: int, arrays: dict[str, np.ndarray]) -> dict[int, dict[str, Any]]:
         """Rows ``a .. b`` of the batch whose image chain :mod:`.batchplan` planned, computed from the plan.
@@ -319,6 +333,8 @@ class _Epoch:
                 pixels = self._pillow_pixels(chain, images[j], plans[j].tolist())
                 if pixels is None:
                     continue
+                if chain.kernels:
+                    pixels = run_kernels(pixels, chain.kernels, job.draws[a + j].replay())
                 values[chain.output] = pixels
             out[a + j] = values
         return out
@@ -353,6 +369,14 @@ class _Epoch:
                     (int(row[c]), int(row[c + 1]), int(row[c + 2]), int(row[c + 3])),
                     None if resample < 0 else resample, bool(row[batchplan.HFLIP]), bool(row[batchplan.VFLIP]))
         return view_pixels(region[0], view, float(factor), (region[1], region[2]))
+
+    @staticmethod
+    def _post(slot: np.ndarray, f: _Field, draws: SampleDraws) -> None:
+        """The field's tensor ops (after ``normalize``) on one sample's slot of the batch, in place."""
+        layout = f.normalize["layout"] if f.normalize else "HWC"
+        for step in f.post:
+            kernel = OPS[step.op].threaded.kernel  # type: ignore[union-attr]
+            kernel(slot, {**step.params, "layout": layout}, own_draws(step, draws.replay()))  # type: ignore[misc]
 
     def _normalize_into(self, out: np.ndarray, pixels: np.ndarray, name: str) -> None:
         """``normalize`` of one image's uint8 HWC pixels into its slot of the batch.
