@@ -185,6 +185,19 @@ def test_whole_pixel_translations_are_torchvision_s_at_every_shift_and_fill(inte
                     assert np.array_equal(got.reshape(want.shape), want), (op, shift, fill, arr.shape)
 
 
+def test_color_and_sharpness_tables_are_pil_s_blend_at_every_factor() -> None:
+    """The blend table against PIL's blend over random pairs at many factors, torchvision's among them."""
+    rng = np.random.default_rng(11)
+    a = rng.integers(0, 256, (64, 64), dtype=np.uint8)
+    b = rng.integers(0, 256, (64, 64), dtype=np.uint8)
+    factors = [1.0 + m for m in autoaug.torchvision_space(31, 1, 1, wide=True)["Color"][0]]
+    factors += [1.0 - m for m in autoaug.torchvision_space(31, 1, 1, wide=True)["Color"][0]]
+    for factor in [*factors, *rng.uniform(-1.0, 3.0, 20).tolist()]:
+        want = np.asarray(Image.blend(Image.fromarray(a), Image.fromarray(b), factor))
+        got = autoaug._blend_table(factor)[a.astype(np.int64) * 256 + b]
+        assert np.array_equal(got, want), factor
+
+
 def test_the_array_form_of_timm_s_sub_ops_is_its_pil_form_at_random_levels() -> None:
     """timm's magnitudes are continuous (a Gaussian level): its table ops at random factors on the array
     against the PIL form (which the test above checks against timm's own functions)."""
