@@ -80,9 +80,7 @@ class SampleDraws:
         An op that runs where its place in the sample's sequence of draws is not known (a
         kernel after geometry planned in C) draws from its own stream, keyed by its step.
         """
-        with np.errstate(over="ignore"):
-            key = int(mix64(np.uint64(self._table.key) ^ (np.uint64(n + 1) * _GOLDEN)))
-        return SampleDraws(_Table(key, self._table.samples[self._i: self._i + 1]), 0)
+        return _StreamDraws(_stream_key(self._table.key, n), int(self._table.samples[self._i]))
 
     def random(self) -> float:
         """The next draw, uniform in [0, 1)."""
@@ -102,6 +100,44 @@ class SampleDraws:
     def randint(self, a: int, b: int) -> int:
         """An integer in [a, b], each equally likely."""
         return a + min(int(self.random() * (b - a + 1)), b - a)
+
+
+_MASK = (1 << 64) - 1
+_GOLDEN_INT = int(_GOLDEN)
+
+
+def _mix64_int(z: int) -> int:
+    """:func:`~feedfast.sources.permute.mix64` on one Python int (wrapping at 64 bits)."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def _stream_key(key: int, n: int) -> int:
+    return _mix64_int(key ^ (((n + 1) * _GOLDEN_INT) & _MASK))
+
+
+class _StreamDraws(SampleDraws):
+    """One sample's stream of draws (:meth:`SampleDraws.stream`), each computed when it is drawn, in
+    Python: an op on its own stream takes a few draws, and a row of :data:`DRAWS` in NumPy for one
+    sample cost more than they do (about 40 us a stream). The values are :func:`uniforms`'."""
+
+    __slots__ = ("_key", "_sample", "_base")
+
+    def __init__(self, key: int, sample: int) -> None:
+        self._key, self._sample, self._next = key, sample, 0
+        self._base = _mix64_int((sample & _MASK) ^ key)
+
+    def replay(self) -> SampleDraws:
+        return _StreamDraws(self._key, self._sample)
+
+    def stream(self, n: int) -> SampleDraws:
+        return _StreamDraws(_stream_key(self._key, n), self._sample)
+
+    def random(self) -> float:
+        j = self._next
+        self._next = j + 1
+        return float(_mix64_int((self._base + (j + 1) * _GOLDEN_INT) & _MASK) >> 11) * _SCALE
 
 
 def draws_key(seed: int, epoch: int) -> int:
