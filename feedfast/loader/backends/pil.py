@@ -1,6 +1,6 @@
 """One epoch of one rank through the portable backend: PIL in torch DataLoader workers.
 
-It yields the same :class:`~feedfast.loader.epoch.Batch` objects as the DALI path's
+It yields the same :class:`~feedfast.loader.backends.dali_pipe.Batch` objects as the DALI path's
 ``run_epoch`` with the same sample assignment: the shards concatenated in
 ``ep.shard_order``, each shard's samples in the order of the index DALI is given
 (``ShardSet.index_paths``: already filtered by :func:`~feedfast.sources.dataset.open_shards`
@@ -42,52 +42,31 @@ from __future__ import annotations
 
 import gc
 import logging
-import traceback
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
-from feedfast.compile.pil import PilProgram, compile_pil
+from feedfast.compile.pil import PilProgram
 from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, SampleError, ShardError
 from feedfast.loader import convert
+from feedfast.loader.backends.samples import epoch_samples, failure_reason, members_of
+from feedfast.loader.batch import Batch
 from feedfast.loader.draws import SampleDraws, batch_draws
-from feedfast.loader.epoch import Batch
 from feedfast.loader.pil_warnings import routed
 from feedfast.loader.second_run import image_decodes, second_raw
 from feedfast.ops.base import Signature
-from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.rows import Rows, epoch_rows
+from feedfast.sources.rangeread import RangeSource, remote
+from feedfast.sources.rows import Rows
 from feedfast.sources.shardfiles import ShardFiles
 from feedfast.spec.model import CHECK_SECONDS
 
 log = logging.getLogger("feedfast.pil")
-
-
-def epoch_samples(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, seed: int,
-                  epoch: int) -> tuple[PilProgram, Rows]:
-    """The plan's PIL program and this rank's rows of the epoch, checked against the epoch plan.
-
-    Under ``ep.partition == "global"`` (a shuffled epoch), the rank's share of the epoch's global
-    order; else its contiguous range, permuted inside the range when the spec shuffles
-    (:func:`~feedfast.sources.rows.epoch_rows`).
-    """
-    program = compile_pil(plan.spec)
-    rows = epoch_rows(shards, program.exts, ep, rank=rank, world=world, seed=seed, epoch=epoch,
-                      shuffle=plan.spec.shuffle_buffer > 0)
-    if len(rows) != ep.rank_samples:
-        raise BackendError(f"rank {rank} has {len(rows)} samples but its epoch plan expects {ep.rank_samples}")
-    return program, rows
-
-
-def members_of(batch: RowBatch, i: int) -> list[tuple[int, int] | None]:
-    """Row ``i``'s (offset, size) per component, None where the sample has no such member."""
-    return [None if size < 0 else (off, size) for off, size in zip(batch.offsets[i].tolist(), batch.sizes[i].tolist())]
 
 
 @dataclass(frozen=True)
@@ -112,12 +91,14 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """Map-style dataset of one rank's epoch: item ``i`` is the whole batch of step ``start + i``."""
 
     def __init__(self, program: PilProgram, paths: tuple[str, ...], rows: Rows, ep: EpochPlan, *,
-                 batch_size: int, seed: int, epoch: int, start: int, check_seconds: float = CHECK_SECONDS) -> None:
+                 batch_size: int, seed: int, epoch: int, start: int, check_seconds: float = CHECK_SECONDS,
+                 source: RangeSource | None = None) -> None:
         self.program, self.paths, self.rows, self.ep = program, paths, rows, ep
         self.batch_size, self.seed, self.epoch, self.start = batch_size, seed, epoch, start
         self.check_seconds = check_seconds
         self.decodes = image_decodes(program)
         self.files = ShardFiles(paths)  # pickled as paths: each worker process opens its own
+        self.source = source  # remote shards: a batch's members read by range (sources/rangeread.py), per process
 
     def __len__(self) -> int:
         return max(0, self.ep.steps - self.start)
@@ -128,20 +109,27 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         batch = self.rows.take(rows)
         origins = Origins(self.rows.index, self.paths, batch)
         draws = batch_draws(seed=self.seed, epoch=self.epoch, samples=batch.samples)
+        try:  # remote shards: the batch's members in ranged reads (merged where near), before its decoding
+            columns = self.source.read(rows) if self.source is not None else None
+        except ShardError as exc:
+            return _Failure("shard", str(exc))
         per_sample = []
         for i in range(len(rows)):
-            out = self._sample(batch, i, origins, draws[i])
+            raw = None if columns is None else [column[i] or b"" for column in columns]
+            out = self._sample(batch, i, origins, draws[i], raw)
             if isinstance(out, _Failure):
                 return out
             per_sample.append(out)
         fields = {name: _collate([s[name] for s in per_sample], sig) for name, sig in self.program.signatures.items()}
         return Batch(fields, list(origins), self.ep.valid[step])  # read here: the batch goes to another process
 
-    def _sample(self, batch: RowBatch, i: int, origins: Origins, draws: SampleDraws) -> dict[str, Any] | _Failure:
+    def _sample(self, batch: RowBatch, i: int, origins: Origins, draws: SampleDraws,
+                raw: list[bytes] | None = None) -> dict[str, Any] | _Failure:
         number = int(batch.shard[i])
         shard = self.paths[number]
         try:
-            raw = [b"" if m is None else self.files.read(number, *m) for m in members_of(batch, i)]
+            if raw is None:
+                raw = [b"" if m is None else self.files.read(number, *m) for m in members_of(batch, i)]
         except ShardError as exc:
             return _Failure("shard", str(exc))
         try:
@@ -153,14 +141,10 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
                     if second is None:
                         raise
                     return second
-        except DecodeFailure as exc:
-            return _Failure("sample", "the PIL backend could not process a sample", shard, origins[i][1], str(exc))
         except Exception as exc:  # noqa: BLE001 - whatever a decoder or plugin raises names the sample
             key = origins[i][1]
-            log.debug("shard %r, sample %r:\n%s", shard, key, traceback.format_exc())
-            text = (str(exc).strip().splitlines() or [""])[0][:200]
             return _Failure("sample", "the PIL backend could not process a sample", shard, key,
-                            f"{type(exc).__name__}: {text}")
+                            failure_reason(exc, shard, key))
 
     def _second(self, raw: list[bytes], draws: SampleDraws, exc: Exception) -> dict[str, Any] | None:
         """The sample's outputs with DALI's pixels for each image PIL cannot decode, from the same draws;
@@ -173,8 +157,10 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return None if fixed is None else self.program.run(fixed, draws.replay())
 
     def close(self) -> None:
-        """Close the shard files this process opened."""
+        """Close the shard files this process opened, and its remote reader."""
         self.files.close()
+        if self.source is not None:
+            self.source.close()
 
 
 def _collate(values: list[Any], sig: Signature) -> Any:
@@ -234,8 +220,10 @@ def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
         ShardError: a shard or its index cannot be read.
     """
     program, rows = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
+    source = RangeSource(shards.paths, shards.read_kinds, rows, cache=shards.cache, transfer=shards.transfer,
+                         windows=workers == 0) if remote(shards.read_kinds) else None  # a worker sees some steps
     data = EpochBatches(program, shards.paths, rows, ep, batch_size=batch_size, seed=seed, epoch=epoch, start=start,
-                        check_seconds=plan.spec.check_seconds)
+                        check_seconds=plan.spec.check_seconds, source=source)
     loader = torch.utils.data.DataLoader(
         data, batch_size=None, shuffle=False, num_workers=workers, collate_fn=_identity,
         prefetch_factor=prefetch_factor if workers > 0 else None,
