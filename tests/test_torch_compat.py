@@ -265,11 +265,12 @@ def test_timm_mixup_in_its_training_loop_over_feedfast_batches(small_spec: dict,
     soft targets for ``SoftTargetCrossEntropy``; with the prefetcher timm would mix in its collate
     function instead (``FastCollateMixup``, a per-sample collate), which a feedfast loader cannot take.
     """
-    timm_mixup = pytest.importorskip("timm.data.mixup")  # the `test` extra
-    timm_loss = pytest.importorskip("timm.loss")
-    mixup_fn = timm_mixup.Mixup(mixup_alpha=0.2, cutmix_alpha=1.0, prob=1.0, switch_prob=0.5, mode="batch",
+    from timm.data.mixup import Mixup  # the `test` extra
+    from timm.loss import SoftTargetCrossEntropy
+
+    mixup_fn = Mixup(mixup_alpha=0.2, cutmix_alpha=1.0, prob=1.0, switch_prob=0.5, mode="batch",
                                 label_smoothing=0.1, num_classes=10)
-    loss_fn = timm_loss.SoftTargetCrossEntropy()
+    loss_fn = SoftTargetCrossEntropy()
     device, model_dtype = torch.device("cpu"), None
     loader = _loader(small_spec, shards, shuffle=True, drop_last=True, device=device)
     losses = []
@@ -315,7 +316,7 @@ def test_torchvision_train_sampler_of_the_swap_moves_the_loader_to_each_epoch(sm
 def test_torchvision_v2_mixup_cutmix_as_the_batch_hook(small_spec: dict, shards: list[str]) -> None:
     """torchvision's current get_mixup_cutmix (v2 MixUp / CutMix in a RandomChoice), given the finished batch
     as the README's swap does: ``collate_fn=lambda batch: mixup_cutmix(*batch)``."""
-    v2 = pytest.importorskip("torchvision.transforms.v2")
+    from torchvision.transforms import v2
     mixup_cutmix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=10), v2.CutMix(alpha=1.0, num_classes=10)])
     data_loader = _loader(small_spec, shards, shuffle=True,
                           collate_fn=(lambda batch: mixup_cutmix(*batch)) if mixup_cutmix is not None else None)
