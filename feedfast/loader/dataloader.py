@@ -24,6 +24,7 @@ from feedfast.loader.batchsize import check_batch_size, sample_bytes
 from feedfast.loader.devices import DeviceLayer, delivery_here, layer_for
 from feedfast.loader.epoch import CHECKPOINT_EVERY, Batch
 from feedfast.loader.knobs import Knobs
+from feedfast.loader.mix_batch import mix_stage
 from feedfast.loader.options import (
     at_least_zero,
     check_pin_memory_device,
@@ -192,6 +193,7 @@ class DataLoader(TorchAttributes):
         consumer = "cpu" if backend == "pil" else self.device.type
         self.plan: Plan = build_plan(self.spec, device=delivery.placement, consumer=consumer)
         self._deferred = self.plan.deferred_outputs()
+        self._batch_mix = mix_stage(self.spec, self.plan, rank=self.rank, world=self.world)
         if on_error is not None and on_error not in ("raise", "skip"):
             raise UserError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.spec = self.spec.replace(on_error=on_error) if on_error else self.spec
@@ -345,6 +347,8 @@ class DataLoader(TorchAttributes):
                 skip -= 1
                 continue
             batch = batch if batch.ready is not None else self._upload_host(batch)
+            if self._batch_mix is not None:  # the spec's batch.mix, on the device after the copy
+                batch = self._batch_mix(batch, self.ring, epoch, step)
             yield self._hooked(batch, epoch, step) if hooked and self._hook is not None else batch
             step += 1
         self.source.prepare(epoch + 1)  # loops go on to the next epoch: its first batches are made now

@@ -171,7 +171,7 @@ def parse_outputs(v: Any, fields: dict[str, m.FieldPipeline], file: str) -> tupl
 def parse_batch(v: Any, file: str) -> tuple[int, m.LastBatch]:
     """The ``batch`` section: size and last-batch policy."""
     b = _mapping(v, "batch", file, "{size: 64, last_batch: partial}")
-    _no_unknown(b, ("size", "last_batch"), "batch", file)
+    _no_unknown(b, ("size", "last_batch", "mix"), "batch", file)
     size = b.get("size", 64)
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise SpecError("bad batch size", file=file, key="batch.size", value=size, allowed="an integer >= 1")
