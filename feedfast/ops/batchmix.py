@@ -261,7 +261,7 @@ def soft_targets(labels: torch.Tensor, p: MixParams, num_classes: int, smoothing
     labels = labels.reshape(-1).long()
     if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
         raise ValueError(f"labels run from {int(labels.min())} to {int(labels.max())}, outside the "
-                         f"{num_classes} classes of batch.mix.num_classes")
+                         f"{num_classes} classes (num_classes)")
     off = smoothing / num_classes
     on = 1.0 - smoothing + off
     one_hot = torch.full((labels.numel(), num_classes), off, device=labels.device)

@@ -1,0 +1,118 @@
+"""The spec's batch.mix in the loader (feedfast.loader.mix_batch): soft targets out, resumable, per-rank draws."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import feedfast
+from feedfast.errors import SpecError
+
+MIX = {"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "mode": "elem", "num_classes": 10, "label_smoothing": 0.1}
+
+
+def _spec(small_spec: dict, **mix: object) -> dict:
+    spec = copy.deepcopy(small_spec)
+    spec["batch"]["mix"] = {**MIX, **mix}
+    return spec
+
+
+def _loader(spec: dict, shards: list[str], **kw: object) -> feedfast.DataLoader:
+    kw.setdefault("num_workers", 2)
+    kw.setdefault("backend", "threads")
+    return feedfast.DataLoader(spec, shards=shards, **kw)
+
+
+def _epoch(loader: feedfast.DataLoader) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def test_soft_targets_come_out_and_the_pixels_are_the_unmixed_batch_mixed(small_spec: dict, shards: list[str]) -> None:
+    plain = _epoch(_loader(small_spec, shards))
+    mixed_loader = _loader(_spec(small_spec), shards)
+    mixed = _epoch(mixed_loader)
+    assert [y.shape for _, y in mixed] == [(4, 10)] * 5 + [(3, 10)]
+    changed = 0
+    for (x0, y0), (x1, y1) in zip(plain, mixed):
+        assert y1.dtype == torch.float32 and torch.allclose(y1.sum(1), torch.ones(len(y1)))
+        # each row's largest share is its own label or its partner's (B - 1 - i), smoothing included
+        partner = y0.flip(0)
+        assert all(int(y1[i].argmax()) in (int(y0[i]), int(partner[i])) for i in range(len(y0)))
+        changed += int(not torch.equal(x0, x1))
+    assert changed >= 4  # prob 1: nearly every batch is mixed
+    assert mixed_loader.stats()["delivered"] == 23
+
+
+def test_a_resumed_epoch_mixes_exactly_as_the_uninterrupted_one(small_spec: dict, shards: list[str]) -> None:
+    spec = _spec(small_spec)
+    whole = _epoch(_loader(spec, shards, shuffle=True))
+    first = _loader(spec, shards, shuffle=True)
+    it = iter(first)
+    for _ in range(2):
+        next(it)
+    state = first.state_dict()
+    resumed = _loader(spec, shards, shuffle=True)
+    resumed.load_state_dict(state)
+    rest = _epoch(resumed)
+    assert len(rest) == len(whole) - 2
+    for (xa, ya), (xb, yb) in zip(whole[2:], rest):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_each_rank_draws_its_own(small_spec: dict, shards: list[str]) -> None:
+    from feedfast.loader.mix_batch import mix_stage
+
+    loader = _loader(_spec(small_spec, mode="batch"), shards)
+    stages = [mix_stage(loader.spec, loader.plan, rank=r, world=2) for r in range(2)]
+    from feedfast.loader.draws import batch_generator
+    lams = [[float(batch_generator(3, 0, s.rank, 2, step).random(1)[0]) for step in range(4)] for s in stages if s]
+    assert lams[0] != lams[1]
+
+
+def test_plan_shows_the_mix_and_the_spec_prints_it_back(small_spec: dict, tmp_path: Path) -> None:
+    import yaml
+
+    spec = feedfast.load_spec(_spec(small_spec))
+    assert spec.mix is not None and spec.mix.image == "image" and spec.mix.label == "label"
+    assert feedfast.load_spec(spec.to_dict()).mix == spec.mix
+    path = tmp_path / "mix.yaml"
+    path.write_text(yaml.safe_dump(spec.to_dict()))
+    out = subprocess.run([sys.executable, "-m", "feedfast", "plan", str(path), "--device", "cpu"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "mix:     mixup alpha 0.8 / cutmix alpha 1, cutmix with p 0.5, p 1 per elem" in out
+    assert "soft targets [batch, 10]" in out
+
+
+@pytest.mark.parametrize("mix,key", [
+    ({"mixup_alpha": 0.8}, "batch.mix.num_classes"),
+    ({**MIX, "mode": "pairs"}, "batch.mix.mode"),
+    ({**MIX, "prob": 2}, "batch.mix.prob"),
+    ({**MIX, "mixupalpha": 1}, "batch.mix.mixupalpha"),
+    ({**MIX, "label": "image"}, "batch.mix.label"),
+    ({**MIX, "cutmix_minmax": [0.9, 0.1]}, "batch.mix.cutmix_minmax"),
+    ("mixup", "batch.mix"),
+])
+def test_bad_mix_names_file_key_value_and_fix(small_spec: dict, mix: object, key: str) -> None:
+    spec = copy.deepcopy(small_spec)
+    spec["batch"]["mix"] = mix
+    with pytest.raises(SpecError) as err:
+        feedfast.load_spec(spec)
+    assert err.value.key == key and "<dict>" in str(err.value) and err.value.fix
+
+
+def test_labels_outside_num_classes_fail_naming_the_batch(small_spec: dict, shards: list[str]) -> None:
+    loader = _loader(_spec(small_spec, num_classes=2), shards)
+    with pytest.raises(feedfast.FeedfastError, match=r"batch.mix: epoch 0, batch \d+: labels run from"):
+        _epoch(loader)
+
+
+@pytest.mark.parametrize("backend", ["dali", "pil"])
+def test_every_backend_yields_mixed_soft_targets(small_spec: dict, shards: list[str], backend: str) -> None:
+    loader = _loader(_spec(small_spec, mode="pair"), shards, backend=backend, placement="cpu")
+    shapes = [(tuple(x.shape), tuple(y.shape), y.dtype) for x, y in loader]
+    assert shapes == [((4, 3, 32, 32), (4, 10), torch.float32)] * 5 + [((3, 3, 32, 32), (3, 10), torch.float32)]
