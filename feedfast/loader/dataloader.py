@@ -212,6 +212,11 @@ class DataLoader(TorchAttributes):
         # shuffled: one permutation of the whole dataset per epoch over local shards, a block shuffle of windows
         # of every shard over remote ones (sources/order.py); unshuffled: each rank's contiguous range
         self._partition = partition_for(self.shards.read_kinds, shuffled=self.spec.shuffled)
+        if self.spec.repeats > 1 and self._partition != "global":
+            raise UserError(f"shuffle.repeats={self.spec.repeats} (repeated augmentation) needs the global order: "
+                            f"a shuffled epoch over local shards, and this one is {self._partition!r} "
+                            f"({'not shuffled' if self._partition == 'shards' else 'remote shards'}); "
+                            "pass shuffle=True with local shards, or remove shuffle.repeats")
         self._check_size()
         if self._mix is None and (self.backend != "dali" or self._partition != "shards" or self.shards.transport != "native"):
             # the rows feedfast reads itself come from the dataset's columnar index: built here (once per
@@ -310,7 +315,7 @@ class DataLoader(TorchAttributes):
             list(self.shards_for(self.epoch if epoch is None else epoch).sizes), batch_size=self.spec.batch_size, rank=self.rank, world=self.world,
             last_batch=self.spec.last_batch, seed=self.spec.seed,
             epoch=self.epoch if epoch is None else epoch, shuffle_shards=self.spec.shuffle_shards,
-            partition=self._partition, consumed=consumed,
+            partition=self._partition, consumed=consumed, repeats=self.spec.repeats,
         )
 
     def __len__(self) -> int:

@@ -127,7 +127,7 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         rows = step_positions(step, self.batch_size, self.ep.rank_samples, self.ep.batch_sizes[step])
         batch = self.rows.take(rows)
         origins = Origins(self.rows.index, self.paths, batch)
-        draws = batch_draws(seed=self.seed, epoch=self.epoch, samples=batch.samples)
+        draws = batch_draws(seed=self.seed, epoch=self.epoch, samples=batch.draw_ids)
         per_sample = []
         for i in range(len(rows)):
             out = self._sample(batch, i, origins, draws[i])

@@ -181,6 +181,7 @@ def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
         parse_fields,
         parse_loader,
         parse_outputs,
+        parse_repeats,
         parse_scalar,
         parse_shuffle,
         parse_tune,
@@ -208,7 +209,7 @@ def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
         batch_size=size, last_batch=last, mix=mix,
         device=parse_scalar(raw, "device", str, "auto", file, choices=m.DEVICES),
         seed=parse_scalar(raw, "seed", int, 0, file), shuffle_buffer=buffer,
-        shuffle_shards=shards, shuffle_block=block, shuffle_window=window,
+        shuffle_shards=shards, shuffle_block=block, shuffle_window=window, repeats=parse_repeats(raw.get("shuffle"), file),
         decoder=parse_decoder(raw.get("decoder"), file), version=version, file=file,
         loader=parse_loader(raw.get("loader"), file), tune=parse_tune(raw.get("tune"), file),
     )
