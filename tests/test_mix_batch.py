@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import copy
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import feedfast
-from feedfast.errors import SpecError
 
 MIX = {"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "mode": "elem", "num_classes": 10, "label_smoothing": 0.1}
 
@@ -72,37 +68,6 @@ def test_each_rank_draws_its_own(small_spec: dict, shards: list[str]) -> None:
     from feedfast.loader.draws import batch_generator
     lams = [[float(batch_generator(3, 0, s.rank, 2, step).random(1)[0]) for step in range(4)] for s in stages if s]
     assert lams[0] != lams[1]
-
-
-def test_plan_shows_the_mix_and_the_spec_prints_it_back(small_spec: dict, tmp_path: Path) -> None:
-    import yaml
-
-    spec = feedfast.load_spec(_spec(small_spec))
-    assert spec.mix is not None and spec.mix.image == "image" and spec.mix.label == "label"
-    assert feedfast.load_spec(spec.to_dict()).mix == spec.mix
-    path = tmp_path / "mix.yaml"
-    path.write_text(yaml.safe_dump(spec.to_dict()))
-    out = subprocess.run([sys.executable, "-m", "feedfast", "plan", str(path), "--device", "cpu"],
-                         capture_output=True, text=True, check=True).stdout
-    assert "mix:     mixup alpha 0.8 / cutmix alpha 1, cutmix with p 0.5, p 1 per elem" in out
-    assert "soft targets [batch, 10]" in out
-
-
-@pytest.mark.parametrize("mix,key", [
-    ({"mixup_alpha": 0.8}, "batch.mix.num_classes"),
-    ({**MIX, "mode": "pairs"}, "batch.mix.mode"),
-    ({**MIX, "prob": 2}, "batch.mix.prob"),
-    ({**MIX, "mixupalpha": 1}, "batch.mix.mixupalpha"),
-    ({**MIX, "label": "image"}, "batch.mix.label"),
-    ({**MIX, "cutmix_minmax": [0.9, 0.1]}, "batch.mix.cutmix_minmax"),
-    ("mixup", "batch.mix"),
-])
-def test_bad_mix_names_file_key_value_and_fix(small_spec: dict, mix: object, key: str) -> None:
-    spec = copy.deepcopy(small_spec)
-    spec["batch"]["mix"] = mix
-    with pytest.raises(SpecError) as err:
-        feedfast.load_spec(spec)
-    assert err.value.key == key and "<dict>" in str(err.value) and err.value.fix
 
 
 def test_labels_outside_num_classes_fail_naming_the_batch(small_spec: dict, shards: list[str]) -> None:

@@ -40,7 +40,7 @@ class Mixup:
                  cutmix_minmax: tuple[float, float] | list[float] | None = None, prob: float = 1.0,
                  switch_prob: float = 0.5, mode: str = "batch", correct_lam: bool = True,
                  label_smoothing: float = 0.1, convention: str = "timm", layout: str = "CHW", seed: int = 0) -> None:
-        minmax = tuple(cutmix_minmax) if isinstance(cutmix_minmax, (list, tuple)) else cutmix_minmax
+        minmax: Any = tuple(cutmix_minmax) if isinstance(cutmix_minmax, (list, tuple)) else cutmix_minmax
         self.settings = MixSettings(num_classes=num_classes, mixup_alpha=mixup_alpha, cutmix_alpha=cutmix_alpha,
                                     cutmix_minmax=minmax, prob=prob, switch_prob=switch_prob, mode=mode,
                                     correct_lam=correct_lam, label_smoothing=label_smoothing, convention=convention)
