@@ -81,3 +81,22 @@ def test_every_backend_yields_mixed_soft_targets(small_spec: dict, shards: list[
     loader = _loader(_spec(small_spec, mode="pair"), shards, backend=backend, placement="cpu")
     shapes = [(tuple(x.shape), tuple(y.shape), y.dtype) for x, y in loader]
     assert shapes == [((4, 3, 32, 32), (4, 10), torch.float32)] * 5 + [((3, 3, 32, 32), (3, 10), torch.float32)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("placement", ["cpu", "gpu"])
+def test_on_a_gpu_the_mix_runs_on_the_device_and_equals_the_cpu_mix(small_spec: dict, shards: list[str],
+                                                                    placement: str) -> None:
+    import numpy as np
+
+    from feedfast.ops.batchmix import MixSettings, draw_params, mix_images, soft_targets
+
+    settings = MixSettings(num_classes=10, mixup_alpha=0.8, cutmix_alpha=1.0, mode="elem")
+    x, y = torch.randn(6, 3, 16, 16), torch.randint(0, 10, (6,))
+    p = draw_params(settings, np.random.default_rng(0), 6, 16, 16)
+    assert torch.equal(mix_images(x.cuda(), p).cpu(), mix_images(x, p))
+    torch.testing.assert_close(soft_targets(y.cuda(), p, 10, 0.1).cpu(), soft_targets(y, p, 10, 0.1))
+    loader = _loader(_spec(small_spec), shards, backend="dali" if placement == "gpu" else "threads",
+                     placement=placement, device="cuda")
+    for images, targets in loader:
+        assert images.is_cuda and targets.is_cuda and targets.shape[1] == 10

@@ -165,3 +165,18 @@ def test_three_gloo_ranks_each_copy_once_on_different_ranks(shards: list[str], t
     firsts = [{k for k, _ in rep["epochs"][0]["seen"]} for rep in reports]
     seconds = [{k for k, _ in rep["epochs"][1]["seen"]} for rep in reports]
     assert firsts != seconds  # a new permutation each epoch
+
+
+def test_spec_prints_repeats_back_and_plan_shows_it(tmp_path: Path) -> None:
+    import subprocess
+
+    import yaml
+
+    spec = feedfast.load_spec(_spec())
+    assert spec.repeats == 3 and feedfast.load_spec(spec.to_dict()).repeats == 3
+    assert "repeats" not in feedfast.load_spec(SMALL_SPEC).to_dict()["shuffle"]
+    path = tmp_path / "ra.yaml"
+    path.write_text(yaml.safe_dump(spec.to_dict()))
+    out = subprocess.run([sys.executable, "-m", "feedfast", "plan", str(path), "--device", "cpu"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "repeats: each sample 3 times an epoch" in out
