@@ -196,3 +196,14 @@ def test_labels_outside_the_classes_are_refused() -> None:
 def test_bad_settings_are_named(change: dict, key: str) -> None:
     assert problem(MixSettings(**{"num_classes": 10, **change}))[0] == key  # type: ignore[index]
     assert problem(MixSettings(num_classes=10)) is None
+
+
+@pytest.mark.parametrize("mode", ["batch", "pair", "elem"])
+def test_in_place_reads_every_source_before_writing(mode: str) -> None:
+    """The loader mixes its own batch in place: pairs exchanging boxes must still see each other's originals."""
+    settings = MixSettings(num_classes=3, mixup_alpha=1.0, cutmix_alpha=1.0, mode=mode, switch_prob=0.6)
+    for seed in range(6):
+        x = torch.randn(8, 3, 12, 12)
+        p = draw_params(settings, np.random.default_rng(seed), 8, 12, 12)
+        want = mix_images(x, p)
+        assert torch.equal(mix_images(x.clone(), p, inplace=True), want)

@@ -48,7 +48,7 @@ class BatchMix:
             except ValueError as exc:
                 raise FeedfastError(f"batch.mix: epoch {epoch}, batch {step}: {exc}; set num_classes to the "
                                     "number of classes (or fix the labels' offset)") from exc
-            mixed = mix_images(images, params, self.layout)
+            mixed = mix_images(images, params, self.layout, inplace=True)  # the batch's own tensor
             event = ring.layer.new_event() if ring.cuda else NullEvent()
             event.record(ring.stream)
         out = {**tensors, s.image: mixed, s.label: soft}

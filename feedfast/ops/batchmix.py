@@ -217,38 +217,53 @@ def _weights(lam: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch
     return keep, take
 
 
-def mix_images(images: torch.Tensor, p: MixParams, layout: str = "CHW") -> torch.Tensor:
-    """The batch's images mixed (a new tensor): cut samples take their box from the partner, the others blend.
+def mix_images(images: torch.Tensor, p: MixParams, layout: str = "CHW", *, inplace: bool = False) -> torch.Tensor:
+    """The batch's images mixed: cut samples take their box from the partner, the others blend.
 
     ``images`` is ``[B, C, H, W]`` (``layout`` CHW) or ``[B, H, W, C]`` (HWC); an integer batch blends in
-    float32 and is rounded back (timm's ``FastCollateMixup``).
+    float32 and is rounded back (timm's ``FastCollateMixup``). Every source is read before anything is
+    written, so ``inplace`` (the loader's own batch) writes into ``images``; otherwise a new tensor.
     """
-    out = images.clone()
-    device = images.device
-    partner = torch.from_numpy(p.partner).to(device)
     blend = np.flatnonzero(~p.cut & (p.lam != 1.0))
-    if blend.size:
-        idx = torch.from_numpy(blend).to(device)
-        keep, take = _weights(p.lam[blend], device)
-        shape = (-1,) + (1,) * (images.dim() - 1)
-        own, other = images[idx], images[partner[idx]]
-        if images.dtype.is_floating_point:
-            out[idx] = own * keep.view(shape).to(images.dtype) + other * take.view(shape).to(images.dtype)
-        else:
-            mixed = own.float() * keep.view(shape) + other.float() * take.view(shape)
-            out[idx] = torch.round(mixed).to(images.dtype)
+    blended = _blend(images, p, blend) if blend.size else None
+    patches = _patches(images, p, layout)
+    if blended is not None and blend.size == len(images):  # every sample blends (batch mode's mixup)
+        return images.copy_(blended) if inplace else blended
+    out = images if inplace else images.clone()
+    if blended is not None:
+        out.index_copy_(0, torch.from_numpy(blend).to(images.device), blended)
+    for rows, (top, bottom, left, right), source in patches:
+        region = out[:, :, top:bottom, left:right] if layout == "CHW" else out[:, top:bottom, left:right]
+        region[rows] = source
+    return out
+
+
+def _blend(images: torch.Tensor, p: MixParams, rows: np.ndarray) -> torch.Tensor:
+    """``rows`` blended with their partners: ``own * lambda + partner * (1 - lambda)`` (timm's operations)."""
+    device = images.device
+    keep, take = _weights(p.lam[rows], device)
+    shape = (-1,) + (1,) * (images.dim() - 1)
+    own = images.index_select(0, torch.from_numpy(rows).to(device))
+    other = images.index_select(0, torch.from_numpy(p.partner[rows]).to(device))
+    if not images.dtype.is_floating_point:
+        mixed = own.float().mul_(keep.view(shape)).add_(other.float().mul_(take.view(shape)))
+        return torch.round(mixed).to(images.dtype)
+    return own.mul_(keep.view(shape).to(images.dtype)).add_(other.mul_(take.view(shape).to(images.dtype)))
+
+
+def _patches(images: torch.Tensor, p: MixParams, layout: str) -> list[tuple[torch.Tensor, tuple[int, ...], torch.Tensor]]:
+    """Per distinct box of the cut samples: their rows, the box, and their partners' pixels in it (read now)."""
     cut = np.flatnonzero(p.cut)
-    if cut.size:
-        idx = torch.from_numpy(cut).to(device)
-        h_axis, w_axis = (2, 3) if layout == "CHW" else (1, 2)
-        boxes = torch.from_numpy(p.boxes[cut]).to(device)
-        ys = torch.arange(images.shape[h_axis], device=device)
-        xs = torch.arange(images.shape[w_axis], device=device)
-        in_y = (ys[None] >= boxes[:, 0:1]) & (ys[None] < boxes[:, 1:2])
-        in_x = (xs[None] >= boxes[:, 2:3]) & (xs[None] < boxes[:, 3:4])
-        inside = in_y[:, :, None] & in_x[:, None, :]
-        inside = inside[:, None] if layout == "CHW" else inside[..., None]
-        out[idx] = torch.where(inside, images[partner[idx]], images[idx])
+    if not cut.size:
+        return []
+    boxes, group = np.unique(p.boxes[cut], axis=0, return_inverse=True)
+    out = []
+    for g, box in enumerate(boxes.tolist()):
+        rows = cut[group.reshape(-1) == g]
+        top, bottom, left, right = box
+        region = images[:, :, top:bottom, left:right] if layout == "CHW" else images[:, top:bottom, left:right]
+        source = region.index_select(0, torch.from_numpy(p.partner[rows]).to(images.device))
+        out.append((torch.from_numpy(rows).to(images.device), (top, bottom, left, right), source))
     return out
 
 
