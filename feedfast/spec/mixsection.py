@@ -48,8 +48,11 @@ def parse_mix(v: Any, fields: dict[str, m.FieldPipeline], components: dict[str, 
     if bad is not None:
         key, value, allowed = bad
         default = getattr(MixSettings(num_classes=1), key)
+        fix = {"num_classes": "the classes of the labels",
+               "convention": "set `mode: batch` (and no cutmix_minmax), or `convention: timm`"}.get(
+            key, f"timm's default is {default!r}")
         raise SpecError(f"bad value for `{key}`", file=file, key=f"batch.mix.{key}", value=value, allowed=allowed,
-                        fix=f"timm's default is {default!r}" if key != "num_classes" else "the classes of the labels")
+                        fix=fix)
     kinds = {name: infer_field(fields[name], components[fields[name].source], file)[-1] for name in outputs}
     image = _field(settings.image, "image", [n for n in outputs if kinds[n].kind in ("image", "tensor")
                                             and len(kinds[n].shape) == 3], outputs, file)
@@ -68,7 +71,7 @@ def _field(given: str, role: str, candidates: list[str], outputs: tuple[str, ...
         if given not in candidates:
             raise SpecError(f"batch.mix.{role} must name {what}", file=file, key=f"batch.mix.{role}", value=given,
                             allowed=", ".join(candidates) or "none in this spec",
-                            fix=suggest(given, list(outputs)) or f"name one of the outputs: {', '.join(outputs)}")
+                            fix=suggest(str(given), list(outputs)) or f"name one of the outputs: {', '.join(outputs)}")
         return given
     if len(candidates) != 1:
         raise SpecError(f"batch.mix cannot tell which output is the {role}: {len(candidates)} candidates",
