@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml Makefile
 	  fi; fi
 	@# the extras (Lightning in dev, DALI) resolve against the torch build installed above, never a newer torch from
 	@# PyPI: torch is pinned to it (none of them depends on a PIL, so pillow-simd's stays)
-	$(PY) -c 'import torch; print("torch==" + torch.__version__)' > $(VENV)/torch-pin.txt
+	$(PY) -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' > $(VENV)/torch-pin.txt
 	$(PIP) install -q -c $(VENV)/torch-pin.txt -e ".[$(EXTRAS)]"
 	@# matplotlib (stall-meter plots) without its Pillow dependency, which would replace pillow-simd's PIL
 	$(PIP) install -q --no-deps matplotlib contourpy cycler fonttools kiwisolver pyparsing python-dateutil

@@ -248,9 +248,23 @@ def test_pixels_of_formats_one_decoder_lacks_match_the_source(tmp_path: Path, ba
     assert np.abs(got["jpeg"].numpy().astype(int) - source).mean() < 12  # lossy (the source is noisy)
 
 
-def test_a_decoder_crash_is_a_verdict_and_the_pool_runs_on() -> None:
+def _kill_once_busy(pid: int) -> None:
+    """SIGKILL ``pid`` once it has spent 50 ms of CPU on its job: mid-check however loaded the machine is
+    (a fixed delay could fire before the job reached the worker, or after it had answered)."""
     import os
     import signal
+
+    import psutil
+
+    proc = psutil.Process(pid)
+    start = sum(proc.cpu_times()[:2])
+    deadline = time.monotonic() + 60
+    while sum(proc.cpu_times()[:2]) - start < 0.05 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_a_decoder_crash_is_a_verdict_and_the_pool_runs_on() -> None:
     import threading
 
     big = noisy_png(3000, 1)
@@ -258,7 +272,7 @@ def test_a_decoder_crash_is_a_verdict_and_the_pool_runs_on() -> None:
     try:
         list(pool.map([("check", IMAGES["jpeg"][0], 10**8, True)]))  # started and warm
         victim = pool._workers[0].proc.pid
-        threading.Timer(0.3, lambda: os.kill(victim, signal.SIGKILL)).start()  # as a segfaulting codec would die
+        threading.Thread(target=_kill_once_busy, args=(victim,), daemon=True).start()  # as a segfaulting codec dies
         crashed, after = list(pool.map([("check", big, 10**8, True), ("check", IMAGES["jpeg"][0], 10**8, True)]))
         assert isinstance(crashed, Failed) and "crashed" in crashed.reason
         assert not isinstance(after, Failed) and after.status == "ok"
