@@ -207,3 +207,17 @@ def test_in_place_reads_every_source_before_writing(mode: str) -> None:
         p = draw_params(settings, np.random.default_rng(seed), 8, 12, 12)
         want = mix_images(x, p)
         assert torch.equal(mix_images(x.clone(), p, inplace=True), want)
+
+
+def test_lambda_distribution_matches_torchvisions_mixup() -> None:
+    from torchvision.transforms import v2
+
+    from feedfast.loader.draws import batch_generator
+
+    mixup = v2.MixUp(alpha=0.2, num_classes=10)
+    torch.manual_seed(0)
+    theirs = np.array([mixup.make_params([])["lam"] for _ in range(3000)])
+    settings = MixSettings(num_classes=10, mixup_alpha=0.2, convention="torchvision")
+    ours = np.array([draw_params(settings, batch_generator(2, 0, 0, 1, step), 2, 8, 8).lam[0] for step in range(3000)])
+    d, crit = ks_2samp(ours, theirs)
+    assert d < crit, (d, crit)
