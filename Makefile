@@ -75,6 +75,8 @@ bench: setup $(STOCK)/.installed
 	$(PY) benchmarks/scale.py --quarter --json bench-results/scale.json
 	@# the threaded path's own cost per sample on tiny images, at 1, 2 and 4 threads, the batch plan on and off
 	$(PY) benchmarks/hotpath.py --compare --json bench-results/hotpath.json
+	@# the same shards local, over a loopback ranged http server and a local S3 (moto): auto's samples/s and first batch
+	$(PY) benchmarks/remote.py --json bench-results/remote.json
 
 soak: setup
 	$(PY) benchmarks/soak.py --epochs 20 --json bench-results/soak.json

@@ -174,6 +174,76 @@ def pil_decode_only(shards: list[str], batch: int, workers: int) -> Iterator[Any
         yield (torch.empty(batch, 0),)
 
 
+RECIPE_SPEC = ROOT / "pipelines" / "imagenet-train-recipe.yaml"
+RECIPE_SIZE = 176
+
+
+def feedfast_recipe_threads(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
+    """feedfast's threaded CPU path on imagenet-train-recipe.yaml (crop 176, flip, TrivialAugmentWide,
+    normalize, random erasing 0.1)."""
+    import feedfast
+    from feedfast.baseline.contenders import feedfast_contender
+
+    return feedfast_contender(feedfast.DataLoader(RECIPE_SPEC, shards=shards, batch_size=batch, num_workers=workers,
+                                                  backend="threads"))
+
+
+def torch_recipe_trivial_augment(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
+    """The torchvision DataLoader running the same torchvision transforms: RandomResizedCrop(176), flip,
+    TrivialAugmentWide(bilinear), PILToTensor, ConvertImageDtype, Normalize, RandomErasing(0.1)."""
+    from feedfast.baseline.torch_recipe import make_torch_loader
+    from feedfast.cli.measure import forever
+    from feedfast.errors import UserError
+
+    try:
+        loader = make_torch_loader(shards, batch_size=batch, num_workers=workers, size=RECIPE_SIZE,
+                                   trivial_augment=True, random_erasing=0.1)
+    except UserError as exc:  # no torchvision
+        raise RowUnavailable(str(exc)) from exc
+    return forever(loader)
+
+
+def hand_dali_auto_aug(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
+    """The recipe written directly in DALI on the CPU, as its auto_aug docs teach: ROI decode, resize,
+    flip, ``auto_aug.trivial_augment.trivial_augment_wide``, crop_mirror_normalize (no random erasing:
+    DALI has no ready-made one)."""
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.auto_aug import trivial_augment
+    from nvidia.dali.plugin.pytorch import feed_ndarray
+
+    from feedfast.sources.index import default_index_path
+
+    @pipeline_def(batch_size=batch, num_threads=workers, device_id=None, seed=0, enable_conditionals=True)
+    def pipe():  # type: ignore[no-untyped-def]
+        jpegs, labels = fn.readers.webdataset(
+            paths=shards, index_paths=[str(default_index_path(s)) for s in shards], ext=["jpg", "cls"],
+            random_shuffle=True, initial_fill=1024, name="Reader")
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                               random_area=[0.08, 1.0], random_aspect_ratio=[0.75, 4 / 3])
+        images = fn.resize(images, size=[RECIPE_SIZE, RECIPE_SIZE])
+        images = fn.flip(images, horizontal=fn.random.coin_flip(probability=0.5))
+        images = trivial_augment.trivial_augment_wide(images)
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=MEAN, std=STD)
+        return images, labels
+
+    p = pipe()
+    p.build()
+    while True:
+        images, labels = p.run()
+        out = torch.empty((batch, 3, RECIPE_SIZE, RECIPE_SIZE), dtype=torch.float32)
+        feed_ndarray(images.as_tensor(), out)
+        ys = torch.tensor([int(np.asarray(labels[i]).tobytes()) for i in range(len(labels))])
+        yield out, ys
+
+
+RECIPE_ROWS: dict[str, tuple[Callable[..., Iterator[Any]], str]] = {
+    "feedfast threaded CPU, recipe": (feedfast_recipe_threads, "imagenet-train-recipe.yaml on the threaded path"),
+    "torchvision recipe, TrivialAugmentWide": (torch_recipe_trivial_augment,
+                                               "the same torchvision transforms in a torch DataLoader"),
+    "hand-written DALI auto_aug": (hand_dali_auto_aug, "DALI's trivial_augment_wide on the CPU, written by hand"),
+}
+"""The rows of the recipe set (issue 25 item 5)."""
+
 ROWS: dict[str, tuple[Callable[..., Iterator[Any]], str]] = {
     "feedfast threaded CPU": (feedfast_threads, "feedfast's threaded CPU path (pillow-simd in threads)"),
     "feedfast DALI CPU": (feedfast_dali, "feedfast.DataLoader(imagenet-train.yaml), DALI on the CPU"),

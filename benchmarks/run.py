@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rows import ROWS, RowUnavailable, time_row_cpu  # noqa: E402
+from rows import RECIPE_ROWS, ROWS, RowUnavailable, time_row_cpu  # noqa: E402
 
 from feedfast.baseline.rounds import ratio_spread, round_order  # noqa: E402
 
@@ -40,6 +40,7 @@ SPDL = "SPDL thread pipeline"
 PEERS = (TORCH, STOCK, SPDL)
 """The Python peers: the issue's target is against the best of them (the torchvision recipe and SPDL)."""
 BEST_PEER = "best of torchvision recipe and SPDL"
+RECIPE_THREADS, RECIPE_TORCH, RECIPE_HAND = RECIPE_ROWS
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class BenchSet:
     batches: int
     warmup: int
     targets: dict[str, float]
+    stock: bool = True
+    """Whether ``--stock-python``'s imagenet-train recipe runs in this set (not in the recipe set: other work)."""
 
 
 def bench_sets(args: argparse.Namespace) -> dict[str, BenchSet]:
@@ -63,6 +66,8 @@ def bench_sets(args: argparse.Namespace) -> dict[str, BenchSet]:
         "highres": BenchSet("highres", (THREADS, "feedfast DALI CPU", HAND, TORCH, SPDL), args.highres_batch_size,
                             args.highres_batches, args.highres_warmup, {f"{THREADS} / {TORCH}": 5.0}),
         "synthetic": BenchSet("synthetic", every, args.batch_size, args.batches, args.warmup, {}),
+        "recipe": BenchSet("recipe", tuple(RECIPE_ROWS), args.batch_size, args.batches, args.warmup,
+                           {f"{RECIPE_THREADS} / {RECIPE_TORCH}": 2.5}, stock=False),
     }
 
 
@@ -75,6 +80,8 @@ def dataset(name: str, args: argparse.Namespace) -> list[str]:
                              announce=lambda out: print(f"generating {args.samples} photo-like JPEGs in {out} (once)"))
     from photos import photo_dataset
 
+    if name == "recipe":
+        return photo_dataset("imagenet", samples=args.samples, per_shard=256)  # the imagenet set's photos
     if name == "highres":
         return photo_dataset("highres", samples=args.highres_samples, per_shard=16)
     return photo_dataset("imagenet", samples=args.samples, per_shard=256)
@@ -104,7 +111,8 @@ def run_row(name: str, shards: list[str], bench: BenchSet, args: argparse.Namesp
             return stock_rate(shards, bench, args)
         except RuntimeError as exc:
             raise RowUnavailable(str(exc)) from exc
-    return time_row_cpu(lambda: ROWS[name][0](shards, bench.batch_size, args.workers), warmup=bench.warmup,
+    make = (ROWS.get(name) or RECIPE_ROWS[name])[0]
+    return time_row_cpu(lambda: make(shards, bench.batch_size, args.workers), warmup=bench.warmup,
                         batches=bench.batches)
 
 
@@ -124,7 +132,7 @@ def measure(shards: list[str], bench: BenchSet, args: argparse.Namespace) -> Mea
     others run on.
     """
     names = [n for n in bench.rows if not args.rows or n in args.rows]
-    names += [STOCK] if args.stock_python and (not args.rows or STOCK in args.rows) else []
+    names += [STOCK] if bench.stock and args.stock_python and (not args.rows or STOCK in args.rows) else []
     out = Measured({name: [] for name in names}, {}, [])
     for r, order in enumerate(round_order(names, args.rounds)):
         for name in order:
@@ -160,6 +168,11 @@ def ratios(med: dict[str, float], workers: int) -> dict[str, float]:
         out[f"{HAND} / {TORCH}"] = med[HAND] / med[TORCH]
     if SPDL in med and TORCH in med:
         out[f"{SPDL} / {TORCH}"] = med[SPDL] / med[TORCH]
+    for den in (RECIPE_TORCH, RECIPE_HAND):
+        if RECIPE_THREADS in med and den in med:
+            out[f"{RECIPE_THREADS} / {den}"] = med[RECIPE_THREADS] / med[den]
+    if RECIPE_HAND in med and RECIPE_TORCH in med:
+        out[f"{RECIPE_HAND} / {RECIPE_TORCH}"] = med[RECIPE_HAND] / med[RECIPE_TORCH]
     return out
 
 
@@ -257,7 +270,8 @@ def report(summary: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sets", default="imagenet,highres", help="comma-separated: imagenet, highres, synthetic")
+    ap.add_argument("--sets", default="imagenet,highres,recipe",
+                    help="comma-separated: imagenet, highres, recipe (imagenet-train-recipe.yaml), synthetic")
     ap.add_argument("--samples", type=int, default=2048, help="images in the imagenet (or synthetic) set")
     ap.add_argument("--highres-samples", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
@@ -269,7 +283,7 @@ def main() -> None:
     ap.add_argument("--highres-warmup", type=int, default=2)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--rows", type=lambda text: text.split(","), default=None,
-                    help=f"comma-separated row names to run (default all): {', '.join([*ROWS, STOCK])}")
+                    help=f"comma-separated row names to run (default all): {', '.join([*ROWS, *RECIPE_ROWS, STOCK])}")
     ap.add_argument("--out", default="bench-results")
     ap.add_argument("--stock-python", default=None,
                     help="an interpreter with torch and stock Pillow: adds the recipe as most users run it")

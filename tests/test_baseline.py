@@ -209,6 +209,10 @@ def test_recipe_is_torchvisions_own_transforms() -> None:
     assert TorchRecipe(flip_p=0.0).describe()[1] == "PILToTensor()"  # no flip, as the reference recipe
     val = TorchRecipe(train=False).describe()
     assert val[0].startswith("Resize(size=256") and val[1] == "CenterCrop(size=(224, 224))"
+    recipe = TorchRecipe(size=176, trivial_augment=True, random_erasing=0.1).compose().transforms  # the v2 recipe
+    assert [type(t) for t in recipe] == [tv.RandomResizedCrop, tv.RandomHorizontalFlip, tv.TrivialAugmentWide,
+                                         tv.PILToTensor, tv.ConvertImageDtype, tv.Normalize, tv.RandomErasing]
+    assert recipe[2].interpolation == tv.InterpolationMode.BILINEAR and recipe[-1].p == 0.1
     for bad in ({"size": 0}, {"flip_p": 1.5}, {"scale": (0.9, 0.1)}, {"std": (1.0, 0.0, 1.0)}):
         with pytest.raises(UserError, match="got"):
             TorchRecipe(**bad)  # type: ignore[arg-type]

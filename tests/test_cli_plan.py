@@ -42,7 +42,8 @@ def test_the_backend_line_says_what_auto_runs_and_how(capsys: pytest.CaptureFixt
     from feedfast.loader import batchplan
 
     line = _backend_line(capsys, "imagenet-train", "--device", "cpu")
-    assert "auto over local shards: threads" in line and "remote shards: dali" in line
+    assert "auto: threads, because every op runs on the threaded path" in line
+    assert "(local and remote shards alike: remote ones read by range ahead of decoding)" in line
     if batchplan.ext is not None:
         assert "each chunk planned in C" in line
     assert "dali, because the pipeline is placed on gpu" in _backend_line(capsys, "imagenet-train", "--device", "gpu")

@@ -64,6 +64,12 @@ IMAGE_OP_CASES: dict[str, list[Any]] = {
                          {"gaussian_blur": {"probability": 0.5}}, {"resize": {"size": [20, 28]}}, "normalize"],
     "gray-normalize-hwc-half": [{"decode": {"color": "gray"}}, {"center_crop": {"size": [20, 28]}},
                                 {"normalize": {"mean": [0.5], "std": [0.25], "dtype": "float16", "layout": "HWC"}}],
+    "recipe": ["decode", {"random_resized_crop": {"size": [20, 28]}}, "trivial_augment_wide",
+               {"rand_augment": {"flavour": "timm", "increasing": True, "magnitude_std": 0.5}}, "auto_augment",
+               "normalize", {"random_erasing": {"value": "random"}}],
+    "gray-recipe-hwc": [{"decode": {"color": "gray"}}, {"center_crop": {"size": [20, 28]}}, "rand_augment",
+                        {"normalize": {"mean": [0.5], "std": [0.25], "layout": "HWC"}},
+                        {"random_erasing": {"probability": 1.0, "value": 1.5}}],
 }
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import feedfast
-from feedfast.errors import ShardError, UserError
+from feedfast.errors import ShardError
 from feedfast.sources.cache import ShardCache
 from feedfast.sources.index import format_index, scan_tar
 from feedfast.sources.remote import RemoteError, Transfer, fetch_range
@@ -110,7 +110,7 @@ def test_a_5xx_is_retried_and_a_persistent_404_names_the_url(small_spec: dict, l
         fetch_range(url, 0, 16, FAST)
     with pytest.raises(ShardError, match=r"'http://127\.0\.0\.1:\d+/missing\.tar'.*HTTP 404"):
         feedfast.DataLoader(small_spec, shards=f"{server.url}/missing.tar")
-    loader = feedfast.DataLoader(small_spec, shards=_urls(server, local), num_workers=1)
+    loader = feedfast.DataLoader(small_spec, shards=_urls(server, local), num_workers=1, backend="dali")
     server.faults["/train-0002.tar"] = [500]  # mid-epoch, once: the server then recovers
     assert _same(_epoch(loader), _run(small_spec, local))
     assert server.faults["/train-0002.tar"] == []  # the 500 was served, and retried
@@ -146,13 +146,13 @@ def test_resume_mid_epoch_over_http_reproduces_the_remaining_batches(small_spec:
                                                                       server: RangeServer) -> None:
     urls = _urls(server, local)
     full = _run(small_spec, urls, epochs=2, shuffle=True)
-    part = feedfast.DataLoader(small_spec, shards=urls, shuffle=True, num_workers=2)
+    part = feedfast.DataLoader(small_spec, shards=urls, shuffle=True, num_workers=2, backend="dali")
     it = iter(part)
     for _ in range(3):
         next(it)
     state = json.loads(json.dumps(part.state_dict()))
     part.close()
-    resumed = feedfast.DataLoader(small_spec, shards=urls, shuffle=True, num_workers=2)
+    resumed = feedfast.DataLoader(small_spec, shards=urls, shuffle=True, num_workers=2, backend="dali")
     resumed.load_state_dict(state)
     assert _same(_epoch(resumed) + _epoch(resumed), full[3:])  # the rest of epoch 0, then epoch 1
 
@@ -198,7 +198,7 @@ def test_shard_lists_keep_remote_entries_and_reject_unknown_schemes(tmp_path: Pa
         resolve_shards("ftp://h/a.tar")
 
 
-def test_s3_without_fsspec_backends_is_a_clear_error_and_pil_refuses_remote(small_spec: dict, local: list[str],
+def test_s3_without_fsspec_backends_is_a_clear_error(small_spec: dict, local: list[str],
                                                                             server: RangeServer,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("fsspec")
@@ -212,8 +212,6 @@ def test_s3_without_fsspec_backends_is_a_clear_error_and_pil_refuses_remote(smal
         feedfast.DataLoader(small_spec, shards="s3://bucket/a.tar")
     with pytest.raises(ShardError, match=r"s3://bucket/a\.tar.*s3fs"):  # under skip it is cached through fsspec
         feedfast.DataLoader(small_spec, shards="s3://bucket/a.tar", on_error="skip")
-    with pytest.raises(UserError, match="backend='pil' reads local shards only"):
-        feedfast.DataLoader(small_spec, shards=_urls(server, local), backend="pil")
 
 
 def test_http_under_on_error_skip_is_cached_and_checked(small_spec: dict, local: list[str], server: RangeServer,

@@ -239,3 +239,75 @@ def test_resume_mid_epoch_over_s3_reproduces_the_remaining_batches(small_spec: d
         rest.append(([k for _, k in resumed.last_origins[: resumed.last_valid]], labels.tolist(), images.clone()))
     resumed.close()
     assert _same(rest, full[2:])
+
+
+def _threads(spec: dict, shards: Any, **kw: Any) -> tuple[str, str, Batches]:
+    """One epoch through ``backend="auto"``: the backend it chose, the order, and (real keys, labels, images)."""
+    kw.setdefault("num_workers", 2)
+    loader = feedfast.DataLoader(spec, shards=shards, **kw)
+    out = []
+    for images, labels in loader:
+        out.append(([k for _, k in loader.last_origins[: loader.last_valid]], labels.tolist(), images.clone()))
+    loader.close()
+    return loader.backend, loader._partition, out
+
+
+def test_auto_runs_the_threaded_path_over_s3_exactly(small_spec: dict, local: list[str], s3: Any) -> None:
+    url = f"s3://indexed/{SHARDS}"
+    for rank in (0, 1):  # unshuffled: the local shards' ranges, bit for bit
+        backend, partition, got = _threads(small_spec, url, rank=rank, world_size=2, shuffle=False)
+        assert (backend, partition) == ("threads", "shards")
+        assert _same(got, _threads(small_spec, local, rank=rank, world_size=2, shuffle=False)[2]), rank
+    # shuffled: s3 is read a window at a time (fsspec costs ms a request), in the block shuffle's order
+    shuffled = {**small_spec, "shuffle": {"buffer": 8, "shards": True, "block": 8, "window": 2}}
+    got_keys: Counter[str] = Counter()
+    for rank in (0, 1):
+        backend, partition, got = _threads(shuffled, url, rank=rank, world_size=2, shuffle=True)
+        assert (backend, partition) == ("threads", "block")
+        assert _same(_threads(shuffled, url, rank=rank, world_size=2, shuffle=True)[2], got)  # deterministic
+        got_keys.update(k for ks, _, _ in got for k in ks)
+    assert len(got_keys) == 23 and set(got_keys.values()) == {1}  # every sample exactly once over both ranks
+
+
+def test_resume_mid_epoch_over_s3_on_the_threaded_path(small_spec: dict, s3: Any) -> None:
+    url, shuffled = f"s3://indexed/{SHARDS}", {**small_spec, "shuffle": {"buffer": 8, "shards": True, "block": 8,
+                                                                        "window": 2}}
+    full = _threads(shuffled, url, shuffle=True)[2]
+    part = feedfast.DataLoader(shuffled, shards=url, shuffle=True, num_workers=2)
+    assert part.backend == "threads"
+    it = iter(part)
+    for _ in range(2):
+        next(it)
+    state = json.loads(json.dumps(part.state_dict()))
+    part.close()
+    resumed = feedfast.DataLoader(shuffled, shards=url, shuffle=True, num_workers=2)
+    resumed.load_state_dict(state)
+    rest = []
+    for images, labels in resumed:
+        rest.append(([k for _, k in resumed.last_origins[: resumed.last_valid]], labels.tolist(), images.clone()))
+    resumed.close()
+    assert _same(rest, full[2:])
+
+
+def test_an_s3_shard_gone_mid_epoch_names_the_shard_and_sample(small_spec: dict, local: list[str], s3: Any,
+                                                               tmp_path: Path) -> None:
+    s3.create_bucket(Bucket="fleeting")
+    for p in local[:2]:
+        s3.upload_file(p, "fleeting", os.path.basename(p))
+    urls = [f"s3://fleeting/{os.path.basename(p)}" for p in local[:2]]
+    loader = feedfast.DataLoader(small_spec, shards=urls, num_workers=2, remote_retries=0, cache_dir=tmp_path)
+    assert loader.backend == "threads"
+    s3.delete_object(Bucket="fleeting", Key="train-0001.tar")
+    with pytest.raises(ShardError, match=rf"cannot read sample 'train-0000000[5-9]' of shard '{urls[1]}'"):
+        for _ in loader:
+            pass
+    loader.close()
+
+
+def test_the_pil_backend_reads_s3_in_the_block_order_batch_by_batch(small_spec: dict, s3: Any) -> None:
+    url, shuffled = f"s3://indexed/{SHARDS}", {**small_spec, "shuffle": {"buffer": 8, "shards": True, "block": 8,
+                                                                        "window": 2}}
+    threads = _threads(shuffled, url, shuffle=True)[2]
+    backend, partition, pil = _threads(shuffled, url, shuffle=True, backend="pil", num_workers=2)
+    assert (backend, partition) == ("pil", "block")
+    assert [b[:2] for b in pil] == [b[:2] for b in threads]  # the same samples and labels, batch for batch

@@ -237,7 +237,7 @@ def test_a_center_crop_that_pads_takes_the_pil_program_for_that_sample(shards: l
 def test_shipped_pipelines_that_take_the_fast_path() -> None:
     fast = {p.stem: fast_path_supported(build_plan(load_spec(p), device="cpu"))
             for p in sorted((ROOT / "pipelines").glob("*.yaml"))}
-    assert fast == {"features-npy": True, "imagenet-train": True, "imagenet-train-fp16": True,
+    assert fast == {"features-npy": True, "imagenet-train": True, "imagenet-train-fp16": True, "imagenet-train-recipe": True,
                     "imagenet-val": True, "ssl-twoview": False}
 
 

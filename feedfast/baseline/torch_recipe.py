@@ -55,9 +55,10 @@ class TorchRecipe:
     """The torchvision ImageNet transforms, train or val, checked on construction.
 
     Train: ``RandomResizedCrop(size, scale, ratio, bilinear, antialias=True)``,
-    ``RandomHorizontalFlip(flip_p)`` (left out when ``flip_p`` is 0), ``PILToTensor()``,
-    ``ConvertImageDtype(torch.float)``, ``Normalize(mean, std)``. Val: ``Resize(resize)``,
-    ``CenterCrop(size)``, then the same three.
+    ``RandomHorizontalFlip(flip_p)`` (left out when ``flip_p`` is 0), ``TrivialAugmentWide(bilinear)``
+    when ``trivial_augment`` (as torchvision's reference presets put it), ``PILToTensor()``,
+    ``ConvertImageDtype(torch.float)``, ``Normalize(mean, std)``, then ``RandomErasing(random_erasing)``
+    when it is above 0. Val: ``Resize(resize)``, ``CenterCrop(size)``, then the same three.
     """
 
     train: bool = True
@@ -68,6 +69,8 @@ class TorchRecipe:
     flip_p: float = 0.5
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
+    trivial_augment: bool = False
+    random_erasing: float = 0.0
 
     def __post_init__(self) -> None:
         _positive_int("size", self.size, 224)
@@ -93,9 +96,11 @@ class TorchRecipe:
             head = [tv.RandomResizedCrop(self.size, scale=self.scale, ratio=self.ratio, interpolation=bilinear,
                                          antialias=True)]
             head += [tv.RandomHorizontalFlip(self.flip_p)] if self.flip_p > 0 else []
+            head += [tv.TrivialAugmentWide(interpolation=bilinear)] if self.trivial_augment else []
         else:
             head = [tv.Resize(self.resize, interpolation=bilinear, antialias=True), tv.CenterCrop(self.size)]
         tail = [tv.PILToTensor(), tv.ConvertImageDtype(torch.float), tv.Normalize(self.mean, self.std)]
+        tail += [tv.RandomErasing(p=self.random_erasing)] if self.train and self.random_erasing > 0 else []
         return tv.Compose(head + tail)
 
     def describe(self) -> list[str]:
@@ -144,6 +149,8 @@ def make_torch_loader(
     index_paths: Sequence[str] | None = None,
     image_ext: str = "jpg;jpeg;png",
     label_ext: str = "cls",
+    trivial_augment: bool = False,
+    random_erasing: float = 0.0,
 ) -> torch.utils.data.DataLoader:
     """Build the torchvision recipe's DataLoader over local tar shards.
 
@@ -166,6 +173,8 @@ def make_torch_loader(
             None builds or reuses each shard's own.
         image_ext: ``;``-separated image extensions.
         label_ext: the label's extension.
+        trivial_augment: train only: torchvision's ``TrivialAugmentWide`` after the flip.
+        random_erasing: train only: ``RandomErasing``'s probability after ``Normalize`` (0: none).
 
     Returns:
         A DataLoader yielding ``[images, labels]``: float32 ``(B, 3, size, size)`` and int64 ``(B,)``.
@@ -180,7 +189,8 @@ def make_torch_loader(
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             _fail(name, value, "an int >= 0", f"pass e.g. {name}=0")
     recipe = TorchRecipe(train=train, size=size, resize=resize, scale=(scale[0], scale[1]),
-                         ratio=(ratio[0], ratio[1]), flip_p=flip_p, mean=tuple(mean), std=tuple(std))
+                         ratio=(ratio[0], ratio[1]), flip_p=flip_p, mean=tuple(mean), std=tuple(std),
+                         trivial_augment=trivial_augment, random_erasing=random_erasing)
     dataset = ShardSamples([os.fspath(s) for s in shards], index_paths,
                            image_exts=frozenset(e.lower() for e in image_ext.split(";")), label_ext=label_ext,
                            transform=SeededTransform(recipe.compose(), seed))

@@ -74,13 +74,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def backend_line(plan: Plan) -> str:
-    """What ``backend="auto"`` runs this plan on over local shards, and why (how, on the threaded path)."""
+    """What ``backend="auto"`` runs this plan on, and why: over local shards and over remote ones (http, s3,
+    gs, the shard cache: read by range), and on the threaded path how it makes a batch."""
     from feedfast.loader.backends import auto_backend
     from feedfast.sources.dataset import ShardSet
 
-    chosen, why = auto_backend(plan, ShardSet((), (), ()))  # local shards (remote ones always go to DALI)
-    if chosen != "threads":
-        return f"auto over local shards: {chosen}, because {why}; remote shards: dali"
-    from feedfast.loader.thread_epoch import chunk_way
+    local = auto_backend(plan, ShardSet((), (), ()))
+    remote = auto_backend(plan, ShardSet(("http://remote/shard.tar",), ("",), (1,), kinds=("http",)))
+    how = ""
+    if local[0] == "threads":
+        from feedfast.loader.thread_epoch import chunk_way
 
-    return f"auto over local shards: threads ({chunk_way(plan)}); remote shards: dali"
+        how = f"; {chunk_way(plan)}"
+    if local[0] == remote[0]:
+        alike = ": remote ones read by range ahead of decoding" if local[0] == "threads" else ""
+        return f"auto: {local[0]}, because {local[1]}{how} (local and remote shards alike{alike})"
+    return f"auto over local shards: {local[0]}, because {local[1]}{how}; over remote shards: {remote[0]}, " \
+           f"because {remote[1]}"

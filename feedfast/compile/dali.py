@@ -27,6 +27,7 @@ class EmitContext:
     decoder_device: str
     in_hw: tuple[Any, Any] | None = None
     decoder_args: dict[str, Any] = field(default_factory=dict)
+    layout: str = ""
 
 
 @dataclass
@@ -124,40 +125,25 @@ def emit_node(n: Node, x: Any, in_hw: Any = None, *, decoder: DecoderSettings | 
         in_hw: the input's per-sample (height, width) on the CPU.
         decoder: the spec's nvJPEG settings (defaults when None), given to a ``mixed`` decode.
     """
-    from feedfast.ops import color, geometry
-
     ctx = EmitContext(
         device=d.dali_device(n.device),
         decoder_device="mixed" if n.device in ("mixed", "gpu") else "cpu",
         in_hw=in_hw,
         decoder_args=(decoder or DecoderSettings()).args_for(n.device),
+        layout=n.sig.layout,
     )
-    if n.op == "decode+random_resized_crop":
-        return geometry.fused_decode_rrc_dali(ctx, n.params["decode"], n.params["random_resized_crop"], x)
-    if n.op.endswith("normalize") and "+" in n.op:
-        if "center_crop" in n.params:
-            return _crop_mirror_normalize(ctx, n.params, x)
-        mirror = d.coin(n.params["flip"]["horizontal"])
-        return color._normalize_dali(ctx, n.params["normalize"], x, mirror=mirror)
+    parts = n.op.split("+")
+    if len(parts) > 1:  # a fused node (passes.fuse): its last op's declared form takes the others
+        last = OPS[parts[-1]]
+        if last.dali_after_decode is not None and len(parts) == 2:
+            return last.dali_after_decode.emit(ctx, n.params[parts[0]], n.params[parts[1]], x)
+        if last.dali_folded is None:
+            raise BackendError(f"fused node `{n.op}` ({n.key}) has no DALI form")
+        return last.dali_folded(ctx, n.params, x)
     emitter = OPS[n.op].dali
     if emitter is None:
         raise BackendError(f"op `{n.op}` ({n.key}) has no DALI form")
     return emitter(ctx, n.params, x)
-
-
-def _crop_mirror_normalize(ctx: EmitContext, params: dict[str, Any], x: Any) -> Any:
-    from feedfast.ops.base import as_hw
-    from feedfast.ops.color import _dali_dtype
-
-    norm = params["normalize"]
-    h, w = as_hw(params["center_crop"]["size"])
-    pos_x, pos_y = d.center_positions(ctx.in_hw, h, w)
-    mirror = d.coin(params["flip"]["horizontal"]) if "flip" in params else 0
-    return d.fn().crop_mirror_normalize(
-        x, device=ctx.device, dtype=_dali_dtype(norm["dtype"]), output_layout=norm["layout"],
-        mean=[m * 255.0 for m in norm["mean"]], std=[s * 255.0 for s in norm["std"]],
-        crop=[float(h), float(w)], crop_pos_x=pos_x, crop_pos_y=pos_y, out_of_bounds_policy="pad", mirror=mirror,
-    )
 
 
 def build_pipeline(
@@ -179,12 +165,36 @@ def build_pipeline(
             "NVIDIA DALI is not installed: pip install 'feedfast[cuda12]' (or [cuda13]), "
             "or use backend='pil'"
         ) from exc
-    pipe = Pipeline(
+    settings = dict(
         batch_size=batch_size, num_threads=num_threads, device_id=device_id, seed=seed,
         prefetch_queue_depth=prefetch_queue_depth, enable_checkpointing=True, checkpoint=checkpoint,
         exec_dynamic=True,
     )
+    if needs_conditionals(plan):
+        return _conditional_pipeline(plan, reader, settings)
+    pipe = Pipeline(**settings)
     with pipe:
         outs, omap = emit(plan, reader)
         pipe.set_outputs(*outs)
     return pipe, omap
+
+
+def needs_conditionals(plan: Plan) -> bool:
+    """Whether an op of the plan declares that its DALI form needs ``enable_conditionals`` (``auto_aug``)."""
+    return any(OPS[op].conditionals for n in plan.nodes if n.op != "read" for op in n.op.split("+"))
+
+
+def _conditional_pipeline(plan: Plan, reader: ReaderConfig, settings: dict[str, Any]) -> tuple[Any, DaliOutputs]:
+    """The pipeline built through ``pipeline_def(enable_conditionals=True)``, as DALI's conditionals need."""
+    from nvidia.dali import pipeline_def
+
+    made: list[DaliOutputs] = []
+
+    @pipeline_def(enable_conditionals=True)
+    def graph() -> tuple[Any, ...]:
+        outs, omap = emit(plan, reader)
+        made.append(omap)
+        return tuple(outs)
+
+    pipe = graph(**settings)
+    return pipe, made[0]

@@ -50,7 +50,7 @@ def place(plan: Plan, placement: str) -> None:
         if want == "gpu" and placement == "cpu" and n.override == "gpu":
             plan.placement = "gpu"  # a GPU op needs a GPU pipeline
         if want == "gpu":
-            n.device = "mixed" if n.op == "decode" else "gpu"
+            n.device = "mixed" if "mixed" in OPS[n.op].devices else "gpu"  # decode's GPU form is nvJPEG's
         else:
             n.device = "cpu"
         n.sig = n.sig.with_(device="gpu" if n.device in ("gpu", "mixed") else "cpu")
@@ -77,38 +77,48 @@ def _only_child(plan: Plan, parent: Node, child: Node) -> bool:
             and parent.id not in plan.outputs.values())
 
 
+def _decodes(op: str) -> bool:
+    """Whether the op turns encoded bytes into an image (what a region-of-interest decode fuses with)."""
+    form = OPS[op].threaded if op in OPS else None
+    return form is not None and form.role == "decode"
+
+
 def fuse(plan: Plan) -> None:
-    """Apply the fusions, rewriting nodes in place and dropping the absorbed ones."""
+    """Apply the fusions each op declares, rewriting nodes in place and dropping the absorbed ones.
+
+    An op with ``dali_after_decode`` right after the decode it alone reads becomes one fused
+    node (``decode+random_resized_crop``); an op with ``absorbs`` takes the ops named there that
+    come right before it, nearest first, where each one's ``folds`` accepts its parameters.
+    """
     absorbed: set[int] = set()
     for n in plan.nodes:
-        if n.op == "random_resized_crop":
+        op = OPS.get(n.op)
+        if op is None or n.deferred:
+            continue
+        if op.dali_after_decode is not None:
             src = plan.nodes[n.inputs[0]]
-            if src.op == "decode" and _only_child(plan, src, n):
-                n.params = {"decode": src.params, "random_resized_crop": n.params}
-                n.op, n.inputs, n.device = "decode+random_resized_crop", src.inputs, src.device
-                n.dali_op = "decoders.image_random_crop+resize"
+            if _decodes(src.op) and _only_child(plan, src, n):
+                n.params = {src.op: src.params, n.op: n.params}
+                n.op, n.inputs, n.device = f"{src.op}+{n.op}", src.inputs, src.device
+                n.dali_op = op.dali_after_decode.name
                 absorbed.add(src.id)
-                plan.passes.append(f"fuse:decode+random_resized_crop@{n.key}")
-        elif n.op == "normalize" and not n.deferred:
-            _fold_into_normalize(plan, n, absorbed)
+                plan.passes.append(f"fuse:{n.op}@{n.key}")
+        elif op.absorbs:
+            _absorb(plan, n, absorbed)
     _drop(plan, absorbed)
 
 
-def _fold_into_normalize(plan: Plan, n: Node, absorbed: set[int]) -> None:
-    ops = ["normalize"]
-    params = {"normalize": n.params}
-    src = plan.nodes[n.inputs[0]]
-    if src.op == "flip" and src.params["vertical"] == 0.0 and _only_child(plan, src, n):
-        params["flip"] = src.params
-        ops.insert(0, "flip")
-        absorbed.add(src.id)
-        n.inputs = src.inputs
+def _absorb(plan: Plan, n: Node, absorbed: set[int]) -> None:
+    ops = [n.op]
+    params = {n.op: n.params}
+    for name in OPS[n.op].absorbs:
         src = plan.nodes[n.inputs[0]]
-    if src.op == "center_crop" and _only_child(plan, src, n):
-        params["center_crop"] = src.params
-        ops.insert(0, "center_crop")
-        absorbed.add(src.id)
-        n.inputs = src.inputs
+        folds = OPS[name].folds
+        if src.op == name and folds is not None and folds(src.params) and _only_child(plan, src, n):
+            params[name] = src.params
+            ops.insert(0, name)
+            absorbed.add(src.id)
+            n.inputs = src.inputs
     if len(ops) > 1:
         n.op = "+".join(ops)
         n.params = params

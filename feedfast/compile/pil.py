@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from feedfast.compile.plan import build_plan
 from feedfast.errors import BackendError
-from feedfast.ops.base import Rng, Signature
+from feedfast.ops.base import Rng, Signature, stream_for
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.registry import OPS
 from feedfast.spec.model import Spec
@@ -117,10 +117,20 @@ def compile_pil(spec: Spec) -> PilProgram:
 _PIL_ERRORS: tuple[type[BaseException], ...] = (OSError, SyntaxError, ValueError, EOFError)
 
 
+def own_draws(step: PilStep, rng: Rng) -> Rng:
+    """The draws a step takes: a kernel's or tensor op's own stream (keyed by its step id, so the
+    threaded path, which plans the geometry before them in C, gives them the same), else ``rng``."""
+    form = OPS[step.op].threaded
+    return stream_for(rng, step.id) if form is not None and form.role in ("kernel", "tensor") else rng
+
+
 def _apply(step: PilStep, value: Any, rng: Rng) -> Any:
     emitter = OPS[step.op].pil
-    if step.op != "decode":
-        return emitter(value, step.params, rng)  # type: ignore[misc]
+    form = OPS[step.op].threaded
+    if form is not None and form.role == "tensor":  # a tensor op is told its input's layout
+        return emitter(value, {**step.params, "layout": step.sig.layout}, own_draws(step, rng))  # type: ignore[misc]
+    if form is None or form.role != "decode":
+        return emitter(value, step.params, own_draws(step, rng))  # type: ignore[misc]
     from PIL import Image
 
     try:

@@ -14,10 +14,9 @@ from feedfast.compile.plan import Node
 from feedfast.errors import BackendError
 from feedfast.ops import _dali as d
 from feedfast.ops.base import as_hw
+from feedfast.ops.registry import OPS
 
 HW = tuple[Any, Any]  # (height, width): floats, or CPU DataNodes of one float per sample
-
-_FIXED_SIZE = ("random_resized_crop", "decode+random_resized_crop", "center_crop", "random_crop")
 
 
 def encoded_hw(raw: Any) -> HW:
@@ -27,21 +26,30 @@ def encoded_hw(raw: Any) -> HW:
 
 
 def out_hw(n: Node, in_hw: HW | None, raw: Any | None) -> HW | None:
-    """The node's output (height, width), or None after a layout change."""
-    if n.op == "decode":
+    """The node's output (height, width), or None after a layout change.
+
+    Each op declares its effect (``OpDef.hw_effect``); a fused node (``decode+random_resized_crop``)
+    applies its ops' effects in order, each with its own parameters.
+    """
+    parts = n.op.split("+")
+    hw = in_hw
+    for op in parts:
+        params = n.params[op] if len(parts) > 1 else n.params
+        hw = _effect(op, params, hw, raw, n.key)
+    return hw
+
+
+def _effect(op: str, params: dict[str, Any], hw: HW | None, raw: Any | None, key: str) -> HW | None:
+    effect = OPS[op].hw_effect
+    if effect == "header":
         return encoded_hw(raw)
-    for op in _FIXED_SIZE:
-        if n.op == op or n.op.startswith(op + "+"):
-            key = "random_resized_crop" if "random_resized_crop" in n.op else op
-            params = n.params.get(key, n.params)
-            return tuple(float(v) for v in as_hw(params["size"]))  # type: ignore[return-value]
-    if n.op == "resize":
-        if isinstance(n.params["size"], int):
-            if in_hw is None:
-                raise BackendError(f"`resize` ({n.key}) needs its input's size, which the plan lost")
-            w, h = d.shorter_side_sizes(in_hw, n.params["size"])
-            return h, w
-        return tuple(float(v) for v in as_hw(n.params["size"]))  # type: ignore[return-value]
-    if "normalize" in n.op:
+    if effect == "layout":
         return None
-    return in_hw
+    if effect == "size" or (effect == "resize" and not isinstance(params["size"], int)):
+        return tuple(float(v) for v in as_hw(params["size"]))  # type: ignore[return-value]
+    if effect == "resize":
+        if hw is None:
+            raise BackendError(f"`{op}` ({key}) needs its input's size, which the plan lost")
+        w, h = d.shorter_side_sizes(hw, params["size"])
+        return h, w
+    return hw

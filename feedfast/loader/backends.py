@@ -12,8 +12,11 @@ pil        the PIL program in torch DataLoader worker processes        the step 
 
 ``threads`` and ``pil`` give the same samples, crops and flips for a (seed, epoch, rank);
 ``dali`` gives the same samples per epoch and rank but its own order within its shuffle buffer
-and its own augmentation draws. :func:`choose_backend` picks ``threads`` for a CPU-placed plan
-over local shards whose ops it runs, else ``dali``.
+and its own augmentation draws. ``threads`` and ``pil`` read local shards with ``pread`` and
+every other kind (http, s3, gs, the shard cache) by range, ahead of decoding
+(:mod:`feedfast.sources.rangeread`). :func:`choose_backend` picks by what runs the spec
+fastest, not by where its bytes live: ``threads`` for a CPU-placed plan whose ops it runs,
+local or remote shards alike, else ``dali``.
 
 Every source's :meth:`EpochSource.batches` runs on the loader's producer thread
 (:mod:`feedfast.loader.ahead`); a batch whose ``ready`` is None holds host tensors that the
@@ -38,6 +41,7 @@ from feedfast.loader.diagnose import diagnose
 from feedfast.loader.epoch import CHECKPOINT_EVERY, Batch, EpochPipe, make_pipeline, release_memory, run_epoch
 from feedfast.loader.knobs import Knobs
 from feedfast.loader.prefetch import PinnedRing
+from feedfast.sources import rangeread
 from feedfast.sources.assign import EpochPlan
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.rows import epoch_rows
@@ -341,16 +345,18 @@ class _Started:
 def choose_backend(requested: str, plan: Plan, shards: ShardSet) -> str:
     """The backend for ``requested`` (``auto``: ``threads`` where it applies, else ``dali``).
 
-    ``threads`` and ``pil`` run on the CPU over local shards; ``auto`` also needs every op of
-    the spec on the threaded fast path and a PIL that imports (:func:`auto_backend` says why
-    not, in a log line on ``feedfast`` at INFO and in ``feedfast plan``).
+    ``threads`` and ``pil`` run on the CPU over shards with ranged reads (every kind feedfast
+    opens: a ``pipe:`` shard is read from the shard cache); ``auto`` also needs every op of the
+    spec on the threaded fast path and a PIL that imports (:func:`auto_backend` says why not,
+    in a log line on ``feedfast`` at INFO and in ``feedfast plan``).
     """
     if requested not in BACKENDS:
         raise UserError(f"backend must be one of {', '.join(repr(b) for b in BACKENDS)}, got {requested!r}")
-    local = all(kind == "file" for kind in shards.read_kinds)
     if requested in ("threads", "pil"):
-        if not local:
-            raise UserError(f"backend={requested!r} reads local shards only; use backend='dali' for remote shards")
+        unranged = rangeread.unranged(shards.read_kinds)
+        if unranged is not None:
+            raise UserError(f"backend={requested!r} reads shards by byte range, and {unranged!r} shards have none: "
+                            "read them through the shard cache, or use backend='dali'")
         if plan.placement != "cpu":
             raise UserError(f"backend={requested!r} runs on the CPU: use placement='cpu' (or backend='dali')")
         return requested
@@ -363,16 +369,44 @@ def choose_backend(requested: str, plan: Plan, shards: ShardSet) -> str:
 
 
 def auto_backend(plan: Plan, shards: ShardSet) -> tuple[str, str]:
-    """The backend ``auto`` picks, and why (``feedfast plan`` and a log line say it)."""
+    """The backend ``auto`` picks, and why (``feedfast plan`` and a log line say it).
+
+    By speed, not by where the bytes live: on the CPU the threaded path is the faster one
+    wherever it runs every op (measured in ``make bench``, remote rows included), and it reads
+    remote shards by range ahead of decoding as fast as local ones on loopback
+    (``benchmarks/remote.py``).
+    """
     if plan.placement != "cpu":
         return "dali", f"the pipeline is placed on {plan.placement}"
-    remote = sorted({kind for kind in shards.read_kinds if kind != "file"})
-    if remote:
-        return "dali", f"shards read as {', '.join(remote)} (the threaded path reads local shards only)"
+    unranged = rangeread.unranged(shards.read_kinds)
+    if unranged is not None:
+        return "dali", f"{unranged!r} shards have no ranged reads (the threaded path reads by range)"
     try:
         from feedfast.loader.thread_epoch import fast_path_blocker
     except ImportError as exc:  # no PIL
         return "dali", f"PIL does not import ({exc})"
     blocker = fast_path_blocker(plan)
-    return ("dali", blocker) if blocker else ("threads", "every op runs on the threaded path, over local shards")
+    remote = sorted({kind for kind in shards.read_kinds if kind != "file"})
+    where = f", its {', '.join(remote)} shards read by range ahead of decoding" if remote else ""
+    if not blocker:
+        return "threads", f"every op runs on the threaded path, faster than DALI's CPU pipeline{where}"
+    refused = dali_refusal(plan)
+    if refused:
+        return "threads", f"{blocker}, and DALI cannot run the spec ({refused}): the PIL program per sample, in threads{where}"
+    return "dali", blocker
+
+
+def dali_refusal(plan: Plan) -> str | None:
+    """Why DALI has no form for an op of the plan with its parameters (``OpDef.dali``, ``dali_refuses``), or None."""
+    from feedfast.ops.registry import OPS
+
+    for n in plan.nodes:
+        for op in n.op.split("+") if n.op != "read" else ():
+            found = OPS[op]
+            if found.dali is None and not found.host:
+                return f"op `{op}` ({n.key}) has no DALI form"
+            reason = found.dali_refuses(n.params if op == n.op else n.params[op]) if found.dali_refuses else None
+            if reason:
+                return f"{n.key}: {reason}"
+    return None
 

@@ -17,15 +17,14 @@ goes the Python way, whose rules are the reference.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from feedfast.compile.pil import PilProgram
-from feedfast.ops.base import as_hw
-from feedfast.ops.geometry import _pil_interp
+from feedfast.compile.pil import PilProgram, PilStep
+from feedfast.ops import threaded as th
+from feedfast.ops.registry import OPS
 
 try:
     from feedfast import _plan as ext
@@ -39,8 +38,7 @@ OK, NOT_REGION, FALLBACK, BOMB, LARGE = range(5)
 STATUS, WIDTH, HEIGHT, FACTOR, REGION, BOX, SIZE, CLIP, RESAMPLE, HFLIP, VFLIP = 0, 1, 2, 3, 4, 8, 12, 14, 18, 19, 20
 """Columns of a plan row (``_plan.c``'s ``COL_``)."""
 
-_DECODE, _RRC, _RESIZE_SHORT, _RESIZE_HW, _CENTER_CROP, _FLIP = 1, 2, 3, 4, 5, 6
-_DRAWLESS_HOST = frozenset({"label", "json", "npy", "bytes"})
+_DRAWLESS_HOST = frozenset(name for name, op in OPS.items() if op.host and not op.random)
 
 
 @dataclass(frozen=True)
@@ -52,6 +50,8 @@ class Chain:
         output: the image output's field name; ``decode``: the decode step's id; ``component``:
             the index of the component it reads.
         gray: whether the decode is to one channel.
+        kernels: the chain's kernel ops (``OpDef.threaded`` role ``kernel``), run on the planned
+            pixels before they are written.
     """
 
     ops: np.ndarray
@@ -59,40 +59,47 @@ class Chain:
     decode: int
     component: int
     gray: bool
+    kernels: tuple[PilStep, ...] = ()
 
 
 def chain_of(program: PilProgram) -> Chain | None:
     """The program's image chain, or None when the plan does not apply (see the module's docstring)."""
     if ext is None:
         return None
+    from feedfast.loader import thread_sample
+
     image_outputs = [(name, sid) for name, sid in program.outputs.items()
-                     if program.steps[sid].sig.kind == "image" or program.steps[sid].op == "normalize"]
+                     if program.steps[sid].sig.kind == "image" or thread_sample.pixel_source(program, sid)[0]]
     if len(image_outputs) != 1:
         return None
     name, sid = image_outputs[0]
+    sid = thread_sample.pixel_source(program, sid)[2]  # the tensor ops after normalize run per batch
     chain = []
     while True:
         step = program.steps[sid]
         chain.append(step)
-        if step.op == "decode" or not step.inputs:
+        f = thread_sample.form(step)
+        if f is None or f.role == "decode" or not step.inputs:
             break
         sid = step.inputs[0]
     chain.reverse()
     decode = chain[0]
-    if decode.op != "decode" or program.steps[decode.inputs[0]].op != "read":
+    f = thread_sample.form(decode)
+    if f is None or f.role != "decode" or program.steps[decode.inputs[0]].op != "read":
         return None
     image_steps = {s.id for s in chain}
     for step in program.steps:
-        if step.op != "read" and step.id not in image_steps and step.op not in _DRAWLESS_HOST:
-            return None  # another image chain, or a host op that may draw
-    if any(step.op == "normalize" for step in chain[:-1]):
-        return None
-    from feedfast.loader import thread_sample
-
+        g = thread_sample.form(step)
+        if step.op == "read" or step.id in image_steps or step.op in _DRAWLESS_HOST:
+            continue
+        if g is not None and g.role in ("normalize", "tensor"):
+            continue  # on the output's one way (fast_program_blocker)
+        return None  # another image chain, or a host op that may draw
     allowed = sum(f for f in thread_sample._DRAFT_FACTORS if f in (2, 4, 8))
-    rows = [[_DECODE, float(decode.params["color"] == "gray"), allowed]]
+    rows = [[th.PLAN_DECODE, float(decode.params["color"] == "gray"), allowed]]
+    kernels = tuple(step for step in chain[1:] if thread_sample.form(step).role == "kernel")  # type: ignore[union-attr]
     for step in chain[1:]:
-        row = _op_row(step.op, step.params)
+        row = _op_row(step)
         if row is None:
             return None
         if row:
@@ -100,30 +107,18 @@ def chain_of(program: PilProgram) -> Chain | None:
     ops = np.zeros((len(rows), SLOTS), dtype=np.float64)
     for i, row in enumerate(rows):
         ops[i, :len(row)] = row
-    return Chain(ops, name, decode.id, decode.inputs[0], decode.params["color"] == "gray")
+    return Chain(ops, name, decode.id, decode.inputs[0], decode.params["color"] == "gray", kernels)
 
 
-def _op_row(op: str, p: dict[str, Any]) -> list[float] | None:
-    """One op's row ([] for normalize, which the batch does), or None when the plan cannot take it."""
-    if op == "normalize":
+def _op_row(step: PilStep) -> list[float] | None:
+    """One step's row of the chain (``[]``: none, as for a kernel or normalize, which run after the
+    plan), or None when the plan cannot take it (its op declares no row: the Python walk runs it)."""
+    f = OPS[step.op].threaded
+    if f is None:
+        return None
+    if f.role == "kernel":
         return []
-    if op == "random_resized_crop":
-        (s0, s1), (r0, r1) = p["scale"], p["ratio"]
-        if not (0 < s0 <= s1 and 0 < r0 <= r1):
-            return None  # the Python walk raises the error that names the op
-        h, w = as_hw(p["size"])
-        return [_RRC, h, w, s0, s1, math.log(r0), math.log(r1), r0, r1, int(_pil_interp(p["interpolation"]))]
-    if op == "resize":
-        if isinstance(p["size"], int):
-            return [_RESIZE_SHORT, p["size"], int(_pil_interp(p["interpolation"]))]
-        h, w = as_hw(p["size"])
-        return [_RESIZE_HW, h, w, int(_pil_interp(p["interpolation"]))]
-    if op == "center_crop":
-        h, w = as_hw(p["size"])
-        return [_CENTER_CROP, h, w]
-    if op == "flip":
-        return [_FLIP, float(p["horizontal"]), float(p["vertical"])]
-    return None  # any other image op (color_jitter, rotate, ...): the Python walk runs it
+    return None if f.plan_row is None else f.plan_row(step.params)
 
 
 ONE_CALL: bool | None = None

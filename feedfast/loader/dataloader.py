@@ -209,14 +209,16 @@ class DataLoader(TorchAttributes):
         self._mix, base = open_dataset(shards, self.spec, self._cache_dir, **open_kw)
         self.shards: ShardSet = self.shards_for(0) if self._mix else cast(ShardSet, base)
         self.backend = choose_backend(backend, self.plan, self.shards)
-        # shuffled: one permutation of the whole dataset per epoch over local shards, a block shuffle of windows
-        # of every shard over remote ones (sources/order.py); unshuffled: each rank's contiguous range
-        self._partition = partition_for(self.shards.read_kinds, shuffled=self.spec.shuffled)
+        # shuffled: one permutation of the whole dataset per epoch over local shards and on the CPU paths (which
+        # read every shard by range), a block shuffle of windows over remote ones on DALI's feed (sources/order.py);
+        # unshuffled: each rank's contiguous range
+        self._partition = partition_for(self.shards.read_kinds, shuffled=self.spec.shuffled,
+                                        by_range=self.backend != "dali")
         if self.spec.repeats > 1 and self._partition != "global":
             raise UserError(f"shuffle.repeats={self.spec.repeats} (repeated augmentation) needs the global order: "
-                            f"a shuffled epoch over local shards, and this one is {self._partition!r} "
-                            f"({'not shuffled' if self._partition == 'shards' else 'remote shards'}); "
-                            "pass shuffle=True with local shards, or remove shuffle.repeats")
+                            f"a shuffled epoch, over local shards or on the threads or pil backend, and this one is "
+                            f"{self._partition!r} ({'not shuffled' if self._partition == 'shards' else 'remote shards on dali'}); "
+                            "pass shuffle=True (backend='threads' or 'pil' for remote shards), or remove shuffle.repeats")
         self._check_size()
         if self._mix is None and (self.backend != "dali" or self._partition != "shards" or self.shards.transport != "native"):
             # the rows feedfast reads itself come from the dataset's columnar index: built here (once per

@@ -74,6 +74,16 @@ class SampleDraws:
         """The same draws from the first (a sample that starts over on another path)."""
         return SampleDraws(self._table, self._i)
 
+    def stream(self, n: int) -> SampleDraws:
+        """This sample's ``n``-th stream of draws: as counter-based as this one, independent of it.
+
+        An op that runs where its place in the sample's sequence of draws is not known (a
+        kernel after geometry planned in C) draws from its own stream, keyed by its step.
+        """
+        with np.errstate(over="ignore"):
+            key = int(mix64(np.uint64(self._table.key) ^ (np.uint64(n + 1) * _GOLDEN)))
+        return SampleDraws(_Table(key, self._table.samples[self._i: self._i + 1]), 0)
+
     def random(self) -> float:
         """The next draw, uniform in [0, 1)."""
         j = self._next

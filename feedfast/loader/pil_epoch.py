@@ -62,6 +62,7 @@ from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
+from feedfast.sources.rangeread import RangeSource, remote
 from feedfast.sources.rows import Rows, epoch_rows
 from feedfast.sources.shardfiles import ShardFiles
 from feedfast.spec.model import CHECK_SECONDS
@@ -79,7 +80,7 @@ def epoch_samples(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
     """
     program = compile_pil(plan.spec)
     rows = epoch_rows(shards, program.exts, ep, rank=rank, world=world, seed=seed, epoch=epoch,
-                      shuffle=plan.spec.shuffle_buffer > 0)
+                      shuffle=plan.spec.shuffle_buffer > 0, block=shards.shuffle)
     if len(rows) != ep.rank_samples:
         raise BackendError(f"rank {rank} has {len(rows)} samples but its epoch plan expects {ep.rank_samples}")
     return program, rows
@@ -112,12 +113,14 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """Map-style dataset of one rank's epoch: item ``i`` is the whole batch of step ``start + i``."""
 
     def __init__(self, program: PilProgram, paths: tuple[str, ...], rows: Rows, ep: EpochPlan, *,
-                 batch_size: int, seed: int, epoch: int, start: int, check_seconds: float = CHECK_SECONDS) -> None:
+                 batch_size: int, seed: int, epoch: int, start: int, check_seconds: float = CHECK_SECONDS,
+                 source: RangeSource | None = None) -> None:
         self.program, self.paths, self.rows, self.ep = program, paths, rows, ep
         self.batch_size, self.seed, self.epoch, self.start = batch_size, seed, epoch, start
         self.check_seconds = check_seconds
         self.decodes = image_decodes(program)
         self.files = ShardFiles(paths)  # pickled as paths: each worker process opens its own
+        self.source = source  # remote shards: a batch's members read by range (sources/rangeread.py), per process
 
     def __len__(self) -> int:
         return max(0, self.ep.steps - self.start)
@@ -128,20 +131,27 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         batch = self.rows.take(rows)
         origins = Origins(self.rows.index, self.paths, batch)
         draws = batch_draws(seed=self.seed, epoch=self.epoch, samples=batch.draw_ids)
+        try:  # remote shards: the batch's members in ranged reads (merged where near), before its decoding
+            columns = self.source.read(rows) if self.source is not None else None
+        except ShardError as exc:
+            return _Failure("shard", str(exc))
         per_sample = []
         for i in range(len(rows)):
-            out = self._sample(batch, i, origins, draws[i])
+            raw = None if columns is None else [column[i] or b"" for column in columns]
+            out = self._sample(batch, i, origins, draws[i], raw)
             if isinstance(out, _Failure):
                 return out
             per_sample.append(out)
         fields = {name: _collate([s[name] for s in per_sample], sig) for name, sig in self.program.signatures.items()}
         return Batch(fields, list(origins), self.ep.valid[step])  # read here: the batch goes to another process
 
-    def _sample(self, batch: RowBatch, i: int, origins: Origins, draws: SampleDraws) -> dict[str, Any] | _Failure:
+    def _sample(self, batch: RowBatch, i: int, origins: Origins, draws: SampleDraws,
+                raw: list[bytes] | None = None) -> dict[str, Any] | _Failure:
         number = int(batch.shard[i])
         shard = self.paths[number]
         try:
-            raw = [b"" if m is None else self.files.read(number, *m) for m in members_of(batch, i)]
+            if raw is None:
+                raw = [b"" if m is None else self.files.read(number, *m) for m in members_of(batch, i)]
         except ShardError as exc:
             return _Failure("shard", str(exc))
         try:
@@ -173,8 +183,10 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return None if fixed is None else self.program.run(fixed, draws.replay())
 
     def close(self) -> None:
-        """Close the shard files this process opened."""
+        """Close the shard files this process opened, and its remote reader."""
         self.files.close()
+        if self.source is not None:
+            self.source.close()
 
 
 def _collate(values: list[Any], sig: Signature) -> Any:
@@ -234,8 +246,10 @@ def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
         ShardError: a shard or its index cannot be read.
     """
     program, rows = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
+    source = RangeSource(shards.paths, shards.read_kinds, rows, cache=shards.cache, transfer=shards.transfer,
+                         windows=workers == 0) if remote(shards.read_kinds) else None  # a worker sees some steps
     data = EpochBatches(program, shards.paths, rows, ep, batch_size=batch_size, seed=seed, epoch=epoch, start=start,
-                        check_seconds=plan.spec.check_seconds)
+                        check_seconds=plan.spec.check_seconds, source=source)
     loader = torch.utils.data.DataLoader(
         data, batch_size=None, shuffle=False, num_workers=workers, collate_fn=_identity,
         prefetch_factor=prefetch_factor if workers > 0 else None,

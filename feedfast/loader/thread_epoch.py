@@ -13,12 +13,13 @@ decoded), where the ``pil`` backend raises.
 
 Why it is faster: PIL releases the GIL while it decodes and resizes, so ``workers`` threads
 decode in parallel with no pickling and no copies between processes; each sample is read
-with ``os.pread``, decoded at reduced size when its crop allows (JPEG DCT scaling) and
-cropped and resized in one call; its pixels are read from PIL's memory without a copy where
-Pillow exports them, and written straight into the batch (flips as reversed views), and
-``normalize`` runs vectorized in NumPy as they are written, in the thread that made them,
-while they are in cache (NumPy releases the GIL and starts no threads of its own, where
-torch would start its intra-op threads in every worker thread). When the plan defers
+with ``os.pread`` (from a remote shard: by range, on reader threads ahead of decoding, then
+taken from memory, :mod:`feedfast.sources.rangeread`), decoded at reduced size when its crop
+allows (JPEG DCT scaling) and cropped and resized in one call; its pixels are read from PIL's
+memory without a copy where Pillow exports them, and written straight into the batch (flips
+as reversed views), and ``normalize`` runs vectorized in NumPy as they are written, in the
+thread that made them, while they are in cache (NumPy releases the GIL and starts no threads
+of its own, where torch would start its intra-op threads in every worker thread). When the plan defers
 ``normalize`` to a CUDA consumer (the cheap-transfer pass), the field is yielded as uint8
 HWC, as the DALI path leaves it before its copy.
 
@@ -32,8 +33,8 @@ way below, and both give the same pixels bit for bit (``tests/test_batchplan.py`
 images this took one process from about 5,000 to 30,000 samples a second on one thread.
 
 Work is queued in chunks of a batch; the steps up to ``prefetch_factor`` batches ahead of
-the one being consumed are in flight. A spec with an image op outside
-:data:`~feedfast.loader.thread_sample.FAST_OPS` runs the PIL program per sample in the same
+the one being consumed are in flight. A spec with an image op that declares no threaded form (``OpDef.threaded``,
+:data:`~feedfast.loader.thread_sample.FAST_OPS`) runs the PIL program per sample in the same
 threads (:func:`fast_path_supported` says which way a plan goes).
 """
 
@@ -49,7 +50,7 @@ import numpy as np
 import torch
 
 from feedfast import _env
-from feedfast.compile.pil import PilProgram, PilStep, compile_pil
+from feedfast.compile.pil import PilProgram, PilStep, compile_pil, own_draws
 from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, FeedfastError, SampleError
 from feedfast.loader import batchplan, convert, native
@@ -67,13 +68,16 @@ from feedfast.loader.thread_sample import (
     fast_program,
     fast_program_blocker,
     fast_values,
+    pixel_source,
     program_values,
+    run_kernels,
 )
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.registry import OPS
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
+from feedfast.sources.rangeread import StepReads, epoch_reads
 from feedfast.sources.rows import Rows
 from feedfast.sources.shardfiles import ShardFiles
 
@@ -102,6 +106,10 @@ def chunk_way(plan: Plan) -> str:
         return "per sample in Python: feedfast._plan is not built"
     if batchplan.chain_of(program) is None:
         return "per sample in Python: the plan takes one image output made by decode, geometry ops and flips"
+    chain = batchplan.chain_of(program)
+    if chain is not None and chain.kernels:
+        names = ", ".join(step.op for step in chain.kernels)
+        return f"each chunk planned in C, its pixels resized by Pillow, then {names} on them in the worker threads"
     return "each chunk planned in C, " + ("its pixels made in one call of the extension" if batchplan.one_call()
                                           else "its pixels resized by Pillow")
 
@@ -115,16 +123,19 @@ class _Field:
     hwc: tuple[int | None, ...] = ()
     normalize: dict[str, Any] | None = None
     host_kind: str = ""
+    post: tuple[PilStep, ...] = ()
+    """The tensor ops after ``normalize`` (``OpDef.threaded`` role ``tensor``), run on each normalized slot."""
 
 
 def _fields(plan: Plan, program: PilProgram) -> list[_Field]:
     out = []
     for name, sid in program.outputs.items():
         step = program.steps[sid]
-        if step.op == "normalize":
+        norm, post, source = pixel_source(program, sid)
+        if norm is not None:
             deferred = plan.nodes[plan.outputs[name]].deferred
-            hwc = program.steps[step.inputs[0]].sig.shape
-            out.append(_Field(name, "pixels", hwc, None if deferred else step.params))
+            hwc = program.steps[source].sig.shape
+            out.append(_Field(name, "pixels", hwc, None if deferred else norm.params, post=post))
         elif step.sig.kind == "image":
             out.append(_Field(name, "pixels", step.sig.shape))
         else:
@@ -192,7 +203,8 @@ class _Epoch:
     """The epoch's samples, files, pool work and batch assembly."""
 
     def __init__(self, plan: Plan, program: PilProgram, paths: tuple[str, ...], rows: Rows,
-                 ep: EpochPlan, *, batch_size: int, knobs: Knobs, seed: int, epoch: int) -> None:
+                 ep: EpochPlan, *, batch_size: int, knobs: Knobs, seed: int, epoch: int,
+                 reads: StepReads | None = None) -> None:
         self.program, self.paths, self.rows, self.ep = program, paths, rows, ep
         self.batch_size, self.seed, self.epoch = batch_size, seed, epoch
         self.fields = _fields(plan, program)
@@ -204,6 +216,7 @@ class _Epoch:
         pixel_fields = sum(f.kind == "pixels" for f in self.fields)
         self.buffers = _Buffers(limit=pixel_fields * (knobs.max_prefetch + 3))  # in flight, the consumer's, a spare
         self.files = ShardFiles(paths)
+        self.reads = reads  # remote shards: each step's bytes read ahead by range (sources/rangeread.py)
         self._local = threading.local()
         self.check_seconds, self.decodes = plan.spec.check_seconds, image_decodes(program)
         self.chain = batchplan.chain_of(program) if self.fast else None
@@ -211,7 +224,8 @@ class _Epoch:
         self.host_chains = _host_chains(program) if self.chain is not None else {}
         if self.chain is not None and set(program.outputs) != {self.chain.output, *self.host_chains}:
             self.chain = None  # an output the plan does not make (a component passed through as it is)
-        self.one_call = self.chain is not None and batchplan.one_call()  # decided once an epoch, not per chunk
+        # decided once an epoch, not per chunk; a chain with kernels writes its pixels after them
+        self.one_call = self.chain is not None and not self.chain.kernels and batchplan.one_call()
 
     def submit(self, pool: LivePool, step: int) -> _Job:
         batch = self.rows.take(step_positions(step, self.batch_size, self.ep.rank_samples, self.ep.batch_sizes[step]))
@@ -232,12 +246,16 @@ class _Epoch:
         draws = batch_draws(seed=self.seed, epoch=self.epoch, samples=batch.draw_ids)
         job = _Job(step, batch, Origins(self.rows.index, self.paths, batch), draws, self.ep.valid[step], outputs,
                    len(starts))
+        if self.reads is not None:
+            self.reads.want(step)
         for a in starts:
             pool.submit(self._run_chunk, job, a, min(n, a + chunk))
         return job
 
     def result(self, job: _Job) -> Batch:
         job.done.wait()
+        if self.reads is not None:
+            self.reads.release(job.step)
         if job.error is not None:
             raise job.error
         fields: dict[str, Any] = {}
@@ -248,6 +266,8 @@ class _Epoch:
             elif isinstance(value, list):  # pixels of varying size: stacked as the pil backend does
                 value = torch.stack([torch.from_numpy(np.ascontiguousarray(v)) for v in value])
                 value = _normalized(value, f.normalize) if f.normalize else value
+                for i in range(len(value) if f.post else 0):
+                    self._post(value[i].numpy(), f, job.draws[i])
             fields[f.name] = value
         return Batch(fields, job.origins, job.valid)
 
@@ -273,13 +293,15 @@ class _Epoch:
             for f in self.fields:
                 value = values[f.name]
                 if value is _WRITTEN:
-                    continue
-                if f.name not in arrays:
+                    pass
+                elif f.name not in arrays:
                     job.outputs[f.name][i] = value
                 elif f.normalize is None:
                     np.copyto(arrays[f.name][i], value)
                 else:
                     self._normalize_into(arrays[f.name][i], value, f.name)
+                if f.post and f.name in arrays:
+                    self._post(arrays[f.name][i], f, job.draws[i])
 
     def _planned(self, job: _Job, a: int, b: int, arrays: dict[str, np.ndarray]) -> dict[int, dict[str, Any]]:
         """Rows ``a .. b`` of the batch whose image chain :mod:`.batchplan` planned, computed from the plan.
@@ -298,8 +320,12 @@ class _Epoch:
         chain = self.chain
         assert chain is not None
         rows = job.rows
-        fds = self.files.fds(rows.shard[a:b])
-        raws = [batchplan.read(fds, rows.offsets[a:b, c], rows.sizes[a:b, c]) for c in range(rows.offsets.shape[1])]
+        if self.reads is not None:  # remote shards: the bytes read ahead, from memory
+            raws = self.reads.chunk(job.step, a, b)
+        else:
+            fds = self.files.fds(rows.shard[a:b])
+            raws = [batchplan.read(fds, rows.offsets[a:b, c], rows.sizes[a:b, c])
+                    for c in range(rows.offsets.shape[1])]
         images = raws[chain.component]
         plans = batchplan.plan(chain, images, rows.draw_ids[a:b], self.key, Image.MAX_IMAGE_PIXELS)
         host = {name: _host_column(steps, raws) for name, steps in self.host_chains.items()}
@@ -318,6 +344,8 @@ class _Epoch:
                 pixels = self._pillow_pixels(chain, images[j], plans[j].tolist())
                 if pixels is None:
                     continue
+                if chain.kernels:
+                    pixels = run_kernels(pixels, chain.kernels, job.draws[a + j].replay())
                 values[chain.output] = pixels
             out[a + j] = values
         return out
@@ -353,6 +381,14 @@ class _Epoch:
                     None if resample < 0 else resample, bool(row[batchplan.HFLIP]), bool(row[batchplan.VFLIP]))
         return _pixels(region[0], view, float(factor), (region[1], region[2]))
 
+    @staticmethod
+    def _post(slot: np.ndarray, f: _Field, draws: SampleDraws) -> None:
+        """The field's tensor ops (after ``normalize``) on one sample's slot of the batch, in place."""
+        layout = f.normalize["layout"] if f.normalize else "HWC"
+        for step in f.post:
+            kernel = OPS[step.op].threaded.kernel  # type: ignore[union-attr]
+            kernel(slot, {**step.params, "layout": layout}, own_draws(step, draws.replay()))  # type: ignore[misc]
+
     def _normalize_into(self, out: np.ndarray, pixels: np.ndarray, name: str) -> None:
         """``normalize`` of one image's uint8 HWC pixels into its slot of the batch.
 
@@ -381,7 +417,7 @@ class _Epoch:
         number = int(job.rows.shard[i])
         shard = self.paths[number]
         try:
-            raw = [b"" if m is None else self.files.read(number, *m) for m in members_of(job.rows, i)]
+            raw = self._raw(job, i)
             named = job.origins.lazy(i)  # PIL's warnings go to logging naming the sample (read if they come)
             try:
                 if self.fast:
@@ -404,9 +440,17 @@ class _Epoch:
             raise BackendError(f"threaded CPU backend failed on shard {shard!r}, sample {job.origins[i][1]!r}: "
                                f"{type(exc).__name__}: {exc}") from exc
 
+    def _raw(self, job: _Job, i: int) -> list[bytes]:
+        """Row ``i``'s member bytes per component (``b""`` where it has no such member)."""
+        if self.reads is not None:
+            return [column[0] or b"" for column in self.reads.chunk(job.step, i, i + 1)]
+        return [b"" if m is None else self.files.read(int(job.rows.shard[i]), *m) for m in members_of(job.rows, i)]
+
     def close(self) -> None:
-        """Close the shard files."""
+        """Close the shard files and stop the remote reads."""
         self.files.close()
+        if self.reads is not None:
+            self.reads.close()
 
 
 _WRITTEN = object()
@@ -497,7 +541,8 @@ def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, 
     """
     program, rows = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
     knobs = knobs or Knobs(threads=workers or _env.usable_cores(), prefetch=max(1, prefetch_factor))
-    work = _Epoch(plan, program, shards.paths, rows, ep, batch_size=batch_size, knobs=knobs, seed=seed, epoch=epoch)
+    work = _Epoch(plan, program, shards.paths, rows, ep, batch_size=batch_size, knobs=knobs, seed=seed, epoch=epoch,
+                  reads=epoch_reads(shards, rows, ep, batch_size=batch_size))
     pool = LivePool(knobs, name="feedfast-cpu")
     jobs: deque[_Job] = deque()
     submitted = start

@@ -36,20 +36,18 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from feedfast.compile.pil import PilProgram, PilStep
+from feedfast.compile.pil import PilProgram, PilStep, own_draws
 from feedfast.loader.pil_fast import REGION_FORMATS, JpegHeader, decode_region, exported_pixels, jpeg_header, load_rows
 from feedfast.loader.pil_warnings import routed
-from feedfast.ops.base import Rng, as_hw
+from feedfast.ops.base import Rng
 from feedfast.ops.generic import DecodeFailure
-from feedfast.ops.geometry import _pil_interp
-from feedfast.ops.pil_ops import random_resized_crop_params
 from feedfast.ops.registry import OPS
+from feedfast.ops.threaded import Threaded
 
-FAST_OPS = frozenset({"decode", "random_resized_crop", "resize", "center_crop", "flip", "normalize"})
-"""Image ops the threaded path runs itself; any other image op sends the spec to the PIL program."""
+FAST_OPS = frozenset(name for name, op in OPS.items() if op.threaded is not None)
+"""Image ops the threaded path runs itself (those that declare ``OpDef.threaded``); any other
+image op sends the spec to the PIL program."""
 
-RESAMPLING = frozenset({"random_resized_crop", "resize"})
-GEOMETRY = RESAMPLING | {"center_crop"}
 REDUCING_GAP = 3.0
 """Reductions larger than this first average blocks of pixels (Pillow's ``reducing_gap``)."""
 
@@ -76,6 +74,7 @@ class View:
     resample: int | None = None
     hflip: bool = False
     vflip: bool = False
+    kernels: tuple[PilStep, ...] = ()
 
     def crop(self, left: int, top: int, width: int, height: int) -> View:
         """The view of a ``width`` x ``height`` window at (``left``, ``top``) of this view."""
@@ -94,27 +93,61 @@ def fast_program(program: PilProgram) -> bool:
     return fast_program_blocker(program) is None
 
 
+def form(step: PilStep) -> Threaded | None:
+    """The step's op's form on the threaded path (None: a read, a host op, or an op without one)."""
+    if step.op == "read":
+        return None
+    return OPS[step.op].threaded
+
+
 def fast_program_blocker(program: PilProgram) -> str | None:
     """Why the threaded path cannot run the program itself (naming the op and its key), None when it can."""
     resamples: dict[int, int] = {}
     flipped: dict[int, bool] = {}
+    kerneled: dict[int, bool] = {}
+    normalized: dict[int, bool] = {}
     outputs = set(program.outputs.values())
-    consumed = {i for s in program.steps for i in s.inputs}
     for step in program.steps:
         if step.op == "read" or OPS[step.op].host:
             continue
-        if step.op not in FAST_OPS:
+        f = form(step)
+        if f is None:
             return f"op `{step.op}` ({step.key}) is not one the threaded path runs ({', '.join(sorted(FAST_OPS))})"
         parent = step.inputs[0]
-        resamples[step.id] = resamples.get(parent, 0) + (step.op in RESAMPLING)
-        flipped[step.id] = flipped.get(parent, False) or step.op == "flip"
+        resamples[step.id] = resamples.get(parent, 0) + f.resamples
+        flipped[step.id] = flipped.get(parent, False) or f.role == "flip"
+        kerneled[step.id] = kerneled.get(parent, False) or f.role == "kernel"
+        normalized[step.id] = normalized.get(parent, False) or f.role == "normalize"
         if resamples[step.id] > 1:
             return f"op `{step.op}` ({step.key}) resamples an image a second time"
-        if step.op in GEOMETRY and flipped.get(parent, False):
+        if f.role == "geometry" and flipped.get(parent, False):
             return f"op `{step.op}` ({step.key}) comes after a flip"
-        if step.op == "normalize" and (step.id not in outputs or step.id in consumed):
-            return f"`normalize` ({step.key}) is not the last op of an output"
+        if f.role in ("geometry", "flip") and kerneled.get(parent, False):
+            return f"op `{step.op}` ({step.key}) comes after an op that runs on the finished image"
+        if normalized.get(parent, False) and f.role != "tensor":
+            return f"op `{step.op}` ({step.key}) comes after `normalize`"
+        if f.role == "tensor" and not normalized.get(parent, False):
+            return f"op `{step.op}` ({step.key}) needs `normalize` before it"
+    for step in program.steps:
+        f = form(step)
+        if f is not None and f.role in ("normalize", "tensor"):
+            readers = [s for s in program.steps if step.id in s.inputs]
+            if step.id in outputs and readers or step.id not in outputs and len(readers) != 1:
+                return f"`{step.op}` ({step.key}) is not on the one way to an output"
     return None
+
+
+def pixel_source(program: PilProgram, sid: int) -> tuple[PilStep | None, tuple[PilStep, ...], int]:
+    """An output's ``normalize`` step (or None), the tensor ops after it, and the step whose pixels it takes."""
+    post: list[PilStep] = []
+    step = program.steps[sid]
+    while (f := form(step)) is not None and f.role == "tensor":
+        post.append(step)
+        step = program.steps[step.inputs[0]]
+    f = form(step)
+    if f is not None and f.role == "normalize":
+        return step, tuple(reversed(post)), step.inputs[0]
+    return None, (), sid
 
 
 def _decode_failure(step: PilStep, exc: BaseException, raw: bytes) -> DecodeFailure:
@@ -143,27 +176,23 @@ def _header(step: PilStep, raw: bytes) -> Any:
 
 
 def _geometry(step: PilStep, view: View, rng: Rng) -> View:
-    p = step.params
-    width, height = view.size
-    if step.op == "random_resized_crop":
-        out_h, out_w = as_hw(p["size"])
-        top, left, h, w = random_resized_crop_params(width, height, tuple(p["scale"]), tuple(p["ratio"]), rng)
-        return replace(view.crop(left, top, w, h), size=(out_w, out_h), resample=_pil_interp(p["interpolation"]))
-    if step.op == "resize":
-        if isinstance(p["size"], int):  # torchvision's Resize(int): the longer side truncated
-            short, long = sorted((width, height))
-            new = (p["size"], int(p["size"] * long / short))
-            size = new if width <= height else (new[1], new[0])
-        else:
-            h, w = as_hw(p["size"])
-            size = (w, h)
-        if size == view.size:
-            return view
-        return replace(view, size=size, resample=_pil_interp(p["interpolation"]))
-    th, tw = as_hw(p["size"])  # center_crop
-    if th > height or tw > width:
+    f = form(step)
+    assert f is not None and f.geometry is not None
+    g = f.geometry(view.size[0], view.size[1], step.params, rng)
+    if g is None:
         raise NeedsFallback
-    return view.crop(int(round((width - tw) / 2.0)), int(round((height - th) / 2.0)), tw, th)
+    out = view.crop(*g.crop) if g.crop is not None else view
+    if g.size is not None and (g.crop is not None or g.size != out.size):
+        out = replace(out, size=g.size, resample=g.resample)
+    return out
+
+
+def run_kernels(pixels: np.ndarray, kernels: Sequence[PilStep], rng: Rng) -> np.ndarray:
+    """The image's uint8 HWC pixels through its kernel ops, each drawing from its own stream."""
+    for step in kernels:
+        kernel = OPS[step.op].threaded.kernel  # type: ignore[union-attr]
+        pixels = kernel(pixels, step.params, own_draws(step, rng))  # type: ignore[misc]
+    return pixels
 
 
 def fast_values(program: PilProgram, raw: Sequence[bytes], rng: Rng,
@@ -185,25 +214,30 @@ def _fast_values(program: PilProgram, raw: Sequence[bytes], rng: Rng) -> dict[st
     opened: dict[int, tuple[Any, PilStep, bytes]] = {}
     for step in program.steps:
         value: Any = values[step.inputs[0]] if step.inputs else None
+        f = form(step)
         if step.op == "read":
             values[step.id] = raw[step.id]
-        elif step.op == "decode":
+        elif f is None:
+            values[step.id] = _host(step, value, rng)
+        elif f.role == "decode":
             img = _header(step, value)
             opened[step.id] = (img, step, value)
             width, height = img.size
             values[step.id] = View(step.id, (0.0, 0.0, float(width), float(height)), img.size, (0, 0, width, height))
-        elif step.op in GEOMETRY:
+        elif f.role == "geometry":
             values[step.id] = _geometry(step, value, rng)
-        elif step.op == "flip":
-            h = rng.random() < step.params["horizontal"]
-            v = rng.random() < step.params["vertical"]
+        elif f.role == "flip":
+            assert f.flips is not None
+            h, v = f.flips(step.params, rng)
             values[step.id] = replace(value, hflip=value.hflip ^ h, vflip=value.vflip ^ v)
-        elif step.op == "normalize":
-            values[step.id] = value  # normalized per batch
-        else:
-            values[step.id] = _host(step, value, rng)
+        elif f.role == "kernel":
+            values[step.id] = replace(value, kernels=value.kernels + (step,))  # run on the finished pixels
+        else:  # normalize and the tensor ops after it: per batch, as the pixels are written
+            values[step.id] = value
     views = {name: values[sid] for name, sid in program.outputs.items() if isinstance(values[sid], View)}
     pixels = _materialize(views, opened)
+    pixels = {name: run_kernels(arr, views[name].kernels, rng) if views[name].kernels else arr
+              for name, arr in pixels.items()}
     return {name: pixels.get(name, values[sid]) for name, sid in program.outputs.items()}
 
 
@@ -315,7 +349,8 @@ def program_values(program: PilProgram, raw: Sequence[bytes], rng: Rng,
                    sample: Sequence[str] | None = None) -> dict[str, Any]:
     """One sample's outputs through the PIL program, shaped as :func:`fast_values` gives them.
 
-    A ``normalize`` output gives its input's pixels (the batch is normalized at once). PIL's
+    A ``normalize`` output (and a tensor op's after it) gives the pixels before ``normalize`` (the
+    batch is normalized at once, then its tensor ops run). PIL's
     warnings go to logging, as in :func:`fast_values`.
     """
     with routed(sample):
@@ -323,8 +358,9 @@ def program_values(program: PilProgram, raw: Sequence[bytes], rng: Rng,
     out: dict[str, Any] = {}
     for name, sid in program.outputs.items():
         step = program.steps[sid]
-        value = values[step.inputs[0]] if step.op == "normalize" else values[sid]
-        if step.sig.kind == "image" or step.op == "normalize":
+        norm, _, source = pixel_source(program, sid)
+        value = values[source]
+        if step.sig.kind == "image" or norm is not None:
             arr = np.asarray(value, dtype=np.uint8)
             value = arr[:, :, None] if arr.ndim == 2 else arr
         out[name] = value

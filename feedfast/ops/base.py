@@ -8,7 +8,10 @@ all read it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from feedfast.ops.threaded import Threaded
 
 Kind = Literal["encoded", "image", "tensor", "label", "json", "bytes", "array"]
 
@@ -28,6 +31,13 @@ class Rng(Protocol):
     def randint(self, a: int, b: int) -> int:
         """An integer in [a, b]."""
         ...
+
+
+def stream_for(rng: Rng, n: int) -> Rng:
+    """The ``n``-th independent stream of a sample's draws where ``rng`` has streams
+    (:meth:`feedfast.loader.draws.SampleDraws.stream`), else ``rng`` itself (a ``random.Random``)."""
+    stream = getattr(rng, "stream", None)
+    return stream(n) if stream is not None else rng
 
 
 @dataclass(frozen=True)
@@ -70,8 +80,9 @@ class Param:
     Attributes:
         name: the key in the spec.
         type: ``int``, ``float``, ``bool``, ``str``, ``size`` (int or [h, w]), ``range``
-            (two floats, low <= high), ``floats3`` (three floats) or ``angle``
-            (a float a, meaning [-a, a], or a range).
+            (two floats, low <= high), ``floats3`` (three floats), ``angle``
+            (a float a, meaning [-a, a], or a range) or ``fill`` (one or three numbers, or one
+            of ``choices``).
         default: the value when absent; ``REQUIRED`` when the spec must give it.
         doc: one line for the reference and ``--help``.
         low, high: inclusive bounds for numbers (and for each number of a range).
@@ -88,6 +99,10 @@ class Param:
 
     def allowed(self) -> str:
         """A human description of the allowed values, used in errors and docs."""
+        if self.type == "fill":
+            words = " or ".join(repr(c) for c in self.choices)
+            lo, hi = f"{self.low:g}", f"{self.high:g}"
+            return f"a number or three in [{lo}, {hi}]" + (f", or {words}" if words else "")
         if self.choices:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         bounds = ""
@@ -111,6 +126,14 @@ REQUIRED = object()
 
 
 @dataclass(frozen=True)
+class DaliForm:
+    """A DALI emitter with the operator name(s) ``feedfast plan`` shows for it."""
+
+    name: str
+    emit: Callable[..., Any]
+
+
+@dataclass(frozen=True)
 class OpDef:
     """An op: name, parameters, signature rule, and one emitter per backend.
 
@@ -127,6 +150,20 @@ class OpDef:
         host: runs on the host after the DALI graph (generic ops on raw bytes).
         refuses: a host op that can refuse a sample's bytes (``DecodeFailure``): run on every
             sample when shards are opened under ``on_error: skip`` (:mod:`feedfast.sources.labelchecks`).
+        hw_effect: what the op does to a sample's (height, width), which the DALI emitters track
+            (:mod:`feedfast.compile.shapes`): ``keep``, ``header`` (read from the encoded bytes), ``size`` (its ``size`` parameter), ``resize``
+            (an integer ``size`` is the shorter side, ``[h, w]`` exact) or ``layout`` (no longer HW).
+        threaded: its form on the threaded CPU path (:mod:`feedfast.ops.threaded`); None sends a
+            spec holding it to the per-sample PIL program.
+        dali_after_decode: the DALI form ``(ctx, decode params, params, x)`` of the op fused with
+            the ``decode`` right before it (a region-of-interest decode), or None.
+        absorbs: the ops that fold into this op's DALI form when they come right before it,
+            nearest first (``normalize``: ``flip`` then ``center_crop``, as ``crop_mirror_normalize``).
+        folds: for an op named in another's ``absorbs``: whether these parameters can fold.
+        dali_folded: the emitter ``(ctx, {op: params}, x)`` of this op with what it absorbed.
+        conditionals: whether its DALI form needs ``enable_conditionals`` (``nvidia.dali.auto_aug``).
+        dali_refuses: ``params -> reason`` where DALI has no form for these parameters (else None):
+            ``auto`` then leaves the spec to the threaded path.
     """
 
     name: str
@@ -140,6 +177,14 @@ class OpDef:
     dali_name: str = ""
     host: bool = False
     refuses: bool = False
+    hw_effect: Literal["keep", "header", "size", "resize", "layout"] = "keep"
+    threaded: "Threaded | None" = None
+    dali_after_decode: DaliForm | None = None
+    absorbs: tuple[str, ...] = ()
+    folds: Callable[[dict[str, Any]], bool] | None = None
+    dali_folded: Callable[..., Any] | None = None
+    conditionals: bool = False
+    dali_refuses: Callable[[dict[str, Any]], "str | None"] | None = None
 
 
 def as_hw(size: int | Sequence[int]) -> tuple[int, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from feedfast.ops import _dali as d
+from feedfast.ops import threaded as th
 from feedfast.ops.base import OpDef, Param, Rng, Signature, SignatureError, positive_range, require, same_image
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -33,6 +34,23 @@ def _normalize_dali(ctx: Any, p: dict[str, Any], x: Any, mirror: Any = 0) -> Any
     return d.fn().crop_mirror_normalize(
         x, device=ctx.device, dtype=_dali_dtype(p["dtype"]), output_layout=p["layout"],
         mean=[m * 255.0 for m in p["mean"]], std=[s * 255.0 for s in p["std"]], mirror=mirror,
+    )
+
+
+def _normalize_folded_dali(ctx: Any, params: dict[str, dict[str, Any]], x: Any) -> Any:
+    """``normalize`` with the ``flip`` and/or ``center_crop`` folded into it: one ``crop_mirror_normalize``."""
+    from feedfast.ops.base import as_hw
+
+    norm = params["normalize"]
+    mirror = d.coin(params["flip"]["horizontal"]) if "flip" in params else 0
+    if "center_crop" not in params:
+        return _normalize_dali(ctx, norm, x, mirror=mirror)
+    h, w = as_hw(params["center_crop"]["size"])
+    pos_x, pos_y = d.center_positions(ctx.in_hw, h, w)
+    return d.fn().crop_mirror_normalize(
+        x, device=ctx.device, dtype=_dali_dtype(norm["dtype"]), output_layout=norm["layout"],
+        mean=[m * 255.0 for m in norm["mean"]], std=[s * 255.0 for s in norm["std"]],
+        crop=[float(h), float(w)], crop_pos_x=pos_x, crop_pos_y=pos_y, out_of_bounds_policy="pad", mirror=mirror,
     )
 
 
@@ -98,6 +116,9 @@ NORMALIZE = OpDef(
     dali=_normalize_dali,
     pil=_normalize_pil,
     dali_name="crop_mirror_normalize",
+    threaded=th.Threaded("normalize", plan_row=lambda p: []),
+    absorbs=("flip", "center_crop"),
+    dali_folded=_normalize_folded_dali,
 )
 
 

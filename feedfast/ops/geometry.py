@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from feedfast.ops import _dali as d
-from feedfast.ops.base import OpDef, Param, Rng, Signature, as_hw, positive_range, require, same_image
+from feedfast.ops import threaded as th
+from feedfast.ops.base import DaliForm, OpDef, Param, Rng, Signature, as_hw, positive_range, require, same_image
 
 _INTERP = Param("interpolation", "str", "linear", "resampling filter", choices=d.INTERPOLATIONS)
 _SIZE = Param("size", "size", 224, "output size: an integer (square) or [height, width]", low=1, high=16384)
@@ -38,6 +40,8 @@ DECODE = OpDef(
     pil=_decode_pil,
     devices=("cpu", "mixed"),
     dali_name="decoders.image",
+    hw_effect="header",
+    threaded=th.Threaded("decode"),
 )
 
 
@@ -63,8 +67,24 @@ def _rrc_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
 
     return pil_ops.random_resized_crop(
         img, p["size"], scale=tuple(p["scale"]), ratio=tuple(p["ratio"]), rng=rng,
-        interpolation=_pil_interp(p["interpolation"]),
+        interpolation=pil_interp(p["interpolation"]),
     )
+
+
+def _rrc_geometry(width: int, height: int, p: dict[str, Any], rng: Rng) -> th.Geometry:
+    from feedfast.ops.pil_ops import random_resized_crop_params
+
+    out_h, out_w = as_hw(p["size"])
+    top, left, h, w = random_resized_crop_params(width, height, tuple(p["scale"]), tuple(p["ratio"]), rng)
+    return th.Geometry((left, top, w, h), (out_w, out_h), pil_interp(p["interpolation"]))
+
+
+def _rrc_row(p: dict[str, Any]) -> list[float] | None:
+    (s0, s1), (r0, r1) = p["scale"], p["ratio"]
+    if not (0 < s0 <= s1 and 0 < r0 <= r1):
+        return None  # the Python walk raises the error that names the op
+    h, w = as_hw(p["size"])
+    return [th.PLAN_RRC, h, w, s0, s1, math.log(r0), math.log(r1), r0, r1, int(pil_interp(p["interpolation"]))]
 
 
 def _rrc_infer(sig: Signature, p: dict[str, Any]) -> Signature:
@@ -87,6 +107,10 @@ RANDOM_RESIZED_CROP = OpDef(
     pil=_rrc_pil,
     random=True,
     dali_name="random_resized_crop",
+    hw_effect="size",
+    threaded=th.Threaded("geometry", geometry=_rrc_geometry, resamples=True, plan_row=_rrc_row),
+    dali_after_decode=DaliForm("decoders.image_random_crop+resize",
+                               lambda ctx, decode_p, p, x: fused_decode_rrc_dali(ctx, decode_p, p, x)),
 )
 
 
@@ -112,9 +136,27 @@ def _resize_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     from feedfast.ops import pil_ops
 
     if isinstance(p["size"], int):
-        return pil_ops.resize_shorter(img, p["size"], _pil_interp(p["interpolation"]))
+        return pil_ops.resize_shorter(img, p["size"], pil_interp(p["interpolation"]))
     h, w = as_hw(p["size"])
-    return img.resize((w, h), _pil_interp(p["interpolation"]))
+    return img.resize((w, h), pil_interp(p["interpolation"]))
+
+
+def _resize_geometry(width: int, height: int, p: dict[str, Any], rng: Rng) -> th.Geometry:
+    if isinstance(p["size"], int):  # torchvision's Resize(int): the longer side truncated
+        short, long = sorted((width, height))
+        new = (p["size"], int(p["size"] * long / short))
+        size = new if width <= height else (new[1], new[0])
+    else:
+        h, w = as_hw(p["size"])
+        size = (w, h)
+    return th.Geometry(None, size, pil_interp(p["interpolation"]))
+
+
+def _resize_row(p: dict[str, Any]) -> list[float]:
+    if isinstance(p["size"], int):
+        return [th.PLAN_RESIZE_SHORT, p["size"], int(pil_interp(p["interpolation"]))]
+    h, w = as_hw(p["size"])
+    return [th.PLAN_RESIZE_HW, h, w, int(pil_interp(p["interpolation"]))]
 
 
 RESIZE = OpDef(
@@ -125,6 +167,8 @@ RESIZE = OpDef(
     dali=_resize_dali,
     pil=_resize_pil,
     dali_name="resize",
+    hw_effect="resize",
+    threaded=th.Threaded("geometry", geometry=_resize_geometry, resamples=True, plan_row=_resize_row),
 )
 
 
@@ -141,6 +185,18 @@ def _center_crop_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     return pil_ops.center_crop(img, p["size"])
 
 
+def _center_crop_geometry(width: int, height: int, p: dict[str, Any], rng: Rng) -> th.Geometry | None:
+    th_, tw = as_hw(p["size"])
+    if th_ > height or tw > width:
+        return None  # pads: the PIL program takes the sample
+    return th.Geometry((int(round((width - tw) / 2.0)), int(round((height - th_) / 2.0)), tw, th_))
+
+
+def _center_crop_row(p: dict[str, Any]) -> list[float]:
+    h, w = as_hw(p["size"])
+    return [th.PLAN_CENTER_CROP, h, w]
+
+
 CENTER_CROP = OpDef(
     "center_crop",
     "crop the centre (zero padding when the image is smaller)",
@@ -149,6 +205,9 @@ CENTER_CROP = OpDef(
     dali=_center_crop_dali,
     pil=_center_crop_pil,
     dali_name="crop",
+    hw_effect="size",
+    threaded=th.Threaded("geometry", geometry=_center_crop_geometry, plan_row=_center_crop_row),
+    folds=lambda p: True,
 )
 
 
@@ -167,6 +226,15 @@ def _random_crop_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     return img.crop((left, top, left + w, top + h))
 
 
+def _random_crop_geometry(width: int, height: int, p: dict[str, Any], rng: Rng) -> th.Geometry | None:
+    h, w = as_hw(p["size"])
+    left = int(round(rng.random() * max(width - w, 0)))  # the draws of the PIL form, in its order
+    top = int(round(rng.random() * max(height - h, 0)))
+    if h > height or w > width:
+        return None  # pads: the PIL program takes the sample
+    return th.Geometry((left, top, w, h))
+
+
 RANDOM_CROP = OpDef(
     "random_crop",
     "crop a window of fixed size at a random position (zero padding when too small)",
@@ -176,6 +244,8 @@ RANDOM_CROP = OpDef(
     pil=_random_crop_pil,
     random=True,
     dali_name="crop",
+    hw_effect="size",
+    threaded=th.Threaded("geometry", geometry=_random_crop_geometry),
 )
 
 
@@ -193,6 +263,10 @@ def _flip_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     return img
 
 
+def _flips(p: dict[str, Any], rng: Rng) -> tuple[bool, bool]:
+    return rng.random() < p["horizontal"], rng.random() < p["vertical"]
+
+
 FLIP = OpDef(
     "flip",
     "flip horizontally and/or vertically, each with a probability",
@@ -205,6 +279,9 @@ FLIP = OpDef(
     pil=_flip_pil,
     random=True,
     dali_name="flip",
+    threaded=th.Threaded("flip", flips=_flips,
+                         plan_row=lambda p: [th.PLAN_FLIP, float(p["horizontal"]), float(p["vertical"])]),
+    folds=lambda p: p["vertical"] == 0.0,  # crop_mirror_normalize mirrors horizontally only
 )
 
 
@@ -219,7 +296,7 @@ def _rotate_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
 def _rotate_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
     lo, hi = p["angle"]
     fill = int(p["fill"])
-    return img.rotate(rng.uniform(lo, hi), resample=_pil_interp(p["interpolation"]),
+    return img.rotate(rng.uniform(lo, hi), resample=pil_interp(p["interpolation"]),
                       fillcolor=(fill,) * len(img.getbands()))
 
 
@@ -239,7 +316,8 @@ ROTATE = OpDef(
 )
 
 
-def _pil_interp(name: str) -> Any:
+def pil_interp(name: str) -> Any:
+    """The PIL resampling filter of a feedfast interpolation name."""
     from PIL import Image
 
     r = Image.Resampling
@@ -259,3 +337,5 @@ def fused_decode_rrc_dali(ctx: Any, decode_p: dict[str, Any], p: dict[str, Any],
     rdev = "gpu" if ctx.decoder_device == "mixed" else "cpu"
     return d.fn().resize(crop, device=rdev, size=[h, w], interp_type=d.interp(p["interpolation"]))
 
+
+_pil_interp = pil_interp  # the former private name, for callers not yet moved

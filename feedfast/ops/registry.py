@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 
-from feedfast.ops import color, generic, geometry
+from feedfast.ops import color, generic, geometry, recipe
 from feedfast.ops.base import OpDef
 
 OPS: dict[str, OpDef] = {
@@ -21,6 +21,10 @@ OPS: dict[str, OpDef] = {
         color.COLOR_JITTER,
         color.RANDOM_GRAYSCALE,
         color.GAUSSIAN_BLUR,
+        recipe.TRIVIAL_AUGMENT_WIDE,
+        recipe.RAND_AUGMENT,
+        recipe.AUTO_AUGMENT,
+        recipe.RANDOM_ERASING,
         generic.LABEL,
         generic.JSON,
         generic.NPY,

@@ -31,6 +31,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from feedfast.sources import schemes
+
 
 class Runs(Sequence[int]):
     """A tuple of ints stored as runs of equal values: a rank's per-step sizes in O(1), whatever the steps.
@@ -111,7 +113,7 @@ class EpochPlan:
         return self.rank_samples - self.valid.total()
 
 
-def partition_for(read_kinds: tuple[str, ...], *, shuffled: bool) -> str:
+def partition_for(read_kinds: tuple[str, ...], *, shuffled: bool, by_range: bool = False) -> str:
     """How an epoch's samples are ordered and dealt to ranks; the one rule, for every reader:
 
     ==========  ==================================  ===========================================
@@ -119,19 +121,29 @@ def partition_for(read_kinds: tuple[str, ...], *, shuffled: bool) -> str:
     ==========  ==================================  ===========================================
     ``shards``  not shuffled                        the shards in order; each rank a contiguous
                                                     range (DALI's split)
-    ``global``  shuffled, every shard a local file  one uniform permutation of the whole
-                                                    dataset, dealt out in global batches
-    ``block``   shuffled, any shard remote (http,   windows of many shards interleaved (the
-                ``pipe:``, s3, gs)                  block shuffle), each rank a contiguous
+    ``global``  shuffled, every shard a local file, one uniform permutation of the whole
+                or (``by_range``) every shard of a  dataset, dealt out in global batches
+                kind that reads single samples
+                cheaply (the shard cache)
+    ``block``   shuffled, otherwise (http, s3, gs;  windows of many shards interleaved (the
+                any remote shard on DALI's feed)    block shuffle), each rank a contiguous
                                                     range of the shuffled windows
     ==========  ==================================  ===========================================
 
-    A sample read costs a request on a remote shard, so remote shards are read a window
-    of consecutive samples at a time; local ones sample by sample.
+    A sample read costs a request on a remote shard. DALI's feed reads remote shards a window
+    of consecutive samples at a time. The CPU paths (``by_range``: the ``threads`` and ``pil``
+    backends) read shards whose kind reads single samples cheaply (``Kind.sample_reads`` in
+    :mod:`.schemes`: local files and the shard cache, where a ``pipe:`` shard or, under
+    ``on_error: skip``, a checked download is read) sample by sample, so they keep the global
+    order, and with it the elastic resume, over those; a request per sample costs too much CPU
+    (see :mod:`.schemes`), so http, s3 and gs shards are read a window at a time, by range,
+    ahead of decoding (:mod:`feedfast.sources.rangeread`).
     """
     if not shuffled:
         return "shards"
-    return "global" if all(k == "file" for k in read_kinds) else "block"
+    if all(k == "file" for k in read_kinds) or (by_range and all(schemes.kind(k).sample_reads for k in read_kinds)):
+        return "global"
+    return "block"
 
 
 def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool) -> tuple[int, ...]:

@@ -52,10 +52,14 @@ class BatchFeeder:
         steps: steps in the epoch; later steps raise ``StopIteration``.
         cache, transfer: the shard cache and the remote settings.
         workers, ahead: reader threads, and how many steps past the asked one they fetch.
+        windows: read a windowed or block order's samples a whole window at a time, held until served
+            (False: only the samples asked for, merged where near: a reader that sees only some of the
+            steps, such as one DataLoader worker process of several, would hold windows it never finishes).
     """
 
     def __init__(self, names: tuple[str, ...], kinds: tuple[str, ...], rows: Any, step_rows: Any, *, steps: int,
-                 cache: ShardCache | None, transfer: Transfer, workers: int = 2, ahead: int = 4) -> None:
+                 cache: ShardCache | None, transfer: Transfer, workers: int = 2, ahead: int = 4,
+                 windows: bool = True) -> None:
         self.names, self.kinds = names, kinds
         self.rows = rows
         self.components = rows.index.components
@@ -64,7 +68,7 @@ class BatchFeeder:
         self.ahead = ahead
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="feedfast-stream")
         self._pending: dict[int, Future[list[list[np.ndarray]]]] = {}
-        self._windows = WindowCache(rows.window, self._fetch_samples)
+        self._windows = WindowCache(rows.window if windows else None, self._fetch_samples)
         self._transports: dict[int, Transport] = {}
         self.files = ShardFiles(names)  # local shards stay open: a shuffled epoch reads sample by sample
         weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
@@ -104,7 +108,11 @@ class BatchFeeder:
 
     def batch(self, step: int) -> list[list[np.ndarray]]:
         """The samples of step ``step``, read now (in the calling thread)."""
-        rows = self.step_rows(step)
+        return self.members(self.step_rows(step))
+
+    def members(self, rows: list[int]) -> list[list[np.ndarray]]:
+        """Per component, the members of ``rows`` (the rank's row numbers, in that order), read now: from their
+        windows under a windowed or block order, else in ranged reads merged where members are near."""
         if self._windows.active:
             samples = self.rows.samples(rows).tolist()
             held = self._windows.rows(samples)

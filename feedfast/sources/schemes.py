@@ -7,18 +7,25 @@ reader (:data:`STREAM_KINDS`), which the rescue of a failed DALI batch can read 
 with a scheme (``xyz://``) that no transport declares is refused, naming the scheme and the
 supported ones: "native" (DALI's reader) is an allowlist, never what is left over.
 
-=========  ====================  ======  ======  ======  =======================================
-kind       names                 ranged  native  rescue  read
-=========  ====================  ======  ======  ======  =======================================
-``file``   paths, ``file://``    yes     yes     yes     ``pread`` (:mod:`.transport`)
-``http``   ``http(s)://``        yes     no      yes     feedfast's ranged reader (:mod:`.remote`)
-``s3``     ``s3://``             yes     yes     yes     fsspec; DALI's own client when native
-``gs``     ``gs://``             yes     yes     yes     fsspec; DALI's own client when native
-``pipe``   ``pipe:CMD``          no      no      no      the command's stdout, into the cache
-``cache``  (a read kind)         yes     no      yes     the shard cache (:mod:`.cache`)
-=========  ====================  ======  ======  ======  =======================================
+=========  ====================  ======  =======  ======  ======  ====================================
+kind       names                 ranged  samples  native  rescue  read
+=========  ====================  ======  =======  ======  ======  ====================================
+``file``   paths, ``file://``    yes     yes      yes     yes     ``pread`` (:mod:`.transport`)
+``http``   ``http(s)://``        yes     no       no      yes     feedfast's ranged reader (:mod:`.remote`)
+``s3``     ``s3://``             yes     no       yes     yes     fsspec; DALI's own client when native
+``gs``     ``gs://``             yes     no       yes     yes     fsspec; DALI's own client when native
+``pipe``   ``pipe:CMD``          no      no       no      no      the command's stdout, into the cache
+``cache``  (a read kind)         yes     yes      no      yes     the shard cache (:mod:`.cache`)
+=========  ====================  ======  =======  ======  ======  ====================================
 
-``ranged``: bytes can be read at an offset. ``native``: DALI's webdataset reader opens the
+``ranged``: bytes can be read at an offset. ``samples``: a sample-sized read is cheap enough
+that the CPU paths read a shuffled epoch sample by sample, in the global order
+(:func:`~feedfast.sources.assign.partition_for`): a local file or a downloaded one. A
+request per sample is not: on 127.0.0.1 (2 cores, ``benchmarks/remote.py``) feedfast's http
+reader costs about 0.3 ms of CPU a sample-sized request, and the server as much again, so the
+threaded path ran at 0.66 of its local rate over http in the global order and at 0.9 to 1.0
+of it reading windows (the block shuffle); http, s3 and gs shards are read a window of
+consecutive samples at a time. ``native``: DALI's webdataset reader opens the
 names itself. ``rescue``: the stream reader can read a step again to find the sample DALI
 failed on. ``cached``: the shard is only read after a whole download into the shard cache
 (its source has no ranges). ``cache`` names no scheme: it is how a downloaded shard is read.
@@ -45,6 +52,7 @@ class Kind:
         native: DALI's webdataset reader opens these names itself.
         rescue: the stream reader can read its samples again (the rescue of a failed DALI batch).
         cached: read only through the shard cache, downloaded whole first.
+        sample_reads: a sample-sized ranged read is cheap enough to read a shuffled epoch sample by sample.
     """
 
     name: str
@@ -53,14 +61,15 @@ class Kind:
     native: bool
     rescue: bool
     cached: bool = False
+    sample_reads: bool = False
 
 
-FILE = Kind("file", ("file://",), ranged=True, native=True, rescue=True)
+FILE = Kind("file", ("file://",), ranged=True, native=True, rescue=True, sample_reads=True)
 HTTP = Kind("http", ("http://", "https://"), ranged=True, native=False, rescue=True)
 S3 = Kind("s3", ("s3://",), ranged=True, native=True, rescue=True)
 GS = Kind("gs", ("gs://",), ranged=True, native=True, rescue=True)
 PIPE = Kind("pipe", ("pipe:",), ranged=False, native=False, rescue=False, cached=True)
-CACHE = Kind("cache", (), ranged=True, native=False, rescue=True)
+CACHE = Kind("cache", (), ranged=True, native=False, rescue=True, sample_reads=True)
 
 KINDS: dict[str, Kind] = {k.name: k for k in (FILE, HTTP, S3, GS, PIPE, CACHE)}
 _BY_PREFIX = [(p, k) for k in KINDS.values() for p in k.prefixes]

@@ -45,6 +45,13 @@ def coerce(p: Param, v: Any) -> Any:
             v = [v]
         ok = isinstance(v, (list, tuple)) and len(v) in (1, 3) and all(_is_num(x) and _in_bounds(p, x) for x in v)
         return _ok(ok, tuple(float(x) for x in v) if ok else v)
+    if t == "fill":
+        if isinstance(v, str):
+            return _ok(v in p.choices, v)
+        if _is_num(v):
+            v = [v]
+        ok = isinstance(v, (list, tuple)) and len(v) in (1, 3) and all(_is_num(x) and _in_bounds(p, x) for x in v)
+        return _ok(ok, tuple(float(x) for x in v) if ok else v)
     raise ValueError(f"unknown parameter type {t}")
 
 

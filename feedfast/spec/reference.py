@@ -42,7 +42,7 @@ Generated from the op registry (`feedfast/ops/registry.py`) by
 | `shuffle.shards` | true or false | `false` |
 | `shuffle.block` | an integer >= 1 (samples; remote shards, shuffled: each window spread over about this many, held in memory) | `16384` |
 | `shuffle.window` | an integer from 1 to `shuffle.block` (consecutive samples of a shard read in one request) | `32` |
-| `shuffle.repeats` | an integer from 1 to 64: repeated augmentation (DeiT's RASampler), each sample this many times in a row of the epoch's permutation, copies on different ranks, each with its own draws; the epoch keeps the dataset's length; needs a shuffled epoch over local shards | `1` |
+| `shuffle.repeats` | an integer from 1 to 64: repeated augmentation (DeiT's RASampler), each sample this many times in a row of the epoch's permutation, copies on different ranks, each with its own draws; the epoch keeps the dataset's length; needs the global order (shuffled, local shards or the threads and pil backends) | `1` |
 | `device` | {devices} | `auto` |
 | `seed` | an integer | `0` |
 | `decoder.KEY` | see [Decoder](#decoder-gpu) | NVIDIA's ImageNet values |
