@@ -257,7 +257,7 @@ def _patches(images: torch.Tensor, p: MixParams, layout: str) -> list[tuple[torc
     if not cut.size:
         return []
     boxes, group = np.unique(p.boxes[cut], axis=0, return_inverse=True)
-    out = []
+    out: list[tuple[torch.Tensor, tuple[int, ...], torch.Tensor]] = []
     for g, box in enumerate(boxes.tolist()):
         rows = cut[group.reshape(-1) == g]
         top, bottom, left, right = box
