@@ -280,7 +280,7 @@ def child_warm(layout: Layout) -> None:
     import torch  # noqa: F401
 
     import feedfast  # noqa: F401
-    import feedfast.loader.thread_epoch  # noqa: F401  the threaded path's modules: the loader imports them
+    import feedfast.loader.backends.threads  # noqa: F401  the threaded path's modules: the loader imports them
 
     base = memory()
     emit(import_s=round(time.perf_counter() - T0, 3), base_rss=base["rss"])

@@ -101,7 +101,7 @@ def _write_columnar(folder: Path, counts: np.ndarray, chunk: int = 1 << 22) -> N
 CHILD = r"""
 import json, os, sys, time, resource
 import psutil, torch, feedfast, numpy as np
-import PIL.Image, feedfast.loader.thread_epoch  # what the loader imports: its memory is not the loader's
+import PIL.Image, feedfast.loader.backends.threads  # what the loader imports: its memory is not the loader's
 from feedfast.sources.rows import epoch_rows
 proc = psutil.Process()
 def mem():

@@ -11,7 +11,7 @@ Cost: samples/s of an epoch (decode of a 16x16 JPEG, resize, normalize: the read
 dominates), medians of alternating rounds, page cache warm; and a cold pass after dropping
 the shards from the page cache (``POSIX_FADV_DONTNEED``). Target: the global order within 5 %
 of the native reader with the old buffer shuffle (DALI's, ``partition='shards'``). The old
-mode is reached by setting the loader's internal ``_partition`` (no user switch exists).
+mode is reached by setting the loader's ``data.partition`` (no user switch exists).
 
 Over http (``--rows http``): the same shards served by ``tests/rangeserver.py`` on 127.0.0.1
 in a process of its own. The block shuffle (``partition='block'``, the spec's
@@ -101,7 +101,7 @@ def epoch(shards: list[str], backend: str, partition: str, workers: int, block: 
     loader = feedfast.DataLoader(spec, shards=shards, shuffle=True, backend=backend, num_workers=workers,
                                  device="cpu")
     if loader._partition != partition:
-        loader._partition = partition  # the old shuffles for the comparison; users have no switch
+        loader.data.partition = partition  # the old shuffles for the comparison; users have no switch
     distinct, n = [], 0
     start, cpu = time.perf_counter(), time.process_time() + other_cpu()
     for _, labels in loader:

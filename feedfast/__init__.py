@@ -2,7 +2,7 @@
 
 from feedfast.errors import BackendError, FeedfastError, SampleError, ShardError, SpecError, UserError
 from feedfast.loader import DataLoader
-from feedfast.loader.batchinfo import BatchInfo
+from feedfast.loader.batch import BatchInfo
 from feedfast.ops.mixup import Mixup
 from feedfast.sources.mix import Mix
 from feedfast.spec import Spec, load_spec

@@ -125,7 +125,7 @@ def test_a_feedfast_round_counts_delivered_samples_and_closes_the_loader(shards:
     assert figs["batches"] == 5 and figs["samples"] == 4 * 4 + 3
     (loader,) = closed
     assert loader.stats()["padded"] == 1 and loader.stats()["delivered"] == 23
-    assert loader.source.ahead is None  # closing dropped the next epoch it had started ahead
+    assert loader._backend.ahead is None  # closing dropped the next epoch it had started ahead
 
 
 def _rows_module() -> Any:

@@ -178,7 +178,7 @@ def test_planned_batches_equal_the_python_walk(shards: list[str], chain: list[An
     from feedfast import _env
     from feedfast.compile.plan import build_plan
     from feedfast.loader import native
-    from feedfast.loader.thread_epoch import run_thread_epoch
+    from feedfast.loader.backends.threads import run_thread_epoch
     from feedfast.sources.assign import plan_epoch
     from feedfast.sources.dataset import open_shards
 

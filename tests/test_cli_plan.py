@@ -54,7 +54,7 @@ def test_an_op_the_threaded_path_lacks_is_named_in_plan_and_in_a_log_line(
     import logging
 
     from feedfast.compile.plan import build_plan
-    from feedfast.loader.backends import choose_backend
+    from feedfast.loader.backends.choose import choose_backend
     from feedfast.sources.dataset import ShardSet
     from feedfast.spec import load_spec
 

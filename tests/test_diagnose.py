@@ -76,7 +76,7 @@ def test_a_failure_no_image_explains_is_named_from_dalis_message(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """As when nvJPEG rejects a file DALI's CPU decoder reads: the rescue finds no image to blame, so the failure is
     raised, naming the sample DALI's message names, with DALI's reason."""
-    from feedfast.loader.epoch import EpochPipe
+    from feedfast.loader.backends.dali_pipe import EpochPipe
 
     shard = str(write_hostile(tmp_path, ["jpeg", "ppm", "bmp", "png16"]))
 

@@ -71,7 +71,7 @@ def test_an_op_forced_onto_the_gpu_without_cuda_is_refused_naming_it(small_spec:
 def test_a_gpu_plan_is_never_built_without_a_device_id(small_spec: dict, shards: list[str]) -> None:
     from feedfast.compile.plan import build_plan
     from feedfast.errors import BackendError
-    from feedfast.loader.epoch import make_pipeline
+    from feedfast.loader.backends.dali_pipe import make_pipeline
 
     loader = feedfast.DataLoader(small_spec, shards=shards, backend="dali")
     plan = build_plan(loader.spec, device="gpu")
@@ -106,7 +106,7 @@ def test_the_producer_thread_sets_the_delivery_device_before_any_cuda_call(
 
 
 def test_ahead_runs_its_setup_on_its_thread_before_producing() -> None:
-    from feedfast.loader.ahead import Ahead
+    from feedfast.loader.producer import Ahead
 
     seen: list[str] = []
 
@@ -230,12 +230,12 @@ def test_default_threads_are_this_ranks_share_of_the_cores(monkeypatch: pytest.M
 # ---------------------------------------------------------------------------- 6: the next epoch's build
 def test_the_batch_that_triggers_the_next_epochs_build_is_handed_over_before_the_build(
         monkeypatch: pytest.MonkeyPatch, small_spec: dict, shards: list[str]) -> None:
-    from feedfast.loader import backends
+    from feedfast.loader.backends import dali as backends
 
     made: list[int] = []
     handed: list[int] = []
     at_build: list[tuple[int, int]] = []
-    run_epoch, prepare = backends.run_epoch, backends.DaliSource._prepare
+    run_epoch, prepare = backends.run_epoch, backends.DaliBackend.prepare
 
     def counting_run_epoch(*args: Any, **kwargs: Any) -> Any:
         for batch in run_epoch(*args, **kwargs):
@@ -247,16 +247,16 @@ def test_the_batch_that_triggers_the_next_epochs_build_is_handed_over_before_the
         prepare(self, epoch)
 
     monkeypatch.setattr(backends, "run_epoch", counting_run_epoch)
-    monkeypatch.setattr(backends.DaliSource, "_prepare", spying_prepare)
+    monkeypatch.setattr(backends.DaliBackend, "prepare", spying_prepare)
     loader = feedfast.DataLoader(small_spec, shards=shards, backend="dali", num_workers=1, prefetch_factor=2)
-    batches = loader.source.batches
+    batches = loader._backend.batches
 
     def counting_batches(*args: Any, **kwargs: Any) -> Any:
         for batch in batches(*args, **kwargs):
             handed.append(1)
             yield batch
 
-    monkeypatch.setattr(loader.source, "batches", counting_batches)
+    monkeypatch.setattr(loader._backend, "batches", counting_batches)
     assert sum(1 for _ in loader) == 6
     (built,) = at_build
     assert built[0] == built[1] > 0, f"{built[0]} batches made, {built[1]} handed over when the build started"
@@ -265,7 +265,7 @@ def test_the_batch_that_triggers_the_next_epochs_build_is_handed_over_before_the
 
 # ---------------------------------------------------------------------------- 7: DALI checkpoints
 def _checkpoints(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    from feedfast.loader.epoch import EpochPipe
+    from feedfast.loader.backends.dali_pipe import EpochPipe
 
     taken: list[int] = []
     original = EpochPipe.checkpoint
@@ -285,7 +285,7 @@ def test_dali_checkpoints_only_when_a_state_needs_one(monkeypatch: pytest.Monkey
     spec["batch"] = {"size": 1}  # 23 steps
     plain = feedfast.DataLoader(spec, shards=shards, backend="dali", num_workers=1)
     assert sum(1 for _ in plain) == 23 and len(taken) < 23, f"{len(taken)} checkpoints in 23 batches"
-    from feedfast.loader.epoch import CHECKPOINT_EVERY
+    from feedfast.loader.backends.dali_pipe import CHECKPOINT_EVERY
 
     assert len(taken) == 23 // CHECKPOINT_EVERY
     taken.clear()
@@ -306,7 +306,7 @@ def test_a_dali_state_between_checkpoints_resumes_exactly(small_spec: dict, shar
     for _ in range(stop):
         next(it)
     state = loader.state_dict()
-    from feedfast.loader.epoch import CHECKPOINT_EVERY
+    from feedfast.loader.backends.dali_pipe import CHECKPOINT_EVERY
 
     anchor = stop // CHECKPOINT_EVERY * CHECKPOINT_EVERY  # DALI's last checkpoint, or the epoch's start (null)
     assert state["step"] == stop and (state["dali"] or {"step": 0})["step"] == anchor

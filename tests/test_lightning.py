@@ -110,7 +110,7 @@ def test_batches_with_sample_info_pass_through_lightnings_batch_transfer() -> No
     import torch
     from lightning_fabric.utilities.apply_func import move_data_to_device
 
-    from feedfast.loader.batchinfo import BatchInfo
+    from feedfast.loader.batch import BatchInfo
 
     info = BatchInfo(origins=(("a.tar", "k0"),), valid=torch.ones(1, dtype=torch.bool), epoch=0, step=0, state={})
     images, moved = move_data_to_device((torch.zeros(1, 3), info), torch.device("cpu"))

@@ -115,8 +115,8 @@ def test_close_and_context_manager(small_spec: dict, shards: list[str]) -> None:
     with _loader(small_spec, shards, backend="dali") as loader:
         it = iter(loader)
         next(it)
-        assert loader.source.pipe is not None and loader._producer is not None and loader._producer.alive
-    assert loader.source.pipe is None and loader._producer is None
+        assert loader._backend.pipe is not None and loader._producer is not None and loader._producer.alive
+    assert loader._backend.pipe is None and loader._producer is None
     assert sum(1 for _ in loader) == 6  # usable again after close
 
 
@@ -190,7 +190,7 @@ def test_pipelines_are_built_off_the_training_thread_and_the_next_epoch_ahead(
         monkeypatch: pytest.MonkeyPatch, small_spec: dict, shards: list[str]) -> None:
     import threading
 
-    import feedfast.loader.backends as backends
+    import feedfast.loader.backends.dali as backends
 
     built: list[tuple[int, str]] = []
     real = backends.make_pipeline
@@ -231,7 +231,7 @@ def test_the_next_epoch_starts_while_this_one_drains_and_gives_the_same_batches(
     kw: dict[str, Any] = {"backend": backend, "shuffle": True}
     loader = _loader(small_spec, shards, **kw)
     first = [(x.clone(), list(loader.last_origins)) for x, _ in loader]
-    assert loader.source.ahead is not None and loader.source.ahead[0] == 1  # started at the end of epoch 0
+    assert loader._backend.ahead is not None and loader._backend.ahead[0] == 1  # started at the end of epoch 0
     second = [(x.clone(), list(loader.last_origins)) for x, _ in loader]
     fresh = _loader(small_spec, shards, **kw)
     fresh.set_epoch(1)
@@ -242,4 +242,4 @@ def test_the_next_epoch_starts_while_this_one_drains_and_gives_the_same_batches(
     fresh.set_epoch(5)
     assert [list(loader.last_origins) for _ in loader] == [list(fresh.last_origins) for _ in fresh]
     loader.close()
-    assert loader.source.ahead is None
+    assert loader._backend.ahead is None

@@ -284,8 +284,8 @@ def _recipe_spec(ops: list[Any] = RECIPE) -> Any:
 def _epoch(spec: Any, shards: list[str], backend: str, *, workers: int = 2, epoch: int = 0) -> list[Any]:
     from feedfast import _env
     from feedfast.compile.plan import build_plan
-    from feedfast.loader.pil_epoch import run_pil_epoch
-    from feedfast.loader.thread_epoch import run_thread_epoch
+    from feedfast.loader.backends.pil import run_pil_epoch
+    from feedfast.loader.backends.threads import run_thread_epoch
     from feedfast.sources.assign import plan_epoch
     from feedfast.sources.dataset import open_shards
 
@@ -315,7 +315,7 @@ def test_the_threaded_path_runs_the_recipe_with_the_pil_backend_s_pixels(shards:
     from feedfast.compile.pil import compile_pil
     from feedfast.compile.plan import build_plan
     from feedfast.loader import batchplan
-    from feedfast.loader.thread_epoch import chunk_way, fast_path_supported
+    from feedfast.loader.backends.threads import chunk_way, fast_path_supported
 
     spec = _recipe_spec([*RECIPE[:3], op, *RECIPE[4:]])
     plan = build_plan(spec, device="cpu")
@@ -345,7 +345,7 @@ def test_the_shipped_recipe_validates_and_runs_on_the_threaded_path() -> None:
     from pathlib import Path
 
     from feedfast.compile.plan import build_plan
-    from feedfast.loader.thread_epoch import fast_path_supported
+    from feedfast.loader.backends.threads import fast_path_supported
     from feedfast.spec import load_spec
 
     spec = load_spec(Path(__file__).resolve().parents[1] / "pipelines" / "imagenet-train-recipe.yaml")

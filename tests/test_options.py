@@ -12,7 +12,7 @@ import torch
 
 import feedfast
 from feedfast.errors import FeedfastError, UserError
-from feedfast.loader.batchinfo import BatchInfo
+from feedfast.loader.batch import BatchInfo
 
 
 def _loader(spec: dict, shards: list[str], **kw: Any) -> feedfast.DataLoader:
@@ -26,7 +26,7 @@ def test_timeout_zero_is_torchs_default_and_a_positive_timeout_bounds_the_wait(
     with pytest.raises(UserError, match="timeout must be"):
         _loader(small_spec, shards, timeout=-1)
     loader = _loader(small_spec, shards, timeout=0.2)
-    real = loader.source.batches
+    real = loader._backend.batches
 
     def stalled(*args: Any) -> Iterator[Any]:
         for i, batch in enumerate(real(*args)):
@@ -34,7 +34,7 @@ def test_timeout_zero_is_torchs_default_and_a_positive_timeout_bounds_the_wait(
                 time.sleep(1.5)  # a read that hangs
             yield batch
 
-    monkeypatch.setattr(loader.source, "batches", stalled)
+    monkeypatch.setattr(loader._backend, "batches", stalled)
     it = iter(loader)
     next(it), next(it)
     with pytest.raises(FeedfastError, match="no batch within timeout=0.2 s"):

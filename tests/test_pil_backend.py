@@ -19,8 +19,8 @@ from feedfast import _env
 from feedfast.compile.pil import compile_pil
 from feedfast.compile.plan import build_plan
 from feedfast.errors import BackendError, SampleError
-from feedfast.loader.epoch import Batch
-from feedfast.loader.pil_epoch import run_pil_epoch
+from feedfast.loader.backends.pil import run_pil_epoch
+from feedfast.loader.batch import Batch
 from feedfast.ops.registry import OPS
 from feedfast.sources.assign import EpochPlan, plan_epoch, step_positions
 from feedfast.sources.dataset import ShardSet, open_shards

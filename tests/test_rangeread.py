@@ -21,8 +21,8 @@ import torch
 import feedfast
 from feedfast.errors import ShardError, UserError
 from feedfast.loader import batchplan, native
-from feedfast.loader.pil_epoch import run_pil_epoch
-from feedfast.loader.thread_epoch import run_thread_epoch
+from feedfast.loader.backends.pil import run_pil_epoch
+from feedfast.loader.backends.threads import run_thread_epoch
 from feedfast.sources import rangeread
 from feedfast.sources.index import format_index, scan_tar
 from feedfast.sources.rangeread import AHEAD, PART, StepReads

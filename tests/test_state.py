@@ -247,3 +247,34 @@ def test_a_changed_state_is_refused_clearly_or_resumes_exactly(shards: list[str]
     point = len(whole) - len(rest)
     assert rest == whole[point:], "the resumed run is not the rest of the epoch"
     assert point in (state["step"] * 4, state.get("consumed")), (point, state)
+
+
+def _dali_state(shards: list[str]) -> dict[str, Any]:
+    return _mid_state(shards, steps=2, shuffle=False, backend="dali", sample_info=True)
+
+
+def _with_checkpoint(state: dict[str, Any], change: Any) -> dict[str, Any]:
+    from feedfast.loader.state import decode_checkpoint
+
+    changed = copy.deepcopy(state)
+    changed["dali"]["checkpoint"] = encode_checkpoint(change(decode_checkpoint(state["dali"]["checkpoint"])))
+    return changed
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (lambda text: text.replace("__Resize_1", "__Resize_7"), "lacks __Resize_1; it has __Resize_7"),
+    (lambda text: text[: len(text) // 2], "damaged protobuf"),
+    (lambda text: "not a checkpoint at all", "damaged protobuf"),
+    (lambda text: "", "no operator")])
+def test_a_dali_checkpoint_this_pipeline_cannot_restore_is_refused_naming_the_field(
+        shards: list[str], change: Any, says: str) -> None:
+    """A checkpoint of another pipeline (or none) once failed inside DALI, on the producer thread mid-epoch."""
+    state = _dali_state(shards)
+    loader = _loader(shards, shuffle=False, backend="dali")
+    with pytest.raises(UserError) as info:
+        loader.load_state_dict(_with_checkpoint(state, change))
+    message = str(info.value)
+    assert "'dali.checkpoint'" in message and says in message and "\n" not in message
+    loader.load_state_dict(state)  # the genuine one resumes
+    assert len(list(loader)) == 4
+    loader.close()

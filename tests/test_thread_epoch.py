@@ -17,9 +17,9 @@ from feedfast import _env
 from feedfast.compile.plan import build_plan
 from feedfast.errors import SampleError
 from feedfast.loader import native, pil_fast, thread_sample
-from feedfast.loader.epoch import Batch
-from feedfast.loader.pil_epoch import run_pil_epoch
-from feedfast.loader.thread_epoch import fast_path_supported, run_thread_epoch
+from feedfast.loader.backends.pil import run_pil_epoch
+from feedfast.loader.backends.threads import fast_path_supported, run_thread_epoch
+from feedfast.loader.batch import Batch
 from feedfast.sources.assign import plan_epoch
 from feedfast.sources.dataset import ShardSet, open_shards
 from feedfast.sources.index import load_index
@@ -310,8 +310,8 @@ def test_pixels_against_torchvision_resized_crop_with_the_same_boxes(shards: lis
     from feedfast.baseline.vision import transforms
     from feedfast.compile.pil import compile_pil
     from feedfast.errors import UserError
+    from feedfast.loader.backends.samples import members_of
     from feedfast.loader.draws import batch_draws
-    from feedfast.loader.pil_epoch import members_of
     from feedfast.ops.pil_ops import random_resized_crop_params
     from feedfast.sources.rows import epoch_rows
 

@@ -15,8 +15,8 @@ from feedfast import _env
 from feedfast.compile.plan import build_plan
 from feedfast.errors import SpecError
 from feedfast.loader import tune
+from feedfast.loader.backends.threads import run_thread_epoch
 from feedfast.loader.knobs import Knobs
-from feedfast.loader.thread_epoch import run_thread_epoch
 from feedfast.loader.tune import CostModel, Figures, Observation, Tuner, budget_batches
 from feedfast.sources.assign import plan_epoch
 from feedfast.sources.dataset import open_shards

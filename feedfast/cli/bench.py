@@ -37,7 +37,7 @@ from feedfast.cli.advice import step_recommendation
 from feedfast.cli.common import check_positive, demo_shards, find_spec, gpu_cell, table, write_json
 from feedfast.cli.measure import RunPlan, combine_runs
 from feedfast.errors import UserError
-from feedfast.loader.backends import BACKENDS
+from feedfast.loader.backends.choose import BACKENDS
 
 EXAMPLES = """examples:
   feedfast bench                                   # demo dataset, imagenet-train

@@ -76,14 +76,14 @@ def run(args: argparse.Namespace) -> int:
 def backend_line(plan: Plan) -> str:
     """What ``backend="auto"`` runs this plan on, and why: over local shards and over remote ones (http, s3,
     gs, the shard cache: read by range), and on the threaded path how it makes a batch."""
-    from feedfast.loader.backends import auto_backend
+    from feedfast.loader.backends.choose import auto_backend
     from feedfast.sources.dataset import ShardSet
 
     local = auto_backend(plan, ShardSet((), (), ()))
     remote = auto_backend(plan, ShardSet(("http://remote/shard.tar",), ("",), (1,), kinds=("http",)))
     how = ""
     if local[0] == "threads":
-        from feedfast.loader.thread_epoch import chunk_way
+        from feedfast.loader.backends.threads import chunk_way
 
         how = f"; {chunk_way(plan)}"
     if local[0] == remote[0]:

@@ -6,7 +6,7 @@ loader would yield, returning the batch to yield instead (timm's mixup, for inst
 ``collate_fn=lambda batch: mixup_fn(*batch)``). It runs ahead of the training step on the
 producer thread; with a CUDA delivery device, on the loader's side stream after the batch's
 copy, and the training stream waits for an event recorded after the hook's work
-(:func:`hook_on_stream`). Its randomness is its own: it runs on another thread than the
+(:class:`~feedfast.loader.deliver.Delivery` runs it). Its randomness is its own: it runs on another thread than the
 training loop, so a hook that wants reproducible draws keeps its own generator.
 
 torch's per-sample collates are refused by name at construction (``default_collate``,
@@ -24,9 +24,7 @@ import torch
 from torch.utils.data import default_collate, default_convert
 
 from feedfast.errors import FeedfastError, UserError
-from feedfast.loader.batchinfo import BatchInfo
-from feedfast.loader.epoch import Batch
-from feedfast.loader.prefetch import NullEvent, PinnedRing, Ready
+from feedfast.loader.batch import BatchInfo
 
 BatchHook = Callable[[Any], Any]
 
@@ -46,16 +44,16 @@ def check_batch_hook(fn: Any) -> BatchHook | None:
     return fn  # type: ignore[no-any-return]
 
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
+def tensors_of(value: Any) -> Iterator[torch.Tensor]:
     """Every tensor inside a batch: a tensor, or tuples, lists and dicts of them."""
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _tensors(item)
+            yield from tensors_of(item)
     elif isinstance(value, (tuple, list)):
         for item in value:
-            yield from _tensors(item)
+            yield from tensors_of(item)
 
 
 def run_batch_hook(fn: BatchHook, batch: Any, size: int, where: str) -> Any:
@@ -70,35 +68,13 @@ def run_batch_hook(fn: BatchHook, batch: Any, size: int, where: str) -> Any:
         raise FeedfastError(f"collate_fn raised {type(exc).__name__}: {exc} ({where}); feedfast's collate_fn "
                             "receives the finished batch (the tuple or dict of batched tensors the loader yields), "
                             "not torch's list of samples") from exc
-    for tensor in _tensors(out):
+    for tensor in tensors_of(out):
         if tensor.dim() >= 1 and tensor.shape[0] != size:
             raise FeedfastError(f"collate_fn returned a tensor of shape {tuple(tensor.shape)} for a batch of {size} "
                                 f"samples ({where}): it must keep the batch's samples (first dimension {size}); "
                                 "a torch-style collate_fn, a function of a list of samples, does not fit here: "
                                 "feedfast's receives the finished batch")
     return out
-
-
-def _hooked_tensors(value: Any) -> dict[str, torch.Tensor]:
-    """The tensors of a hook's result by position, for the hand-over to the training stream."""
-    return {str(i): t for i, t in enumerate(_tensors(value))}
-
-
-HOOKED = "\0hooked"  # the fields key of a batch the hook has replaced
-
-
-def hook_on_stream(fn: BatchHook, batch: Batch, shaped: Any, ring: PinnedRing, where: str) -> Batch:
-    """``batch`` with ``fn(shaped)`` in place of its fields (under :data:`HOOKED`), run on the ring's side stream.
-
-    ``shaped`` is the finished batch as the loader yields it. The result's tensors and an event
-    recorded after the hook's work are the batch's ``ready``: what the training stream waits for.
-    """
-    with ring.layer.on(ring.stream):
-        out = run_batch_hook(fn, shaped, len(batch.origins), where)
-        event = ring.layer.new_event() if ring.cuda else NullEvent()
-        event.record(ring.stream)
-    batch.fields, batch.ready = {HOOKED: out}, Ready(_hooked_tensors(out), event)
-    return batch
 
 
 def with_info(batch: Any, info: BatchInfo | None) -> Any:

@@ -6,8 +6,7 @@ import concurrent.futures.thread  # noqa: F401 - imported first, so its exit hoo
 import os
 import threading
 import weakref
-from pathlib import Path
-from typing import Any, Iterator, Sequence, cast
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -16,43 +15,30 @@ from feedfast.compile.passes import forced_onto_gpu
 from feedfast.compile.plan import Plan, build_plan, lower
 from feedfast.errors import FeedfastError, UserError
 from feedfast.loader.accelerate_state import AccelerateEpoch
-from feedfast.loader.ahead import Ahead
-from feedfast.loader.backends import DaliSource, EpochSource, ProgramSource, choose_backend
-from feedfast.loader.batchhook import HOOKED, check_batch_hook, hook_on_stream, with_info
-from feedfast.loader.batchinfo import BatchInfo
-from feedfast.loader.batchsize import check_batch_size, sample_bytes
+from feedfast.loader.backends.base import Backend, BackendSettings
+from feedfast.loader.backends.choose import backend_type, choose_backend, make_backend
+from feedfast.loader.backends.dali_pipe import CHECKPOINT_EVERY
+from feedfast.loader.batch import batch_info
+from feedfast.loader.deliver import Delivered, Delivery
 from feedfast.loader.devices import DeviceLayer, delivery_here, layer_for
-from feedfast.loader.epoch import CHECKPOINT_EVERY, Batch
-from feedfast.loader.knobs import Knobs
+from feedfast.loader.epochs import EpochData
 from feedfast.loader.mix_batch import mix_stage
-from feedfast.loader.options import (
-    at_least_zero,
-    check_pin_memory_device,
-    check_torch_kwargs,
-    positive,
-    rank_cores,
-    settle_spec,
-    threads_for,
-    timeout_seconds,
-)
-from feedfast.loader.prefetch import PinnedRing
-from feedfast.loader.state import Identity, LoaderState, ResumePoint, parse_state, shard_set_digest, spec_digest
+from feedfast.loader.options import check_pin_memory_device, check_torch_kwargs, rank_cores, settle_spec
+from feedfast.loader.producer import Ahead
+from feedfast.loader.ring import PinnedRing
+from feedfast.loader.settings import loader_settings
+from feedfast.loader.state import Identity, LoaderState, ResumePoint, parse_state, spec_digest
 from feedfast.loader.torchcompat import TorchAttributes
 from feedfast.loader.tune import Tuner, budget_batches
-from feedfast.ops.color import normalize_tensor
-from feedfast.sources.assign import EpochPlan, partition_for, plan_epoch
-from feedfast.sources.columnar import dataset_index
+from feedfast.sources.assign import EpochPlan
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.mix import mixed_epoch, open_dataset
-from feedfast.sources.remote import Transfer
-from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 from feedfast.spec.load import load_spec
 
 _LIVE: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
 
 
 def _close_live_loaders() -> None:
-    """At interpreter exit, before Python joins its threads: stop the threaded backend's background work.
+    """At interpreter exit, before Python joins its threads: stop the background work of backends that say so.
 
     Its producer thread and a next epoch started ahead would otherwise still decode in native
     code while the interpreter tears down (a process aborted once with "terminate called without
@@ -60,7 +46,7 @@ def _close_live_loaders() -> None:
     DALI pipelines at this point aborted with a ``std::system_error``.
     """
     for loader in list(_LIVE):
-        if loader.backend != "threads":
+        if not loader._backend.stop_at_exit:
             continue
         try:
             loader.close()
@@ -70,13 +56,6 @@ def _close_live_loaders() -> None:
 
 if hasattr(threading, "_register_atexit"):  # runs before Python joins non-daemon threads (pools)
     threading._register_atexit(_close_live_loaders)
-
-
-def _dist_rank() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    rank, world, _ = _env.launcher_rank()
-    return rank, world
 
 
 class DataLoader(TorchAttributes):
@@ -120,12 +99,12 @@ class DataLoader(TorchAttributes):
             ``threads`` for a CPU-placed plan over local shards whose
             ops the threaded path runs, else ``dali``; ``dali``; ``threads`` (pillow-simd in
             threads, reduced-size JPEG decode); or ``pil`` (PIL in torch DataLoader worker
-            processes, the portable backend). See :mod:`feedfast.loader.backends`.
+            processes, the portable backend). See :mod:`feedfast.loader.backends.choose`.
         cache_limit: bytes the cache of whole remote shards (``pipe:`` shards, and http
             ones under ``on_error='skip'``) may hold; least recently used go first
             (default: no limit; see :mod:`feedfast.sources.cache`).
         remote_retries: retries of a failed remote read (default 3, backoff 0.5 s doubling).
-        sample_info: give each batch a :class:`~feedfast.loader.batchinfo.BatchInfo` (its
+        sample_info: give each batch a :class:`~feedfast.loader.batch.BatchInfo` (its
             samples' shards and keys, the padding mask, the state to resume after it): the
             last element of a tuple batch, or ``batch["sample_info"]`` of a dict batch.
         tune: search the loader's threads and batches ahead during the first batches, by the
@@ -163,70 +142,54 @@ class DataLoader(TorchAttributes):
         tune: bool | None = None, collate_fn: Any = None, **torch_kwargs: Any,
     ) -> None:
         check_torch_kwargs(torch_kwargs)
-        self._wait_s = timeout_seconds(torch_kwargs.get("timeout", 0))
-        self._hook = check_batch_hook(collate_fn)
-        self.sample_info = bool(sample_info)
-        self.spec = settle_spec(load_spec(spec, overrides), batch_size, shuffle, drop_last, last_batch, seed)
-        run = self.spec.loader
-        num_workers = run.threads if num_workers is None else num_workers
-        self.threads = threads_for(num_workers)
-        self.prefetch = positive("prefetch_factor", prefetch_factor if prefetch_factor is not None else
-                                 run.prefetch or 2)
-        backend = backend or run.backend or "auto"
-        self._tune = self.spec.tune.enabled if tune is None else bool(tune)
-        # a tuned loader may go up to one thread per core of its rank's share plus one, and twice the batches ahead
-        self.knobs = Knobs(self.threads, self.prefetch, max_threads=rank_cores() + 1 if self._tune else 0,
-                           max_prefetch=2 * self.prefetch if self._tune else 0)
-        dr, dw = _dist_rank() if rank is None or world_size is None else (rank, world_size)
-        self.rank, self.world = (dr if rank is None else rank), (dw if world_size is None else world_size)
-        if not 0 <= self.rank < self.world:
-            raise UserError(f"rank must be in [0, world_size), got rank={self.rank}, world_size={self.world}")
-        if backend in ("threads", "pil"):
+        settings = loader_settings(
+            settle_spec(load_spec(spec, overrides), batch_size, shuffle, drop_last, last_batch, seed),
+            num_workers=num_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor, device=device,
+            placement=placement, rank=rank, world_size=world_size, cache_dir=cache_dir,
+            pin_memory_device=pin_memory_device, on_error=on_error, max_pixels=max_pixels, backend=backend,
+            cache_limit=cache_limit, remote_retries=remote_retries, sample_info=sample_info, tune=tune,
+            collate_fn=collate_fn, timeout=torch_kwargs.get("timeout", 0))
+        self.settings = settings
+        self.spec, self.threads, self.prefetch, self.knobs = settings.spec, settings.threads, settings.prefetch, \
+            settings.knobs
+        self.rank, self.world, self.sample_info = settings.rank, settings.world, settings.sample_info
+        self.max_pixels, self._cache_dir = settings.max_pixels, settings.cache_dir
+        # the plan: where it runs (the device rule) and for which consumer; a backend asked for by name says
+        # what it needs of the plan (a PIL program checked now, not mid-epoch; CPU placement; host normalize)
+        kind = backend_type(settings.backend)
+        if kind is not None and kind.pil_program:
             from feedfast.compile.pil import compile_pil
 
-            compile_pil(self.spec)  # an op without a PIL form fails here, not mid-epoch
-            placement = "cpu"
-        delivery = delivery_here(self._placement(placement or self.spec.device), device)
+            compile_pil(self.spec)
+        cpu_only = kind is not None and kind.cpu_only
+        delivery = delivery_here(self._placement("cpu" if cpu_only else settings.placement or self.spec.device),
+                                 settings.device)
         self.device = delivery.device
-        check_pin_memory_device(pin_memory_device, self.device.type)
+        check_pin_memory_device(settings.pin_memory_device, self.device.type)
         self.device_id = delivery.device_id  # DALI's GPU: the same index as the output tensors and streams
-        consumer = "cpu" if backend == "pil" else self.device.type
+        consumer = "cpu" if kind is not None and kind.host_normalize else self.device.type
         self.plan: Plan = build_plan(self.spec, device=delivery.placement, consumer=consumer)
-        self._deferred = self.plan.deferred_outputs()
-        self._batch_mix = mix_stage(self.spec, self.plan, rank=self.rank, world=self.world)
-        if on_error is not None and on_error not in ("raise", "skip"):
-            raise UserError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        self.spec = self.spec.replace(on_error=on_error) if on_error else self.spec
-        self._cache_dir = Path(cache_dir) if cache_dir else _env.cache_dir()
-        self.max_pixels = positive("max_pixels", max_pixels) if max_pixels is not None else DEFAULT_MAX_PIXELS
-        open_kw: dict[str, Any] = dict(
-            max_pixels=self.max_pixels,
-            cache_limit=positive("cache_limit", cache_limit) if cache_limit is not None else None,
-            transfer=Transfer(retries=3 if remote_retries is None else at_least_zero("remote_retries", remote_retries)),
-        )
-        self._mixed: dict[int, ShardSet] = {}
-        self._lock = threading.Lock()  # the Mix draws, which the producer and the caller both read
-        self._mix, base = open_dataset(shards, self.spec, self._cache_dir, **open_kw)
-        self.shards: ShardSet = self.shards_for(0) if self._mix else cast(ShardSet, base)
-        self.backend = choose_backend(backend, self.plan, self.shards)
-        # shuffled: one permutation of the whole dataset per epoch over local shards and on the CPU paths (which
-        # read every shard by range), a block shuffle of windows over remote ones on DALI's feed (sources/order.py);
-        # unshuffled: each rank's contiguous range
-        self._partition = partition_for(self.shards.read_kinds, shuffled=self.spec.shuffled,
-                                        by_range=self.backend != "dali")
+        # the stages: the data of each epoch, the backend, the delivery (ring slots: the producer's queue as
+        # deep as a tuner may make it, the batch being made, and a spare), the tuner
+        self.data = EpochData(shards, self.spec, self._cache_dir, settings.open_kw, rank=self.rank, world=self.world)
+        self.shards: ShardSet = self.data.shards
+        self.data.check_size(self.plan)
+        self.backend = choose_backend(settings.backend, self.plan, self.shards)
+        chosen = backend_type(self.backend)
+        if chosen is not None and chosen.reads_by_range:  # the global order over more kinds of shard
+            self.data.read_by_range()
         if self.spec.repeats > 1 and self._partition != "global":
             raise UserError(f"shuffle.repeats={self.spec.repeats} (repeated augmentation) needs the global order: "
-                            f"a shuffled epoch, over local shards or on the threads or pil backend, and this one is "
+                            "a shuffled epoch, over local shards or on the threads or pil backend, and this one is "
                             f"{self._partition!r} ({'not shuffled' if self._partition == 'shards' else 'remote shards on dali'}); "
                             "pass shuffle=True (backend='threads' or 'pil' for remote shards), or remove shuffle.repeats")
-        self._check_size()
-        if self._mix is None and (self.backend != "dali" or self._partition != "shards" or self.shards.transport != "native"):
-            # the rows feedfast reads itself come from the dataset's columnar index: built here (once per
-            # dataset, then opened in O(shards)), not at the first batch
-            dataset_index(self.shards.paths, self.shards.index_paths, self.shards.sizes, self.plan.component_exts(),
-                          self._cache_dir)
-        # slots: the producer's queue (prefetch, as deep as a tuner may make it), the batch being made, and a spare
-        self.ring = PinnedRing(self.device, depth=self.knobs.max_prefetch + 2, pin=pin_memory, layer=self._layer())
+        self._batch_mix = mix_stage(self.spec, self.plan, rank=self.rank, world=self.world)
+        self._backend: Backend = make_backend(self.backend, self._backend_settings())
+        if self._backend.reads_rows(self._partition, self.shards.transport):
+            self.data.build_row_index(self.plan)
+        self.delivery = Delivery(self._layer(), depth=self.knobs.max_prefetch + 2, pin=settings.pin_memory,
+                                 deferred=self.plan.deferred_outputs(), outputs=tuple(self.spec.outputs),
+                                 form=self.spec.output_form, hook=settings.hook)
         self.epoch = 0
         self._resume: ResumePoint | None = None  # where the next iteration starts, from load_state_dict
         self._chosen = False  # set_epoch or load_state_dict chose the next iteration's epoch
@@ -237,19 +200,25 @@ class DataLoader(TorchAttributes):
         self._step = 0
         # the backend's last checkpoint at or before the last batch handed to the caller: (its step, checkpoint)
         self._anchor: tuple[int, str | None] = (0, None)
-        self._producer: Ahead[Batch] | None = None  # the background thread of the open epoch
+        self._producer: Ahead[Delivered] | None = None  # the background thread of the open epoch
         self._open = False  # an epoch was started and not closed
-        self.source: EpochSource = self._source(num_workers)
         self._tuner: Tuner | None = None
-        if self._tune:  # only the threaded path changes its threads live; the others tune their batches ahead
-            live = ("threads", "prefetch") if self.backend == "threads" else ("prefetch",)
-            self._tuner = Tuner(self.knobs, cores=rank_cores(), tunable=live,
+        if settings.tune:  # the threaded path changes its threads live; the others tune their batches ahead
+            self._tuner = Tuner(self.knobs, cores=rank_cores(), tunable=self._backend.tunable,
                                 budget=budget_batches(self.spec.tune.budget, len(self)))
-        # what a state must match, computed once (a state is taken per batch under sample_info);
-        # no shard digest under a Mix, whose draw changes per epoch
-        self._digests = (None if self._mix else shard_set_digest(self.shards.paths, self.shards.sizes),
-                         spec_digest(self.spec.to_dict()))
+        # what a state must match, computed once (a state is taken per batch under sample_info)
+        self._digests = (self.data.digest, spec_digest(self.spec.to_dict()))
         _LIVE.add(self)
+
+    @property
+    def _partition(self) -> str:
+        """How epochs are partitioned over ranks (the data stage's: ``shards``, ``global`` or ``block``)."""
+        return self.data.partition
+
+    @property
+    def ring(self) -> PinnedRing:
+        """The delivery stage's pinned ring (its slots, side stream and counts)."""
+        return self.delivery.ring
 
     def _placement(self, requested: str) -> str:
         """Where the pipeline runs: ``requested``, or ``gpu`` when the spec forces an op onto the GPU (the plan
@@ -262,63 +231,28 @@ class DataLoader(TorchAttributes):
                             f"remove its device: gpu (or set it to auto), or run on a machine with CUDA")
         return "gpu"
 
-    def _source(self, num_workers: int | None) -> EpochSource:
-        """The backend's epoch source (see :mod:`feedfast.loader.backends`)."""
-        common: dict[str, Any] = dict(rank=self.rank, world=self.world, batch_size=self.spec.batch_size,
-                                      seed=self.spec.seed, prefetch=self.prefetch)
-        if self.backend == "dali":
-            # DALI's checkpoint costs (on a GPU a device read-back): every batch only when each batch carries its
-            # state (sample_info), else every CHECKPOINT_EVERY batches, and a resume steps forward from the last
-            return DaliSource(self.plan, self.shards_for, self.ring, threads=self.threads, device_id=self.device_id,
-                              plan_for=self.epoch_plan, keep_pools=self.plan.placement == "gpu",
-                              max_pixels=self.max_pixels, checkpoint_every=1 if self.sample_info else CHECKPOINT_EVERY,
-                              **common)
-        if self.backend == "threads":
-            from feedfast.loader.thread_epoch import run_thread_epoch
-
-            return ProgramSource("threads", run_thread_epoch, self.plan, self.shards_for, workers=self.threads,
-                                 plan_for=self.epoch_plan, knobs=self.knobs, start_ahead=True, **common)
-        from feedfast.loader.pil_epoch import run_pil_epoch
-
-        workers = self.threads if num_workers is None else num_workers  # 0: in this process, as in torch
-        return ProgramSource("pil", run_pil_epoch, self.plan, self.shards_for, workers=workers,
-                             plan_for=self.epoch_plan, **common)
+    def _backend_settings(self) -> BackendSettings:
+        """What the backend is built from (see :mod:`feedfast.loader.backends.base`)."""
+        # DALI's checkpoint costs (on a GPU a device read-back): every batch only when each batch carries its
+        # state (sample_info), else every CHECKPOINT_EVERY batches, and a resume steps forward from the last
+        return BackendSettings(
+            plan=self.plan, shards_for=self.shards_for, plan_for=self.epoch_plan, rank=self.rank, world=self.world,
+            batch_size=self.spec.batch_size, seed=self.spec.seed, threads=self.threads,
+            workers=self.settings.workers, prefetch=self.prefetch, knobs=self.knobs, device_id=self.device_id,
+            max_pixels=self.max_pixels, checkpoint_every=1 if self.sample_info else CHECKPOINT_EVERY)
 
     def _layer(self) -> DeviceLayer:
         """The device layer of the batches' device (tests replace it with a stand-in)."""
         return layer_for(self.device)
 
-    def _check_size(self) -> None:
-        n, b, w = self.shards.total, self.spec.batch_size, self.world
-        check_batch_size(b, samples=n, world=w, per_sample=sample_bytes(self.plan), memory=_env.physical_memory())
-        if n < w:
-            raise UserError(f"{n} samples cannot be split over {w} ranks: each rank needs at least one")
-        if self.spec.last_batch == "drop" and n // w < b:
-            raise UserError(f"drop_last with {n} samples over {w} ranks leaves no full batch of {b}: "
-                            f"use a batch size <= {n // w} or last_batch='partial'")
-
     def shards_for(self, epoch: int) -> ShardSet:
         """The epoch's dataset: the shards, or under a :class:`Mix` that epoch's draw."""
-        if self._mix is None:
-            return self.shards
-        with self._lock:
-            if epoch not in self._mixed:
-                mix, sets = self._mix
-                if len(self._mixed) > 2:
-                    self._mixed.pop(min(self._mixed))
-                self._mixed[epoch] = mixed_epoch(sets, mix, seed=self.spec.seed, epoch=epoch,
-                                                 cache_dir=self._cache_dir)
-            return self._mixed[epoch]
+        return self.data.shards_for(epoch)
 
     def epoch_plan(self, epoch: int | None = None, consumed: int = 0) -> EpochPlan:
         """This rank's plan for an epoch (default: the current one); ``consumed``: samples of its global order
         taken before an elastic resume."""
-        return plan_epoch(
-            list(self.shards_for(self.epoch if epoch is None else epoch).sizes), batch_size=self.spec.batch_size, rank=self.rank, world=self.world,
-            last_batch=self.spec.last_batch, seed=self.spec.seed,
-            epoch=self.epoch if epoch is None else epoch, shuffle_shards=self.spec.shuffle_shards,
-            partition=self._partition, consumed=consumed, repeats=self.spec.repeats,
-        )
+        return self.data.plan(self.epoch if epoch is None else epoch, consumed)
 
     def __len__(self) -> int:
         """Batches this rank yields per epoch (the same on every rank)."""
@@ -342,46 +276,27 @@ class DataLoader(TorchAttributes):
         next one (after a complete epoch, or one whose iteration stopped early: see the class docstring)."""
         return self._iterate()
 
-    def _batches(self, epoch: int, ep: EpochPlan, point: ResumePoint, hooked: bool) -> Iterator[Batch]:
-        """The epoch's batches from ``point``, made on the producer thread (see :mod:`feedfast.loader.ahead`).
+    def _batches(self, epoch: int, ep: EpochPlan, point: ResumePoint, hooked: bool) -> Iterator[Delivered]:
+        """The epoch's batches from ``point``, made and delivered on the producer thread (:mod:`.producer`).
 
         The backend starts at the point's checkpoint; the batches from there to the point's step
-        were handed out before the state was taken, and are made again and dropped here.
+        were handed out before the state was taken, and are made again and dropped unread. The
+        next epoch is started from here only: as soon as the backend has every step of this one
+        in flight, else after its last batch (loops go on to the next epoch).
         """
-        skip, step = point.skip, point.step
-        for batch in self.source.batches(epoch, ep, point.checkpoint_step, point.checkpoint):
-            if skip > 0:
-                skip -= 1
-                continue
-            batch = batch if batch.ready is not None else self._upload_host(batch)
-            if self._batch_mix is not None:  # the spec's batch.mix, on the device after the copy
-                batch = self._batch_mix(batch, self.ring, epoch, step)
-            yield self._hooked(batch, epoch, step) if hooked and self._hook is not None else batch
-            step += 1
-        self.source.prepare(epoch + 1)  # loops go on to the next epoch: its first batches are made now
-
-    def _hooked(self, batch: Batch, epoch: int, step: int) -> Batch:
-        """The batch hook (``collate_fn=``) over a finished batch (see :mod:`feedfast.loader.batchhook`)."""
-        assert self._hook is not None and batch.ready is not None
-        shaped = self._shape({**batch.fields, **batch.ready.tensors})
-        return hook_on_stream(self._hook, batch, shaped, self.ring, f"epoch {epoch}, batch {step}")
-
-    def _normalize(self, fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The cheap-transfer pass's ``normalize``, on the side stream after the uint8 copy."""
-        for name, params in self._deferred.items():
-            fields[name] = normalize_tensor(fields[name], params)
-        return fields
-
-    def _upload_host(self, batch: Batch) -> Batch:
-        """A batch of host tensors (a backend without a device stage) staged and copied through the ring."""
-        slot = self.ring.slot()
-        host = {k: v for k, v in batch.fields.items() if isinstance(v, torch.Tensor)}
-        if self.ring.cuda:
-            host = {k: self.ring.staging(slot, k, tuple(v.shape), v.dtype).copy_(v) for k, v in host.items()}
-        ready = self.ring.upload(slot, host, on_device=self._normalize if self._deferred else None)
-        batch.fields.update(ready.tensors)
-        batch.ready = ready
-        return batch
+        made = self._backend.batches(epoch, ep, point.checkpoint_step, point.checkpoint)
+        started = False
+        mix = self._batch_mix
+        for delivered in self.delivery.stage(made, skip=point.skip, hooked=hooked,
+                                             where=lambda i: f"epoch {epoch}, batch {point.step + i}",
+                                             mix=None if mix is None else
+                                             lambda d, ring, i: mix(d, ring, epoch, point.step + i)):
+            yield delivered  # handed over first: the consumer need not wait out the next epoch's start
+            if not started and self._backend.all_in_flight():
+                self._backend.prepare(epoch + 1)
+                started = True
+        if not started:
+            self._backend.prepare(epoch + 1)
 
     def _iterate(self, hooked: bool = True) -> Iterator[Any]:
         # runs at the first next(), like torch's DataLoader: a set_epoch after iter() counts
@@ -395,9 +310,9 @@ class DataLoader(TorchAttributes):
         self._ep = ep
         self._step, self._anchor = point.step, (point.checkpoint_step, point.checkpoint)
         # the producer binds the delivery device before its first CUDA call (a new thread's is device 0)
-        producer: Ahead[Batch] = Ahead(lambda: self._batches(epoch, ep, point, hooked),
+        producer: Ahead[Delivered] = Ahead(lambda: self._batches(epoch, ep, point, hooked),
                                        depth=self.knobs.prefetch, name=f"feedfast-rank{self.rank}-epoch{epoch}",
-                                       timeout=self._wait_s, setup=self.ring.layer.bind_thread)
+                                       timeout=self.settings.wait_s, setup=self.delivery.bind_thread)
         self._producer, self._open = producer, True
         tuner, fresh = self._tuner, True
         accelerate = AccelerateEpoch()  # Accelerate's gradient accumulation learns where the epoch ends
@@ -405,14 +320,14 @@ class DataLoader(TorchAttributes):
             while True:
                 asked = tuner.asked() if tuner is not None and not tuner.done else None
                 try:
-                    batch = next(producer)
+                    delivered = next(producer)
                 except StopIteration:
                     break
                 if asked is not None and tuner is not None:
                     tuner.got(asked, fresh)
                     producer.resize(self.knobs.prefetch)
                 fresh = False
-                fields = self.ring.hand_over(batch.ready) if batch.ready is not None else batch.fields
+                batch = delivered.batch
                 self._step += 1
                 if batch.checkpoint is not None:
                     self._anchor = (self._step, batch.checkpoint)
@@ -421,11 +336,9 @@ class DataLoader(TorchAttributes):
                     self.epoch = epoch + 1
                     self._stats["dropped"] += ep.dropped
                     accelerate.last_batch()
-                info = self._info(batch, epoch) if self.sample_info and hooked else None
-                if HOOKED in batch.fields:
-                    yield with_info(batch.fields[HOOKED], info)
-                else:
-                    yield self._shape({**batch.fields, **fields}, info)
+                info = batch_info(batch.origins, batch.valid, epoch, self._step - 1, self.state_dict()) \
+                    if self.sample_info and hooked else None
+                yield self.delivery.hand_over(delivered, info)
             if producer.stopped:
                 raise FeedfastError("this iterator was stopped: a newer iter(loader) or close() ended its epoch "
                                     "(as with torch, iterate one iterator at a time; state_dict() still holds "
@@ -445,20 +358,6 @@ class DataLoader(TorchAttributes):
         self._stats["batches"] += 1
         self.last_origins, self.last_valid = batch.origins, batch.valid
 
-    def _shape(self, fields: dict[str, Any], info: BatchInfo | None = None) -> Any:
-        if self.spec.output_form == "dict":
-            out = {name: fields[name] for name in self.spec.outputs}
-            if info is not None:
-                out["sample_info"] = info
-            return out
-        values = tuple(fields[name] for name in self.spec.outputs)
-        return values if info is None else (*values, info)
-
-    def _info(self, batch: Batch, epoch: int) -> BatchInfo:
-        valid = torch.zeros(len(batch.origins), dtype=torch.bool)
-        valid[: batch.valid] = True
-        return BatchInfo(tuple(batch.origins), valid, epoch, self._step - 1, self.state_dict())
-
     def stats(self) -> dict[str, int]:
         """Counts so far: ``delivered``, ``skipped``, ``padded``, ``dropped``, ``batches``.
 
@@ -474,8 +373,7 @@ class DataLoader(TorchAttributes):
     def rescued_samples(self) -> list[dict[str, str]]:
         """Every image DALI's decoder failed mid-epoch and PIL read, delivered re-encoded: shard, key, reason
         (see :mod:`feedfast.loader.rescue`)."""
-        rescued = getattr(self.source, "rescued", None)
-        return [{"shard": s, "key": k, "reason": r} for s, k, r in rescued()] if callable(rescued) else []
+        return [{"shard": s, "key": k, "reason": r} for s, k, r in self._backend.rescued()]
 
     def skipped_samples(self) -> list[dict[str, str]]:
         """Every sample left out, with its shard, key and reason."""
@@ -506,9 +404,9 @@ class DataLoader(TorchAttributes):
         consumed = ep.consumed + self._step * self.world * self.spec.batch_size if global_order else 0
         if not mid:
             resume = ResumePoint(self.epoch)
-        elif self.backend == "dali":
+        elif self._backend.checkpoints:
             resume = ResumePoint(self.epoch, self._step, consumed, self._anchor[1], self._anchor[0])
-        else:  # the threads and pil backends resume from the step alone: their randomness is per sample
+        else:  # a backend whose randomness is per sample resumes from the step alone
             resume = ResumePoint(self.epoch, self._step, consumed, None, self._step)
         identity = Identity(self.spec.seed, self.rank, self.world, self.spec.batch_size, self._partition,
                             *self._digests)
@@ -546,6 +444,8 @@ class DataLoader(TorchAttributes):
         else:
             point = ResumePoint(r.epoch, r.step, 0, r.checkpoint, r.checkpoint_step)
         self._check_point(point)
+        if point.checkpoint is not None:
+            self._backend.check_checkpoint(point.checkpoint, point.epoch)
         self.epoch = r.epoch
         self._chosen = True
         self._stats = dict(parsed.stats)
@@ -567,7 +467,7 @@ class DataLoader(TorchAttributes):
     def close(self) -> None:
         """Stop the background thread, release the backend's pipelines and pooled memory (iteration can start again)."""
         self._close_current()
-        self.source.close()
+        self._backend.close()
 
     def _close_current(self) -> None:
         producer, self._producer, self._open = self._producer, None, False

@@ -1,22 +1,22 @@
 """The spec's ``batch.mix`` run on a finished batch, on the delivery device after the copy.
 
-One call, :meth:`BatchMix.__call__`, where the loader has a batch's device tensors (the ring's
-upload for host batches, the DALI path's device fields): it draws the batch's parameters from a
-counter-based generator keyed by (seed, epoch, rank, world, step)
-(:func:`feedfast.loader.draws.batch_generator`), mixes the image field and replaces the label
-field by float soft targets ``[batch, num_classes]`` (:mod:`feedfast.ops.batchmix`), on the
-ring's side stream, and records the event the training stream waits for. Padded samples
-(``last_batch: pad``) are mixed as any other; a mask in ``sample_info`` still marks them.
+One call in the delivery stage (:meth:`feedfast.loader.deliver.Delivery.stage`, after the upload
+and before the batch hook), for every backend: :meth:`BatchMix.__call__` draws the batch's
+parameters from a counter-based generator keyed by (seed, epoch, rank, world, step)
+(:func:`feedfast.loader.draws.batch_generator`), mixes the image field in place and replaces the
+label field by float soft targets ``[batch, num_classes]`` (:mod:`feedfast.ops.batchmix`), on
+the ring's side stream, and records the event the training stream waits for. Padded samples
+(``last_batch: pad``) are mixed as any other; ``sample_info``'s mask still marks them.
 """
 
 from __future__ import annotations
 
 from feedfast.compile.plan import Plan
 from feedfast.errors import FeedfastError
+from feedfast.loader.deliver import Delivered
 from feedfast.loader.devices import NullEvent
 from feedfast.loader.draws import batch_generator
-from feedfast.loader.epoch import Batch
-from feedfast.loader.prefetch import PinnedRing, Ready
+from feedfast.loader.ring import PinnedRing
 from feedfast.ops.batchmix import MixSettings, draw_params, mix_images, soft_targets
 from feedfast.spec.model import Spec
 
@@ -34,12 +34,11 @@ class BatchMix:
         self.settings, self.layout = settings, layout
         self.seed, self.rank, self.world = seed, rank, world
 
-    def __call__(self, batch: Batch, ring: PinnedRing, epoch: int, step: int) -> Batch:
-        """``batch`` with its image field mixed and its label field soft targets, ready on the ring's stream."""
+    def __call__(self, delivered: Delivered, ring: PinnedRing, epoch: int, step: int) -> None:
+        """Mix ``delivered`` (uploaded, not yet handed over): its image field mixed, its label field soft
+        targets, and its event recorded after that work on the ring's stream."""
         s = self.settings
-        assert batch.ready is not None  # the loader calls it after the upload
-        tensors = batch.ready.tensors
-        images, labels = tensors[s.image], tensors[s.label]
+        images, labels = delivered.fields[s.image], delivered.fields[s.label]
         h, w = (images.shape[2], images.shape[3]) if self.layout == "CHW" else (images.shape[1], images.shape[2])
         params = draw_params(s, batch_generator(self.seed, epoch, self.rank, self.world, step), images.shape[0], h, w)
         with ring.layer.on(ring.stream):
@@ -51,10 +50,8 @@ class BatchMix:
             mixed = mix_images(images, params, self.layout, inplace=True)  # the batch's own tensor
             event = ring.layer.new_event() if ring.cuda else NullEvent()
             event.record(ring.stream)
-        out = {**tensors, s.image: mixed, s.label: soft}
-        batch.fields.update({s.image: mixed, s.label: soft})
-        batch.ready = Ready(out, event)
-        return batch
+        delivered.fields[s.image], delivered.fields[s.label] = mixed, soft
+        delivered.event = event
 
 
 def mix_stage(spec: Spec, plan: Plan, *, rank: int, world: int) -> BatchMix | None:

@@ -15,7 +15,7 @@ name, as torchdata's nodes nest their sources' states::
      "tuned": {"threads": 3, "prefetch": 2}}                      # the tuner's part, or null
 
 ``dali.checkpoint`` is DALI's checkpoint taken after ``dali.step`` batches (DALI checkpoints
-only every few batches, :data:`~feedfast.loader.epoch.CHECKPOINT_EVERY`, or every batch
+only every few batches, :data:`~feedfast.loader.backends.dali_pipe.CHECKPOINT_EVERY`, or every batch
 under ``sample_info``): the backend rebuilds its pipeline from it and steps forward to
 ``step``. ``dali: null`` is the epoch's start (a pipeline built afresh steps forward to
 ``step``); the threaded and PIL backends resume from the step alone and have no part.

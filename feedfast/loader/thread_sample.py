@@ -291,7 +291,7 @@ def _materialize(views: dict[str, View], opened: dict[int, tuple[Any, PilStep, b
         except (*_PIL_ERRORS, Image.DecompressionBombError) as exc:
             raise _decode_failure(step, exc, raw) from None
         for name, view in mine.items():
-            out[name] = _pixels(decoded, view, scale, origin)
+            out[name] = view_pixels(decoded, view, scale, origin)
     return out
 
 
@@ -319,7 +319,7 @@ def region_needed(views: Any, scale: float, size: tuple[int, int]) -> tuple[int,
     return (max(0, int(left)), max(0, int(top)), min(width, int(right) + 1), min(height, int(bottom) + 1))
 
 
-def _pixels(img: Any, view: View, scale: float, origin: tuple[int, int] = (0, 0)) -> np.ndarray:
+def view_pixels(img: Any, view: View, scale: float, origin: tuple[int, int] = (0, 0)) -> np.ndarray:
     """The view's pixels from ``img``: the image scaled by ``1 / scale``, or its region at ``origin``."""
     ox, oy = origin
     if view.resample is None:

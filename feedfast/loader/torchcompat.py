@@ -181,10 +181,9 @@ class TorchAttributes:
 
     spec: Any
     backend: str
-    source: Any
+    _backend: Any
     prefetch: int
-    _hook: BatchHook | None
-    _wait_s: float | None
+    settings: Any
 
     @property
     def dataset(self) -> LoaderDataset:
@@ -214,7 +213,7 @@ class TorchAttributes:
     @property
     def num_workers(self) -> int:
         """Worker processes: the ``pil`` backend's, else 0 (the other backends' threads run in this process)."""
-        return int(self.source.workers) if self.backend == "pil" else 0
+        return int(self._backend.worker_processes)
 
     @property
     def pin_memory(self) -> bool:
@@ -234,12 +233,12 @@ class TorchAttributes:
     @property
     def timeout(self) -> float:
         """Seconds ``next()`` waits for a batch; 0: for ever."""
-        return self._wait_s or 0
+        return self.settings.wait_s or 0
 
     @property
     def collate_fn(self) -> BatchCollate:
         """From a list of ``dataset``'s samples to the loader's batch (see :class:`BatchCollate`)."""
-        return BatchCollate(self._hook)
+        return BatchCollate(self.settings.hook)
 
     @property
     def generator(self) -> None:

@@ -4,7 +4,7 @@ Neither changes the data: the samples, their order and their augmentation are fi
 rest of the spec and the seed, so a state taken under one ``loader``/``tune`` resumes under
 another (they are left out of the spec digest a state carries). ``loader.backend`` is the one
 exception to "any value resumes any state": the backends draw their own augmentation, so a
-state names the backend it was taken with (see :mod:`feedfast.loader.backends`).
+state names the backend it was taken with (see :mod:`feedfast.loader.backends.choose`).
 
 .. code-block:: yaml
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 BACKENDS = ("auto", "dali", "threads", "pil")
-"""The loader's backends (:mod:`feedfast.loader.backends`), for the spec, the DataLoader and the CLI."""
+"""The loader's backends (:mod:`feedfast.loader.backends.choose`), for the spec, the DataLoader and the CLI."""
 
 
 @dataclass(frozen=True)

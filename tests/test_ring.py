@@ -18,7 +18,7 @@ import torch
 import feedfast
 from feedfast.errors import UserError
 from feedfast.loader.devices import Delivery, HostLayer
-from feedfast.loader.prefetch import NullEvent, NullStream, PinnedRing
+from feedfast.loader.ring import NullEvent, NullStream, PinnedRing
 from tests.helpers import FakeGpu
 
 

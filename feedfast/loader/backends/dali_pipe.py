@@ -1,26 +1,19 @@
-"""One epoch of one rank through a DALI pipeline, as batches of torch tensors."""
+"""A DALI pipeline per epoch: built for one rank's range of the epoch, driven for exactly its steps, released."""
 
 from __future__ import annotations
 
-import random
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
-
-import torch
+from typing import Any
 
 from feedfast.compile.dali import ReaderConfig, build_pipeline
 from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError
-from feedfast.loader import convert
-from feedfast.loader.diagnose import diagnose, first_line
-from feedfast.loader.prefetch import PinnedRing, Ready
+from feedfast.loader.diagnose import first_line
 from feedfast.loader.rescue import PatchedFeed, Patches, epoch_stream, wrap_checkpoint
-from feedfast.ops.color import normalize_tensor
 from feedfast.sources.assign import EpochPlan
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 
 CHECKPOINT_EVERY = 16
 """Batches between two of DALI's checkpoints when no batch carries its own state (``sample_info`` off).
@@ -29,17 +22,6 @@ CHECKPOINT_EVERY = 16
 generators' states read back from the device); a state taken between two checkpoints resumes
 from the last one and makes at most this many batches again (see :mod:`feedfast.loader.state`).
 """
-
-
-@dataclass
-class Batch:
-    """One batch before it is shaped as the spec's outputs."""
-
-    fields: dict[str, Any]
-    origins: Sequence[tuple[str, str]]  # a list, or Origins read from the index when first asked for
-    valid: int
-    checkpoint: str | None = None  # the backend's state after this batch (DALI's checkpoint), when it took one
-    ready: Any = None  # the event that marks the batch's device tensors ready (see PinnedRing)
 
 
 def make_pipeline(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
@@ -177,86 +159,3 @@ class EpochPipe:
     def all_scheduled(self) -> bool:
         """Whether every step of the epoch has been handed to DALI."""
         return self.scheduled >= self.remaining
-
-
-def run_epoch(ep_pipe: EpochPipe, plan: Plan, ep: EpochPlan, ring: PinnedRing, rng: random.Random,
-              shards: ShardSet, *, max_pixels: int = DEFAULT_MAX_PIXELS,
-              suspects: Callable[[int], list[tuple[str, str]]] | None = None,
-              recover: Callable[[int, RuntimeError], EpochPipe] | None = None,
-              every: int = CHECKPOINT_EVERY) -> Iterator[Batch]:
-    """Yield this rank's batches of the epoch from the pipe's start step on (run on the producer thread).
-
-    Each batch's device tensors are copied on the ring's side stream; ``Batch.ready`` is the
-    event the consumer's stream waits for (:meth:`PinnedRing.hand_over`). When DALI fails a
-    step, ``recover(step, error)`` gives the pipeline that goes on from that step (it raises
-    when it cannot: see :mod:`feedfast.loader.rescue`); without it, the failure is raised,
-    ``suspects(step)`` (the samples of the steps in flight) narrowing
-    :func:`~feedfast.loader.diagnose.diagnose`'s search for the sample to name.
-
-    DALI's checkpoint is taken after every ``every``-th step of the epoch (``Batch.checkpoint``;
-    None after the others): 1 when each batch carries its state.
-    """
-    step = ep_pipe.start
-    while step < ep.steps:
-        omap = ep_pipe.omap
-        try:
-            outs = ep_pipe.next()
-        except RuntimeError as exc:
-            if recover is None:
-                candidates = suspects(step) if suspects is not None and omap.stream is None else None
-                raise diagnose(exc, plan, step, shards, omap.stream, max_pixels=max_pixels,
-                               candidates=candidates) from exc
-            ep_pipe = recover(step, exc)
-            continue
-        checkpoint = ep_pipe.checkpoint() if (step + 1) % every == 0 else None
-        size, valid = ep.batch_sizes[step], ep.valid[step]
-        raw_at = len(omap.fields)
-        where = omap.stream.origins(step, size) if omap.stream else convert.origins(outs[raw_at], size)
-        ready = _fields(outs, omap, plan, size, ring, rng, where)
-        step += 1
-        yield Batch(ready.tensors, where, valid, checkpoint, ready)
-
-
-def _fields(outs: Any, omap: Any, plan: Plan, size: int, ring: PinnedRing, rng: random.Random,
-            where: list[tuple[str, str]]) -> Ready:
-    """One batch's fields: host outputs staged and copied, device outputs copied, host ops run."""
-    slot = ring.slot()
-    host: dict[str, torch.Tensor] = {}
-    on_gpu: dict[str, Any] = {}
-    for i, name in enumerate(omap.fields):
-        tl = outs[i]
-        dense = tl.as_tensor()  # one contiguous tensor: the spec declares fixed-size fields
-        if type(tl).__name__ == "TensorListGPU":
-            if ring.cuda:
-                on_gpu[name] = dense
-                continue
-            dense = dense.as_cpu()  # placement gpu, device cpu: asked for, warned about at construction
-        shape, dtype = tuple(dense.shape()), convert.dali_dtype_to_torch(tl)
-        host[name] = convert.tensorlist_to_torch(dense, ring.staging(slot, name, shape, dtype))[:size]
-    kept: dict[str, Any] = {}
-    for name, nid in plan.outputs.items():
-        if plan.nodes[nid].device == "host":
-            comp, chain = convert.host_chain(plan.nodes, nid)
-            raw = outs[len(omap.fields) + plan.components.index(comp)]
-            value = convert.collate(convert.run_host_ops(chain, raw, size, rng, where), plan.nodes[nid].sig.kind)
-            if isinstance(value, torch.Tensor) and ring.cuda:
-                host[name] = ring.staging(slot, name, tuple(value.shape), value.dtype).copy_(value)
-            else:
-                kept[name] = value
-
-    def device_fields() -> dict[str, torch.Tensor]:
-        made = {}
-        for name, dense in on_gpu.items():
-            out = ring.layer.empty(tuple(dense.shape()), convert.dali_dtype_to_torch(dense))
-            made[name] = convert.tensorlist_to_torch(dense, out, ring.stream)[:size]
-        return made
-
-    def normalize(fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        for name, params in omap.deferred.items():
-            fields[name] = normalize_tensor(fields[name], params)
-        return fields
-
-    ready = ring.upload(slot, host, on_device=normalize if omap.deferred else None,
-                        device_fields=device_fields if on_gpu else None)
-    ready.tensors.update(kept)
-    return ready

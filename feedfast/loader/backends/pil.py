@@ -1,6 +1,6 @@
 """One epoch of one rank through the portable backend: PIL in torch DataLoader workers.
 
-It yields the same :class:`~feedfast.loader.epoch.Batch` objects as the DALI path's
+It yields the same :class:`~feedfast.loader.backends.dali_pipe.Batch` objects as the DALI path's
 ``run_epoch`` with the same sample assignment: the shards concatenated in
 ``ep.shard_order``, each shard's samples in the order of the index DALI is given
 (``ShardSet.index_paths``: already filtered by :func:`~feedfast.sources.dataset.open_shards`
@@ -42,53 +42,31 @@ from __future__ import annotations
 
 import gc
 import logging
-import traceback
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
-from feedfast.compile.pil import PilProgram, compile_pil
+from feedfast.compile.pil import PilProgram
 from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, SampleError, ShardError
 from feedfast.loader import convert
+from feedfast.loader.backends.samples import epoch_samples, failure_reason, members_of
+from feedfast.loader.batch import Batch
 from feedfast.loader.draws import SampleDraws, batch_draws
-from feedfast.loader.epoch import Batch
 from feedfast.loader.pil_warnings import routed
 from feedfast.loader.second_run import image_decodes, second_raw
 from feedfast.ops.base import Signature
-from feedfast.ops.generic import DecodeFailure
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.rangeread import RangeSource, remote
-from feedfast.sources.rows import Rows, epoch_rows
+from feedfast.sources.rows import Rows
 from feedfast.sources.shardfiles import ShardFiles
 from feedfast.spec.model import CHECK_SECONDS
 
 log = logging.getLogger("feedfast.pil")
-
-
-def epoch_samples(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, seed: int,
-                  epoch: int) -> tuple[PilProgram, Rows]:
-    """The plan's PIL program and this rank's rows of the epoch, checked against the epoch plan.
-
-    Under ``ep.partition == "global"`` (a shuffled epoch), the rank's share of the epoch's global
-    order; else its contiguous range, permuted inside the range when the spec shuffles
-    (:func:`~feedfast.sources.rows.epoch_rows`).
-    """
-    program = compile_pil(plan.spec)
-    rows = epoch_rows(shards, program.exts, ep, rank=rank, world=world, seed=seed, epoch=epoch,
-                      shuffle=plan.spec.shuffle_buffer > 0, block=shards.shuffle)
-    if len(rows) != ep.rank_samples:
-        raise BackendError(f"rank {rank} has {len(rows)} samples but its epoch plan expects {ep.rank_samples}")
-    return program, rows
-
-
-def members_of(batch: RowBatch, i: int) -> list[tuple[int, int] | None]:
-    """Row ``i``'s (offset, size) per component, None where the sample has no such member."""
-    return [None if size < 0 else (off, size) for off, size in zip(batch.offsets[i].tolist(), batch.sizes[i].tolist())]
 
 
 @dataclass(frozen=True)
@@ -163,14 +141,10 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
                     if second is None:
                         raise
                     return second
-        except DecodeFailure as exc:
-            return _Failure("sample", "the PIL backend could not process a sample", shard, origins[i][1], str(exc))
         except Exception as exc:  # noqa: BLE001 - whatever a decoder or plugin raises names the sample
             key = origins[i][1]
-            log.debug("shard %r, sample %r:\n%s", shard, key, traceback.format_exc())
-            text = (str(exc).strip().splitlines() or [""])[0][:200]
             return _Failure("sample", "the PIL backend could not process a sample", shard, key,
-                            f"{type(exc).__name__}: {text}")
+                            failure_reason(exc, shard, key))
 
     def _second(self, raw: list[bytes], draws: SampleDraws, exc: Exception) -> dict[str, Any] | None:
         """The sample's outputs with DALI's pixels for each image PIL cannot decode, from the same draws;

@@ -2,7 +2,7 @@
 
 Two sides, two threads:
 
-- the producer (the loader's background thread, :mod:`feedfast.loader.ahead`) takes a slot
+- the producer (the loader's background thread, :mod:`feedfast.loader.producer`) takes a slot
   (:meth:`PinnedRing.slot`, which waits until that slot's previous copy finished), stages host
   tensors into it, and :meth:`PinnedRing.upload` copies them on a side stream and records a
   ``ready`` event there. The side stream never waits for the training stream: the copy of
@@ -45,6 +45,7 @@ class Ready:
 
     tensors: dict[str, torch.Tensor]
     event: Any
+    copied: Any = None  # recorded after the copies of device outputs, before the work on them (None: none)
 
 
 class PinnedRing:
@@ -92,10 +93,15 @@ class PinnedRing:
     def drain(self) -> None:
         """Wait until every copy on the side stream finished (polled, from the producer thread)."""
         for s in self.slots:
-            pause = 5e-5
-            while s.event is not None and not s.event.query():
-                time.sleep(pause)
-                pause = min(pause * 2, 1e-3)
+            self.wait(s.event)
+
+    @staticmethod
+    def wait(event: Any) -> None:
+        """Wait until ``event`` (None: nothing) has fired, polled with ``query``: no host synchronization."""
+        pause = 5e-5
+        while event is not None and not event.query():
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
 
     def staging(self, s: _Slot, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A host buffer of ``shape`` in slot ``s`` (reallocated when it is too small).
@@ -125,19 +131,24 @@ class PinnedRing:
             on_device: work on the copied tensors, run on the side stream after the copy
                 (normalization of the cheap-transfer pass).
             device_fields: makes tensors that are already on the device (a GPU pipeline's
-                outputs), called on the side stream so their copies are ordered there.
+                outputs), called on the side stream so their copies are ordered there; the
+                returned ``Ready.copied`` fires once they are done.
         """
         with self.layer.on(self.stream):
             out = {k: self.layer.copy_in(v) for k, v in host.items()}
+            copied = None
             if device_fields is not None:
                 out.update(device_fields())
+                if self.cuda:
+                    copied = self.layer.new_event()
+                    copied.record(self.stream)
             if on_device is not None:
                 out = on_device(out)
             event = self.layer.new_event() if self.cuda else NullEvent()
             event.record(self.stream)
         s.event = event
         self.copies += 1
-        return Ready(out, event)
+        return Ready(out, event, copied)
 
     def hand_over(self, ready: Ready) -> dict[str, torch.Tensor]:
         """Consumer side: order the training stream after the batch's copy and protect its memory."""

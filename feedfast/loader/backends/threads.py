@@ -1,8 +1,8 @@
 """One epoch of one rank on the CPU in threads: PIL (pillow-simd) decode and resize, no processes.
 
-It yields what :func:`~feedfast.loader.pil_epoch.run_pil_epoch` yields, sample for sample:
-the same samples per step (:func:`~feedfast.loader.pil_epoch.epoch_samples`, padding that
-repeats the rank's last sample), the same :class:`~feedfast.loader.epoch.Batch` objects, the
+It yields what :func:`~feedfast.loader.backends.pil.run_pil_epoch` yields, sample for sample:
+the same samples per step (:func:`~feedfast.loader.backends.pil.epoch_samples`, padding that
+repeats the rank's last sample), the same :class:`~feedfast.loader.backends.dali_pipe.Batch` objects, the
 same per-sample draws (:mod:`~feedfast.loader.draws`, keyed by seed, epoch and sample) and so
 the same crop boxes and flips, and the same :class:`~feedfast.errors.SampleError` naming shard and key.
 Pixels agree with the ``pil`` backend within the tolerances stated in
@@ -54,24 +54,25 @@ from feedfast.compile.pil import PilProgram, PilStep, compile_pil, own_draws
 from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, FeedfastError, SampleError
 from feedfast.loader import batchplan, convert, native
+from feedfast.loader.backends.samples import epoch_samples, failure_reason, members_of
+from feedfast.loader.batch import Batch
 from feedfast.loader.draws import SampleDraws, batch_draws, draws_key
-from feedfast.loader.epoch import Batch
 from feedfast.loader.knobs import Knobs, LivePool
-from feedfast.loader.pil_epoch import epoch_samples, members_of
 from feedfast.loader.pil_fast import REGION_MARGIN, JpegHeader, decode_region
 from feedfast.loader.second_run import image_decodes, second_raw
 from feedfast.loader.thread_sample import (
     REDUCING_GAP,
     NeedsFallback,
     View,
-    _pixels,
     fast_program,
     fast_program_blocker,
     fast_values,
     pixel_source,
     program_values,
     run_kernels,
+    view_pixels,
 )
+from feedfast.ops.color import normalize_tensor
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.registry import OPS
 from feedfast.sources.assign import EpochPlan, step_positions
@@ -265,7 +266,7 @@ class _Epoch:
                 value = convert.collate(value, f.host_kind)
             elif isinstance(value, list):  # pixels of varying size: stacked as the pil backend does
                 value = torch.stack([torch.from_numpy(np.ascontiguousarray(v)) for v in value])
-                value = _normalized(value, f.normalize) if f.normalize else value
+                value = normalize_tensor(value, f.normalize) if f.normalize else value
                 for i in range(len(value) if f.post else 0):
                     self._post(value[i].numpy(), f, job.draws[i])
             fields[f.name] = value
@@ -379,7 +380,7 @@ class _Epoch:
         view = View(chain.decode, (row[bx], row[bx + 1], row[bx + 2], row[bx + 3]), (int(row[sz]), int(row[sz + 1])),
                     (int(row[c]), int(row[c + 1]), int(row[c + 2]), int(row[c + 3])),
                     None if resample < 0 else resample, bool(row[batchplan.HFLIP]), bool(row[batchplan.VFLIP]))
-        return _pixels(region[0], view, float(factor), (region[1], region[2]))
+        return view_pixels(region[0], view, float(factor), (region[1], region[2]))
 
     @staticmethod
     def _post(slot: np.ndarray, f: _Field, draws: SampleDraws) -> None:
@@ -394,7 +395,7 @@ class _Epoch:
 
         In one pass in feedfast's extension where it is built (:mod:`.native`), else in NumPy;
         both release the GIL and start no threads (torch would start its intra-op threads in
-        every worker thread); the arithmetic is :func:`_normalized`'s, bit for bit.
+        every worker thread); the arithmetic is :func:`~feedfast.ops.color.normalize_tensor`'s, bit for bit.
         """
         mean, inv = self.constants[name]
         if native.normalize_into(pixels, out, *self.flat[name], mean.ndim == 3):
@@ -431,14 +432,12 @@ class _Epoch:
                 if fixed is None:
                     raise
                 return program_values(self.program, fixed, job.draws[i].replay(), sample=named)
-        except DecodeFailure as exc:
-            raise SampleError("the threaded CPU backend could not process a sample", shard=shard,
-                              key=job.origins[i][1], reason=str(exc)) from None
         except FeedfastError:
             raise
-        except Exception as exc:
-            raise BackendError(f"threaded CPU backend failed on shard {shard!r}, sample {job.origins[i][1]!r}: "
-                               f"{type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - whatever a decoder or plugin raises names the sample
+            key = job.origins[i][1]
+            raise SampleError("the threaded CPU backend could not process a sample", shard=shard, key=key,
+                              reason=failure_reason(exc, shard, key)) from None
 
     def _raw(self, job: _Job, i: int) -> list[bytes]:
         """Row ``i``'s member bytes per component (``b""`` where it has no such member)."""
@@ -502,17 +501,6 @@ def _constants(params: dict[str, Any], chw: bool) -> tuple[np.ndarray, np.ndarra
     mean = np.array([m * 255.0 for m in params["mean"]], dtype=np.float32)
     inv = np.array([1.0 / (s * 255.0) for s in params["std"]], dtype=np.float32)
     return (mean[:, None, None], inv[:, None, None]) if chw else (mean, inv)
-
-
-def _normalized(pixels: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
-    """``normalize`` of uint8 NHWC pixels, the arithmetic of :func:`~feedfast.ops.color.normalize_tensor`."""
-    mean, inv = (torch.from_numpy(c) for c in _constants(params, params["layout"] == "CHW"))
-    if params["layout"] == "CHW":
-        pixels = pixels.permute(0, 3, 1, 2)
-    out = torch.empty(pixels.shape, dtype=torch.float32)
-    out.copy_(pixels)
-    out.sub_(mean).mul_(inv)
-    return out if params["dtype"] == "float32" else out.to(_DTYPES[params["dtype"]])
 
 
 def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
