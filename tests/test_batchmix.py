@@ -1,6 +1,6 @@
 """Batch mixup / cutmix (feedfast.ops.batchmix) against timm's ``Mixup`` and torchvision's v2 ``MixUp``/``CutMix``.
 
-timm runs from ``pip install --no-deps timm`` on PYTHONPATH (a test extra); torchvision is the venv's.
+timm and torchvision are the ``test`` and ``compare`` extras (``make setup`` installs both).
 """
 
 from __future__ import annotations
@@ -9,11 +9,10 @@ import math
 
 import numpy as np
 import pytest
+import timm.data.mixup as timm_mixup
 import torch
 
 from feedfast.ops.batchmix import MixParams, MixSettings, draw_params, mix_images, problem, soft_targets
-
-timm_mixup = pytest.importorskip("timm.data.mixup")
 
 
 class Legacy:
