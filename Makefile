@@ -3,9 +3,13 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 PYTHON ?= python3
-# A CPU build of torch where there is no NVIDIA driver; override with TORCH_SPEC=torch (CUDA build).
-TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,torch==2.13.0)
-EXTRAS ?= cuda12,simd,dev,test
+# torch with a torchvision that imports beside it, as a user's `pip install torch torchvision` gives (timm and
+# torchvision's training references need both). With an NVIDIA driver: the newest CUDA build. Without one, on x86_64:
+# torch 2.14.1, a CUDA build that runs on the CPU (5.5 GB; the only CPU build x86_64 machines here hold, torch
+# 2.13.0+cpu, has no torchvision on PyPI that imports beside it: "operator torchvision::nms does not exist"); on
+# aarch64: torch 2.9.1, a CPU build (0.7 GB). Override with TORCH_SPEC=...; torchvision follows the torch installed.
+TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,$(if $(filter aarch64 arm64,$(shell uname -m)),torch==2.9.1,torch==2.14.1))
+EXTRAS ?= cuda12,simd,dev,test,plot,compare
 STAMP  := $(VENV)/.feedfast-installed
 
 .PHONY: setup demo test bench soak gpu-check lint clean
@@ -37,15 +41,17 @@ $(STAMP): pyproject.toml Makefile
 	    echo "building pillow-simd (CC='$$CC_SIMD') with libtiff, OpenJPEG and libwebp"; \
 	    CC="$$CC_SIMD" $(PIP) install -q --force-reinstall --no-deps --no-binary pillow-simd --no-cache-dir "pillow-simd>=9.0"; \
 	  fi; fi
-	@# the extras (Lightning in dev, DALI) resolve against the torch build installed above, never a newer torch from
-	@# PyPI: torch is pinned to it (none of them depends on a PIL, so pillow-simd's stays)
+	@# the extras (DALI, Lightning, Accelerate, timm, matplotlib, torchvision) resolve against the torch build installed
+	@# above, never a newer torch from PyPI: torch is pinned to it, and torchvision's own pin on torch picks its match.
+	@# matplotlib, torchvision and timm (through torchvision) depend on stock Pillow, which would replace pillow-simd's
+	@# PIL: pip resolves the extras (--dry-run --report) and everything it chose but Pillow is installed with --no-deps
 	$(PY) -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' > $(VENV)/torch-pin.txt
-	$(PIP) install -q -c $(VENV)/torch-pin.txt -e ".[$(EXTRAS)]"
-	@# matplotlib (stall-meter plots) without its Pillow dependency, which would replace pillow-simd's PIL
-	$(PIP) install -q --no-deps matplotlib contourpy cycler fonttools kiwisolver pyparsing python-dateutil
-	@# torchvision for `bench --compare torch` (the `compare` extra): the release matching the installed torch
-	@# (torch 2.N.P pairs with torchvision 0.(N+15).P), without its Pillow dependency, which would replace pillow-simd's PIL
-	$(PIP) install -q --no-deps "torchvision==$$($(PY) -c 'import torch; v = torch.__version__.split("+")[0].split("."); print(f"0.{int(v[1]) + 15}.{v[2]}")')"
+	$(PIP) install -q -c $(VENV)/torch-pin.txt --dry-run --report $(VENV)/extras.json -e ".[$(EXTRAS)]"
+	$(PY) -c 'import json, sys; chosen = [p["metadata"] for p in json.load(open(sys.argv[1]))["install"]]; \
+	  print(*("%s==%s" % (m["name"], m["version"]) for m in chosen if m["name"].lower() not in ("pillow", "feedfast")), sep="\n")' \
+	  $(VENV)/extras.json > $(VENV)/extras.txt
+	$(PIP) install -q --no-deps -c $(VENV)/torch-pin.txt -r $(VENV)/extras.txt
+	$(PIP) install -q --no-deps -e .
 	$(PY) -c "import PIL, nvidia.dali, torch, feedfast; print('feedfast ready: PIL', PIL.__version__, '| DALI', nvidia.dali.__version__, '| torch', torch.__version__)"
 	touch $(STAMP)
 
@@ -59,9 +65,8 @@ test: setup
 STOCK := .venv-stock
 $(STOCK)/.installed:
 	test -x $(STOCK)/bin/python || $(PYTHON) -m venv $(STOCK)
-	$(STOCK)/bin/pip install -q "$(TORCH_SPEC)" Pillow webdataset braceexpand numpy pyyaml psutil tqdm
-	@# torchvision for the recipe row, matching the installed torch; --no-deps keeps that torch (Pillow is there)
-	$(STOCK)/bin/pip install -q --no-deps "torchvision==$$($(STOCK)/bin/python -c 'import torch; v = torch.__version__.split("+")[0].split("."); print(f"0.{int(v[1]) + 15}.{v[2]}")')"
+	@# the torch of TORCH_SPEC and torchvision for the recipe row, which pip matches to it (stock Pillow is wanted here)
+	$(STOCK)/bin/pip install -q "$(TORCH_SPEC)" torchvision Pillow webdataset braceexpand numpy pyyaml psutil tqdm
 	$(STOCK)/bin/pip install -q --no-deps -e .
 	touch $@
 

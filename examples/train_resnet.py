@@ -85,11 +85,11 @@ class SmallResNet(nn.Module):
 
 
 def make_model(num_classes: int) -> nn.Module:
-    """torchvision's resnet18 when torchvision imports, else :class:`SmallResNet`."""
+    """torchvision's resnet18 when torchvision is installed, else :class:`SmallResNet`."""
     try:
         import torchvision
-    except (ImportError, RuntimeError, AttributeError, OSError) as exc:  # absent, or built for another torch
-        print(f"torchvision not usable ({type(exc).__name__}: {exc}); using the example's SmallResNet")
+    except ImportError as exc:  # torchvision is optional; one built for another torch fails here, loudly
+        print(f"torchvision is not installed ({exc}); using the example's SmallResNet")
         return SmallResNet(num_classes)
     return torchvision.models.resnet18(num_classes=num_classes)
 

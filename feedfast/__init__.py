@@ -3,6 +3,7 @@
 from feedfast.errors import BackendError, FeedfastError, SampleError, ShardError, SpecError, UserError
 from feedfast.loader import DataLoader
 from feedfast.loader.batch import BatchInfo
+from feedfast.ops.mixup import Mixup
 from feedfast.sources.mix import Mix
 from feedfast.spec import Spec, load_spec
 
@@ -18,6 +19,6 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "BackendError", "BatchInfo", "DataLoader", "FeedfastError", "Mix", "SampleError", "ShardError", "Spec",
+    "BackendError", "BatchInfo", "DataLoader", "FeedfastError", "Mix", "Mixup", "SampleError", "ShardError", "Spec",
     "SpecError", "StallMeter", "UserError", "load_spec",
 ]

@@ -8,6 +8,7 @@ import pathlib
 import random
 import sys
 import tarfile
+import types
 
 import numpy as np
 import pytest
@@ -221,6 +222,16 @@ def test_recipe_is_torchvisions_own_transforms() -> None:
 def test_missing_torchvision_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torchvision", None)
     with pytest.raises(UserError, match=r"pip install 'feedfast\[compare\]'"):
+        transforms()
+
+
+def test_a_torchvision_built_for_another_torch_says_which_release_matches(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Mismatched(types.ModuleType):  # what PyPI's torchvision raises beside a +cpu torch wheel, on import
+        def __getattr__(self, name: str) -> None:
+            raise RuntimeError("operator torchvision::nms does not exist")
+
+    monkeypatch.setitem(sys.modules, "torchvision", Mismatched("torchvision"))
+    with pytest.raises(UserError, match=r"torchvision::nms does not exist.*torchvision 0\.\(N\+15\)\.P"):
         transforms()
 
 

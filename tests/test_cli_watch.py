@@ -31,7 +31,6 @@ from tests.helpers import SMALL_SPEC, free_port
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = ROOT / "tests" / "watch_jobs"
 HOOK = ROOT / "feedfast" / "meter" / "startup"
-SHIM = ROOT / "tests" / "lightning_env"  # hides a torchvision that cannot load (see its docstring)
 
 
 def _line_of(script: Path, text_in_line: str) -> int:
@@ -102,9 +101,7 @@ def test_two_torchrun_ranks_are_both_reported_and_the_slow_one_named(
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
                     reason="Lightning is a dev dependency: pip install -e '.[dev]' (see the Makefile)")
-def test_a_lightning_fit_is_measured_training_loader_first(
-        tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(SHIM), os.environ.get("PYTHONPATH")) if p))
+def test_a_lightning_fit_is_measured_training_loader_first(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     script = JOBS / "lightning_fit.py"
     status, report, out, err = _watch(capfd, tmp_path, [sys.executable, str(script)])
     assert status == 0 and "lightning: fit done" in out

@@ -27,9 +27,9 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("examples-cache")
 
 
-def _run(args: list[str], cache: Path, *, timeout: float, cwd: Path = ROOT, path_first: tuple[str, ...] = ()) -> str:
+def _run(args: list[str], cache: Path, *, timeout: float, cwd: Path = ROOT) -> str:
     """Run ``python args...`` with this checkout's feedfast; return stdout + stderr, failing on rc != 0."""
-    path = os.pathsep.join(p for p in (*path_first, str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, FEEDFAST_CACHE=str(cache), PYTHONPATH=path, PYTHONUNBUFFERED="1")
     proc = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
@@ -124,17 +124,15 @@ def test_lightning_example_trains_checkpoints_mid_epoch_and_resumes(cache: Path,
 
     tests/test_lightning.py checks the samples of such a resume, with one process and two.
     """
-    shim = (str(ROOT / "tests" / "lightning_env"),)  # hides a torchvision that cannot load (see its docstring)
     common = [str(EXAMPLES / "train_lightning.py"), "--shards", ",".join(shards), "--steps", "2", "--batch-size",
               "4", "--image-size", "32", "--ckpt-dir", str(tmp_path / "ckpts")]
-    out = _run([*common, "--save-every", "1"], cache, timeout=180, cwd=tmp_path, path_first=shim)
+    out = _run([*common, "--save-every", "1"], cache, timeout=180, cwd=tmp_path)
     assert "max_epochs=1` reached" in out, out[-4000:]
     assert sorted(p.name for p in (tmp_path / "ckpts").iterdir()) == ["step=1.ckpt", "step=2.ckpt"]
     saved = torch.load(tmp_path / "ckpts" / "step=1.ckpt", map_location="cpu", weights_only=False)
     (state,) = saved["feedfast_loader_states"]  # one rank's, from the example's LoaderStateHooks
     assert (state["epoch"], state["step"]) == (0, 1)
-    out = _run([*common, "--ckpt-path", str(tmp_path / "ckpts" / "step=1.ckpt")], cache, timeout=180, cwd=tmp_path,
-               path_first=shim)
+    out = _run([*common, "--ckpt-path", str(tmp_path / "ckpts" / "step=1.ckpt")], cache, timeout=180, cwd=tmp_path)
     assert "Restored all states" in out and "max_epochs=1` reached" in out, out[-4000:]
 
 

@@ -25,7 +25,6 @@ from tests.helpers import SMALL_SPEC, free_port, make_shards
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "tests" / "lightning_job.py"
-SHIM = ROOT / "tests" / "lightning_env"  # hides a torchvision that cannot load (see its docstring)
 
 # not imported here: Lightning takes seconds to import, and the jobs run in their own processes
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
@@ -33,8 +32,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
 
 
 def lightning_env(cache: Path) -> dict[str, str]:
-    """The environment of a Lightning subprocess: this checkout's feedfast, the shim, one cache."""
-    path = os.pathsep.join(p for p in (str(SHIM), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    """The environment of a Lightning subprocess: this checkout's feedfast, one cache."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return dict(os.environ, FEEDFAST_CACHE=str(cache), PYTHONPATH=path, PYTHONUNBUFFERED="1",
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 

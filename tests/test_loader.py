@@ -124,8 +124,8 @@ def test_dict_outputs_and_torch_arguments(shards: list[str], small_spec: dict) -
     small_spec["outputs"] = {"image": "image", "label": "label"}
     batch = next(iter(_loader(small_spec, shards, drop_last=True, prefetch_factor=1, persistent_workers=True)))
     assert set(batch) == {"image", "label"}
-    with pytest.raises(UserError, match="collate_fn"):  # a per-sample collate (the batch hook: test_torch_compat.py)
-        _loader(small_spec, shards, collate_fn=torch.utils.data.default_collate)
+    # torch's default collate means what the loader does already: no hook (the batch hook: test_torch_compat.py)
+    assert _loader(small_spec, shards, collate_fn=torch.utils.data.default_collate).settings.hook is None
     with pytest.raises(UserError, match="unknown argument `bogus`"):
         _loader(small_spec, shards, bogus=1)
     with pytest.raises(UserError, match="no full batch"):

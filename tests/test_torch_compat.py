@@ -2,7 +2,10 @@
 
 timm's ``train.py`` and torchvision's ``references/classification/train.py`` are not in this
 repository: each test replays the lines of theirs that touch the loader (quoted where they are
-copied), on a feedfast loader.
+copied), on a feedfast loader. Lines cited as "timm train.py:N" are of
+huggingface/pytorch-image-models at aa4b5850; "torchvision train.py:N" and "utils.py" of
+pytorch/vision's references/classification at 017e9b99. Both scripts were also run whole, two
+epochs on feedfast-made shards, with the README's swap (see the README).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def _keys(loader: feedfast.DataLoader, batches: Any) -> list[list[str]]:
     return out
 
 
-# timm train.py, verbatim (Apache-2.0, huggingface/pytorch-image-models)
+# timm train.py:478-484, verbatim (Apache-2.0, huggingface/pytorch-image-models)
 def _set_loader_epoch(loader: Any, epoch: int) -> None:
     if hasattr(loader.dataset, 'set_epoch'):
         loader.dataset.set_epoch(epoch)
@@ -131,8 +134,10 @@ def test_torchvision_mixup_collate_given_unchanged_is_refused_with_why(small_spe
         next(iter(loader))
     fixed = _loader(small_spec, shards, collate_fn=lambda batch: mixupcutmix(*batch))  # the README's swap
     assert [x.shape[0] for x, _ in fixed] == [4, 4, 4, 4, 4, 3]
-    with pytest.raises(UserError, match="not a list of samples"):
-        _loader(small_spec, shards, collate_fn=default_collate)
+    # torch's default, passed along by a script that swapped only its loader, means no hook: the same batches
+    plain = [torch.equal(a, b) for (a, _), (b, _) in zip(_loader(small_spec, shards, collate_fn=default_collate),
+                                                          _loader(small_spec, shards))]
+    assert plain == [True] * 6
 
 
 def test_a_hook_that_changes_the_samples_is_refused(small_spec: dict, shards: list[str]) -> None:
@@ -223,3 +228,104 @@ def test_set_epoch_after_a_partial_epoch_runs_that_epoch_from_its_start(small_sp
     loader.set_epoch(0)
     again = _keys(loader, loader)
     assert again[:2] == first and len(again) == 6 and loader.epoch == 1
+
+
+def test_timm_train_one_epoch_accumulation_bookkeeping_meets_every_batch(small_spec: dict, shards: list[str]) -> None:
+    """timm train.py:1267-1281 with --grad-accum-steps 4: the counts come from len(loader), the loop from enumerate."""
+    loader = _loader(small_spec, shards, shuffle=True, drop_last=True)
+    accum_steps = 4
+    last_accum_steps = len(loader) % accum_steps
+    updates_per_epoch = (len(loader) + accum_steps - 1) // accum_steps
+    last_batch_idx = len(loader) - 1
+    last_batch_idx_to_accum = len(loader) - last_accum_steps
+    updates, last_seen, sizes = 0, False, []
+    for batch_idx, (input, target) in enumerate(loader):
+        last_batch = batch_idx == last_batch_idx
+        need_update = last_batch or (batch_idx + 1) % accum_steps == 0
+        if batch_idx >= last_batch_idx_to_accum:
+            accum_steps = last_accum_steps
+        updates += need_update
+        last_seen |= last_batch
+        sizes.append((input.shape[0], target.shape[0], accum_steps))
+    # 23 samples in batches of 4, the partial one dropped: 5 batches, 2 updates, the last of one batch
+    assert last_seen and updates == updates_per_epoch == 2
+    assert sizes == [(4, 4, 4)] * 4 + [(4, 4, 1)]
+
+
+def test_timm_validate_reaches_its_last_index(small_spec: dict, shards: list[str]) -> None:
+    """timm train.py:1474-1477: ``last_idx = len(loader) - 1``, then ``batch_idx == last_idx`` logs the totals."""
+    loader = _loader(small_spec, shards)
+    last_idx = len(loader) - 1
+    seen = [batch_idx == last_idx for batch_idx, (input, target) in enumerate(loader)]
+    assert seen == [False] * 5 + [True]
+
+
+def test_timm_mixup_in_its_training_loop_over_feedfast_batches(small_spec: dict, shards: list[str]) -> None:
+    """timm train.py:1283-1286 with --no-prefetcher: the batch is moved, then timm's own Mixup mixes it.
+
+    timm's ``Mixup`` needs an even batch (``drop_last=True``, as the README's swap gives) and yields
+    soft targets for ``SoftTargetCrossEntropy``; with the prefetcher timm would mix in its collate
+    function instead (``FastCollateMixup``, a per-sample collate), which a feedfast loader cannot take.
+    """
+    from timm.data.mixup import Mixup  # the `test` extra
+    from timm.loss import SoftTargetCrossEntropy
+
+    mixup_fn = Mixup(mixup_alpha=0.2, cutmix_alpha=1.0, prob=1.0, switch_prob=0.5, mode="batch",
+                                label_smoothing=0.1, num_classes=10)
+    loss_fn = SoftTargetCrossEntropy()
+    device, model_dtype = torch.device("cpu"), None
+    loader = _loader(small_spec, shards, shuffle=True, drop_last=True, device=device)
+    losses = []
+    for batch_idx, (input, target) in enumerate(loader):  # noqa: B007 - as timm writes it
+        input, target = input.to(device=device, dtype=model_dtype), target.to(device=device)
+        input, target = mixup_fn(input, target)
+        assert input.shape == (4, 3, 32, 32) and target.shape == (4, 10)
+        torch.testing.assert_close(target.sum(1), torch.ones(4))
+        losses.append(float(loss_fn(torch.zeros(4, 10), target)))
+    assert len(losses) == len(loader) == 5 and all(v == pytest.approx(2.302585, abs=1e-4) for v in losses)
+
+
+def test_torchvision_log_every_and_evaluate_as_written(small_spec: dict, shards: list[str]) -> None:
+    """torchvision utils.py MetricLogger.log_every (``len(iterable)`` for its format and ETA, then the loop) and
+    train.py:88-101: ``reduce_across_processes`` returns a tensor, compared with ``len(data_loader.dataset)``;
+    a mismatch would call ``torch.distributed.get_rank()``, which raises without a process group."""
+    data_loader_test = _loader(small_spec, shards)
+    space_fmt = ":" + str(len(str(len(data_loader_test)))) + "d"
+    assert space_fmt == ":1d"
+    num_processed_samples = 0
+    for i, (image, target) in enumerate(data_loader_test):  # noqa: B007 - as torchvision writes it
+        assert ("[{0" + space_fmt + "}/{1}]").format(i, len(data_loader_test)) == f"[{i}/6]"
+        num_processed_samples += image.shape[0]
+    num_processed_samples = torch.tensor(num_processed_samples)  # reduce_across_processes, one process
+    mismatch = (hasattr(data_loader_test.dataset, "__len__")
+                and len(data_loader_test.dataset) != num_processed_samples)
+    assert not mismatch and int(num_processed_samples) == 23
+
+
+def test_torchvision_train_sampler_of_the_swap_moves_the_loader_to_each_epoch(small_spec: dict,
+                                                                              shards: list[str]) -> None:
+    """The README's torchvision swap sets ``train_sampler = data_loader.sampler``; train.py:340-343 then runs
+    ``if args.distributed: train_sampler.set_epoch(epoch)`` before each ``train_one_epoch``."""
+    reference = _loader(small_spec, shards, shuffle=True)
+    epochs = [keys_of_epoch(reference) for _ in range(3)]
+    data_loader = _loader(small_spec, shards, shuffle=True)
+    train_sampler = data_loader.sampler
+    for epoch in range(1, 3):  # --resume from the checkpoint of epoch 0: args.start_epoch = 1
+        train_sampler.set_epoch(epoch)
+        assert keys_of_epoch(data_loader) == epochs[epoch]
+
+
+def test_torchvision_v2_mixup_cutmix_as_the_batch_hook(small_spec: dict, shards: list[str]) -> None:
+    """torchvision's current get_mixup_cutmix (v2 MixUp / CutMix in a RandomChoice), given the finished batch
+    as the README's swap does: ``collate_fn=lambda batch: mixup_cutmix(*batch)``."""
+    from torchvision.transforms import v2
+    mixup_cutmix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=10), v2.CutMix(alpha=1.0, num_classes=10)])
+    data_loader = _loader(small_spec, shards, shuffle=True,
+                          collate_fn=(lambda batch: mixup_cutmix(*batch)) if mixup_cutmix is not None else None)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    shapes = []
+    for image, target in data_loader:
+        shapes.append((image.shape[0], tuple(target.shape[1:])))
+        torch.testing.assert_close(target.sum(1), torch.ones(image.shape[0]))
+        assert torch.isfinite(criterion(torch.zeros(image.shape[0], 10), target))
+    assert shapes == [(4, (10,))] * 5 + [(3, (10,))]

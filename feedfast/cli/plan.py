@@ -64,6 +64,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"  [{n.id}] {n.dali_op:<36} {n.device:<6} in={ins:<4} {n.sig.describe()}  ({n.op})")
     print("  outputs: " + ", ".join(f"{k}=[{v}]" for k, v in plan.outputs.items()))
     print("  passes:  " + ", ".join(plan.passes))
+    if spec.mix is not None:
+        print("  mix:     " + spec.mix.describe())
+    if spec.repeats > 1:
+        print(f"  repeats: each sample {spec.repeats} times an epoch, each copy with its own draws, the copies on "
+              "different ranks where the world allows (an epoch keeps the dataset's length)")
     print("  backend: " + backend_line(plan))
     return 0
 

@@ -90,6 +90,8 @@ class Plan:
             "spec": self.spec.name, "placement": self.placement, "consumer": self.consumer,
             "components": self.components, "outputs": dict(self.outputs),
             "passes": list(self.passes), "nodes": nodes,
+            **({"mix": self.spec.mix.to_dict()} if self.spec.mix is not None else {}),
+            **({"repeats": self.spec.repeats} if self.spec.repeats > 1 else {}),
         }
 
 

@@ -9,8 +9,9 @@ copy, and the training stream waits for an event recorded after the hook's work
 (:class:`~feedfast.loader.deliver.Delivery` runs it). Its randomness is its own: it runs on another thread than the
 training loop, so a hook that wants reproducible draws keeps its own generator.
 
-torch's per-sample collates are refused by name at construction (``default_collate``,
-``default_convert``), and each result is checked: a hook keeps the batch's samples (every
+torch's own collates (``default_collate``, torch's default, and ``default_convert``) mean no hook:
+the loader's batches are already what they would make of its samples, so a script that passes
+torch's default along works unchanged. Each result of a hook is checked: a hook keeps the batch's samples (every
 tensor it returns has the batch's size as its first dimension), because the loader's counts,
 padding, ``sample_info`` and state describe them. A torch-style collate given the finished
 batch by mistake fails that check, or raises, and either way the error says what it receives.
@@ -28,19 +29,16 @@ from feedfast.loader.batch import BatchInfo
 
 BatchHook = Callable[[Any], Any]
 
-_PER_SAMPLE = {default_collate: "torch.utils.data.default_collate", default_convert: "default_convert"}
+_TORCH_COLLATES = (default_collate, default_convert)
+"""What a torch DataLoader does by default (batching, converting): the loader's batches already are that."""
 
 
 def check_batch_hook(fn: Any) -> BatchHook | None:
-    """``collate_fn=``: None, or a callable of the finished batch; torch's per-sample collates are refused."""
-    if fn is None:
+    """``collate_fn=``: None, or a callable of the finished batch; torch's own collates mean None (no hook)."""
+    if fn is None or fn in _TORCH_COLLATES:
         return None
     if not callable(fn):
         raise UserError(f"collate_fn must be a function of the finished batch, got {fn!r}")
-    if fn in _PER_SAMPLE:
-        raise UserError(f"collate_fn={_PER_SAMPLE[fn]}: feedfast batches samples itself, so its collate_fn "
-                        "receives the finished batch (the tuple or dict the loader yields), not a list of samples; "
-                        "remove it (the loader's batches are already collated)")
     return fn  # type: ignore[no-any-return]
 
 

@@ -22,6 +22,7 @@ from feedfast.loader.batch import batch_info
 from feedfast.loader.deliver import Delivered, Delivery
 from feedfast.loader.devices import DeviceLayer, delivery_here, layer_for
 from feedfast.loader.epochs import EpochData
+from feedfast.loader.mix_batch import mix_stage
 from feedfast.loader.options import check_pin_memory_device, check_torch_kwargs, rank_cores, settle_spec
 from feedfast.loader.producer import Ahead
 from feedfast.loader.ring import PinnedRing
@@ -177,6 +178,12 @@ class DataLoader(TorchAttributes):
         chosen = backend_type(self.backend)
         if chosen is not None and chosen.reads_by_range:  # the global order over more kinds of shard
             self.data.read_by_range()
+        if self.spec.repeats > 1 and self._partition != "global":
+            raise UserError(f"shuffle.repeats={self.spec.repeats} (repeated augmentation) needs the global order: "
+                            "a shuffled epoch, over local shards or on the threads or pil backend, and this one is "
+                            f"{self._partition!r} ({'not shuffled' if self._partition == 'shards' else 'remote shards on dali'}); "
+                            "pass shuffle=True (backend='threads' or 'pil' for remote shards), or remove shuffle.repeats")
+        self._batch_mix = mix_stage(self.spec, self.plan, rank=self.rank, world=self.world)
         self._backend: Backend = make_backend(self.backend, self._backend_settings())
         if self._backend.reads_rows(self._partition, self.shards.transport):
             self.data.build_row_index(self.plan)
@@ -279,8 +286,11 @@ class DataLoader(TorchAttributes):
         """
         made = self._backend.batches(epoch, ep, point.checkpoint_step, point.checkpoint)
         started = False
+        mix = self._batch_mix
         for delivered in self.delivery.stage(made, skip=point.skip, hooked=hooked,
-                                             where=lambda i: f"epoch {epoch}, batch {point.step + i}"):
+                                             where=lambda i: f"epoch {epoch}, batch {point.step + i}",
+                                             mix=None if mix is None else
+                                             lambda d, ring, i: mix(d, ring, epoch, point.step + i)):
             yield delivered  # handed over first: the consumer need not wait out the next epoch's start
             if not started and self._backend.all_in_flight():
                 self._backend.prepare(epoch + 1)

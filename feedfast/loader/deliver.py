@@ -86,11 +86,13 @@ class Delivery:
         self.layer.bind_thread()
 
     def stage(self, batches: Iterator[Batch], *, skip: int = 0, hooked: bool = True,
-              where: Callable[[int], str] = str) -> Iterator[Delivered]:
+              where: Callable[[int], str] = str,
+              mix: Callable[[Delivered, PinnedRing, int], None] | None = None) -> Iterator[Delivered]:
         """Producer side: each batch of ``batches`` uploaded (the first ``skip`` dropped unread: a resume
         makes again the batches from its checkpoint to its step), hooked when ``hooked``.
 
-        ``where(i)`` names the ``i``-th batch yielded in a hook's error. Closing this generator
+        ``where(i)`` names the ``i``-th batch yielded in a hook's error; ``mix(delivered, ring, i)`` (the
+        spec's ``batch.mix``, :mod:`feedfast.loader.mix_batch`) runs on the ``i``-th before the hook. Closing this generator
         finishes every copy on the side stream before it closes ``batches``, so a backend
         releases nothing the stream still reads.
         """
@@ -101,6 +103,8 @@ class Delivery:
                     skip -= 1
                     continue
                 delivered, copied = self.upload(batch)
+                if mix is not None:
+                    mix(delivered, self.ring, count)
                 if hooked and self.hook is not None:
                     self._hook(delivered, where(count))
                 count += 1

@@ -149,3 +149,14 @@ def batch_draws(*, seed: int, epoch: int, samples: np.ndarray) -> list[SampleDra
     """The draws of a batch's samples (canonical numbers), one :class:`SampleDraws` each."""
     table = _Table(draws_key(seed, epoch), np.asarray(samples, dtype=np.int64))
     return [SampleDraws(table, i) for i in range(len(table.samples))]
+
+
+def batch_generator(*parts: object) -> np.random.Generator:
+    """A NumPy generator for one batch's batch-level draws (mixup, cutmix), keyed by ``parts``.
+
+    Philox, NumPy's counter-based generator, keyed by SHA-256 of ``("feedfast-batch", *parts)``:
+    the loader passes (seed, epoch, rank, world, step), so a batch's draws depend on nothing but
+    its place in the epoch (a resumed epoch mixes as the uninterrupted one did) and each rank draws its own.
+    """
+    k = key_for("feedfast-batch", *parts)
+    return np.random.Generator(np.random.Philox(key=k[0] | (k[1] << 64)))

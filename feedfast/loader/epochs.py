@@ -75,7 +75,8 @@ class EpochData:
         spec = self.spec
         return plan_epoch(list(self.shards_for(epoch).sizes), batch_size=spec.batch_size, rank=self.rank,
                           world=self.world, last_batch=spec.last_batch, seed=spec.seed, epoch=epoch,
-                          shuffle_shards=spec.shuffle_shards, partition=self.partition, consumed=consumed)
+                          shuffle_shards=spec.shuffle_shards, partition=self.partition, consumed=consumed,
+                          repeats=spec.repeats)
 
     def check_size(self, plan: Plan) -> None:
         """Refuse a batch size the data or the memory cannot hold (UserError saying what would fit)."""

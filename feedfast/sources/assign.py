@@ -100,6 +100,7 @@ class EpochPlan:
     partition: str = "shards"  # "shards" (DALI's ranges), "global" (global batches), "block": see partition_for
     consumed: int = 0  # samples of the epoch's global order consumed before this plan (an elastic resume)
     batch_size: int = 0  # the batch size the plan deals out
+    repeats: int = 1  # repeated augmentation: each sample's copies in the epoch's order (sources/repeats.py)
 
     @property
     def padded(self) -> int:
@@ -173,6 +174,7 @@ def step_positions(step: int, batch_size: int, count: int, size: int | None = No
 def plan_epoch(
     sizes: list[int], *, batch_size: int, rank: int, world: int, last_batch: str,
     seed: int = 0, epoch: int = 0, shuffle_shards: bool = False, partition: str = "shards", consumed: int = 0,
+    repeats: int = 1,
 ) -> EpochPlan:
     """Rank ``rank``'s epoch: shard order, its sample count, steps and per-step sizes.
 
@@ -181,7 +183,11 @@ def plan_epoch(
     global batches after its first ``consumed`` samples (:mod:`feedfast.sources.order`).
     ``"block"`` cuts the shuffled windows into contiguous ranges: the counts of ``"shards"``,
     with the shards in their canonical order (:func:`~feedfast.sources.order.block_order`).
+    ``repeats`` > 1 (``global`` only) reads the repeated list instead, with the same counts
+    (:mod:`feedfast.sources.repeats`).
     """
+    if repeats > 1 and partition != "global":
+        raise ValueError(f"repeats={repeats} needs the global order (shuffled local shards), not {partition!r}")
     if partition == "global":
         from feedfast.sources.order import rank_counts
 
@@ -201,4 +207,4 @@ def plan_epoch(
         valid = capped(b, mine, steps, 0)
         sizes_out = Runs([(b, steps)]) if last_batch == "pad" else capped(b, biggest, steps, 1)
     order = shard_order(len(sizes), seed=seed, epoch=epoch, shuffle=shuffle_shards)
-    return EpochPlan(order, mine, steps, sizes_out, valid, partition, consumed, batch_size)
+    return EpochPlan(order, mine, steps, sizes_out, valid, partition, consumed, batch_size, repeats)

@@ -61,6 +61,8 @@ class RowBatch:
         shard: each sample's shard number.
         offsets, sizes: (offset, size) per sample and component; size -1: no such member.
         key_at, key_len: where each sample's key is in the index's key file.
+        draws: under repeated augmentation, what each row's draws are keyed by (its copy's own number,
+            :func:`feedfast.sources.repeats.draw_ids`); None: the sample numbers.
     """
 
     samples: np.ndarray
@@ -69,6 +71,12 @@ class RowBatch:
     sizes: np.ndarray
     key_at: np.ndarray
     key_len: np.ndarray
+    draws: np.ndarray | None = None
+
+    @property
+    def draw_ids(self) -> np.ndarray:
+        """What each row's augmentation draws are keyed by."""
+        return self.samples if self.draws is None else self.draws
 
 
 class Origins(Sequence[tuple[str, str]]):

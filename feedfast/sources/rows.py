@@ -8,7 +8,8 @@ first) by a function of the epoch, and the dataset's columnar index
 function, by the epoch plan's partition (:func:`~feedfast.sources.assign.partition_for`):
 
 - ``global``: the epoch's permutation of every sample (:func:`~feedfast.sources.order.epoch_permutation`)
-  dealt out in global batches (:func:`~feedfast.sources.order.rank_position_of`);
+  dealt out in global batches (:func:`~feedfast.sources.order.rank_position_of`); under repeated
+  augmentation its repeated list, spread over ranks (:mod:`~feedfast.sources.repeats`);
 - ``shards``: the rank's contiguous range of the shards concatenated in the epoch's
   ``shard_order`` (DALI's split), permuted inside the range when shuffled (the ``pil`` and
   ``threads`` backends outside the global order), or in windows (the stream transport);
@@ -22,6 +23,7 @@ a microsecond a sample; nothing is held per sample: what grows with the dataset 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -35,6 +37,7 @@ from feedfast.sources.assign import EpochPlan, rank_range
 from feedfast.sources.columnar import ColumnarIndex, RowBatch, dataset_index
 from feedfast.sources.order import BlockOrder, BlockShuffle, epoch_permutation, rank_counts, rank_position_of
 from feedfast.sources.permute import Permutation, key_for, mix64
+from feedfast.sources.repeats import draw_ids, entry_of, repeated, sample_of_id
 
 CHUNK = 8192
 """Rows evaluated at once (a permutation costs about 0.3 us a row in chunks of this size)."""
@@ -53,8 +56,9 @@ class Rows:
     """
 
     def __init__(self, index: ColumnarIndex, count: int, sample_of: Callable[[np.ndarray], np.ndarray],
-                 window: Any = None) -> None:
+                 window: Any = None, copies_of: int = 0) -> None:
         self.index, self.count, self._sample_of, self.window = index, count, sample_of, window
+        self.copies_of = copies_of  # > 0: ``sample_of`` gives draw ids of repeated copies over this many samples
         self._chunks: OrderedDict[int, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -62,10 +66,16 @@ class Rows:
         return self.count
 
     def __reduce__(self) -> tuple[object, ...]:
-        return Rows, (self.index, self.count, self._sample_of, self.window)  # without the lock and chunks
+        return Rows, (self.index, self.count, self._sample_of, self.window, self.copies_of)  # without lock, chunks
 
     def samples(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
         """The canonical sample numbers of ``rows``."""
+        ids = self.draw_ids(rows)
+        return sample_of_id(ids, self.copies_of) if self.copies_of else ids
+
+    def draw_ids(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
+        """What the augmentation draws of ``rows`` are keyed by: the sample numbers, or under repeated
+        augmentation each copy's own (:func:`~feedfast.sources.repeats.draw_ids`)."""
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size == 0:
             return np.zeros(0, dtype=np.int64)
@@ -93,8 +103,11 @@ class Rows:
         return values
 
     def take(self, rows: Sequence[int] | np.ndarray) -> RowBatch:
-        """Where the samples of ``rows`` are: sample numbers, shards, offsets and sizes, as arrays."""
-        return self.index.take(self.samples(rows))
+        """Where the samples of ``rows`` are: sample numbers, shards, offsets and sizes (and draw ids), as arrays."""
+        if not self.copies_of:
+            return self.index.take(self.samples(rows))
+        ids = self.draw_ids(rows)
+        return dataclasses.replace(self.index.take(sample_of_id(ids, self.copies_of)), draws=ids)
 
     def keys(self, rows: Sequence[int] | np.ndarray) -> list[str]:
         """The sample keys of ``rows``."""
@@ -139,7 +152,7 @@ def epoch_rows(shards: Dataset, exts: Sequence[set[str] | frozenset[str]], ep: E
         remaining = total - ep.consumed
         count = rank_counts(remaining, world=world, batch_size=ep.batch_size)[rank]
         return Rows(index, count, _GlobalOrder(total, remaining, ep, rank=rank, world=world, seed=seed, epoch=epoch,
-                                               shuffle=shuffle))
+                                               shuffle=shuffle), copies_of=total if ep.repeats > 1 else 0)
     if ep.partition == "block":
         order = BlockOrder(sizes, rank=rank, world=world, shuffle=block or BlockShuffle(), seed=seed, epoch=epoch)
         return Rows(index, order.count, order, order)
@@ -159,12 +172,15 @@ class _GlobalOrder:
     def __init__(self, total: int, remaining: int, ep: EpochPlan, *, rank: int, world: int, seed: int, epoch: int,
                  shuffle: bool) -> None:
         self.remaining, self.consumed, self.batch_size = remaining, ep.consumed, ep.batch_size
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.total, self.repeats = rank, world, total, ep.repeats
         self.perm = epoch_permutation(total, seed=seed, epoch=epoch, shuffle=shuffle)
 
     def __call__(self, rows: np.ndarray) -> np.ndarray:
-        positions = self.consumed + rank_position_of(rows, self.remaining, rank=self.rank, world=self.world,
-                                                     batch_size=self.batch_size)
+        relative = rank_position_of(rows, self.remaining, rank=self.rank, world=self.world, batch_size=self.batch_size)
+        if self.repeats > 1:  # repeated augmentation: entries of the repeated list, as draw ids (sources/repeats.py)
+            entries = self.consumed + entry_of(relative, self.remaining, world=self.world, batch_size=self.batch_size)
+            return draw_ids(*repeated(entries, self.perm, self.repeats), self.total)
+        positions = self.consumed + relative
         return positions if self.perm is None else self.perm(positions)
 
 

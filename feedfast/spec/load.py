@@ -181,6 +181,7 @@ def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
         parse_fields,
         parse_loader,
         parse_outputs,
+        parse_repeats,
         parse_scalar,
         parse_shuffle,
         parse_tune,
@@ -196,15 +197,19 @@ def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
     fields = parse_fields(raw.get("pipeline"), components, file)
     outputs, form = parse_outputs(raw.get("outputs"), fields, file)
     size, last = parse_batch(raw.get("batch"), file)
+    from feedfast.spec.mixsection import parse_mix
+
+    batch_raw = raw.get("batch")
+    mix = parse_mix(batch_raw.get("mix") if isinstance(batch_raw, dict) else None, fields, components, outputs, file)
     buffer, shards, block, window = parse_shuffle(raw.get("shuffle"), file)
     return m.Spec(
         name=parse_scalar(raw, "name", str, Path(file).stem if file != "<dict>" else "spec", file),
         components=components, fields=fields, outputs=outputs, output_form="dict" if form == "dict" else "tuple",
         missing=missing, on_error=on_error, check_seconds=parse_check_seconds(raw.get("source"), file),
-        batch_size=size, last_batch=last,
+        batch_size=size, last_batch=last, mix=mix,
         device=parse_scalar(raw, "device", str, "auto", file, choices=m.DEVICES),
         seed=parse_scalar(raw, "seed", int, 0, file), shuffle_buffer=buffer,
-        shuffle_shards=shards, shuffle_block=block, shuffle_window=window,
+        shuffle_shards=shards, shuffle_block=block, shuffle_window=window, repeats=parse_repeats(raw.get("shuffle"), file),
         decoder=parse_decoder(raw.get("decoder"), file), version=version, file=file,
         loader=parse_loader(raw.get("loader"), file), tune=parse_tune(raw.get("tune"), file),
     )

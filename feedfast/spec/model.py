@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from feedfast.ops.base import Param
+from feedfast.ops.batchmix import MixSettings
 from feedfast.spec.runtime import LoaderSettings, TuneSettings
 
 ComponentKind = Literal["image", "label", "json", "npy", "bytes"]
@@ -116,6 +117,9 @@ class Spec:
         outputs: the fields the loader yields, in order.
         output_form: ``tuple`` (outputs was a list) or ``dict``.
         batch_size, last_batch: batching; see :mod:`feedfast.loader` for the policies.
+        mix: the batch-level mixup / cutmix (``batch.mix``, :mod:`feedfast.ops.batchmix`), or None.
+        repeats: repeated augmentation (``shuffle.repeats``): each sample read this many times an epoch,
+            each copy with its own draws (:mod:`feedfast.sources.repeats`); 1 turns it off.
         device: ``auto``, ``cpu`` or ``gpu`` placement of the pipeline.
         seed: the seed of every random choice (shuffling and augmentation).
         shuffle_buffer: samples held for shuffling (0 turns sample shuffling off).
@@ -138,6 +142,8 @@ class Spec:
     check_seconds: float = CHECK_SECONDS
     batch_size: int = 64
     last_batch: LastBatch = "partial"
+    mix: MixSettings | None = None
+    repeats: int = 1
     device: DevicePref = "auto"
     seed: int = 0
     shuffle_buffer: int = 0
@@ -167,9 +173,10 @@ class Spec:
             },
             "pipeline": pipeline,
             "outputs": list(self.outputs) if self.output_form == "tuple" else {o: o for o in self.outputs},
-            "batch": {"size": self.batch_size, "last_batch": self.last_batch},
+            "batch": {"size": self.batch_size, "last_batch": self.last_batch,
+                      **({"mix": self.mix.to_dict()} if self.mix is not None else {})},
             "shuffle": {"buffer": self.shuffle_buffer, "shards": self.shuffle_shards, "block": self.shuffle_block,
-                        "window": self.shuffle_window},
+                        "window": self.shuffle_window, **({"repeats": self.repeats} if self.repeats != 1 else {})},
             "device": self.device,
             "decoder": self.decoder.to_dict(),
             "seed": self.seed,

@@ -29,10 +29,20 @@ Generated from the op registry (`feedfast/ops/registry.py`) by
 | `outputs` | a list of fields (tuple batches) or a mapping (dict batches) | every field, in order |
 | `batch.size` | an integer >= 1 | `64` |
 | `batch.last_batch` | {last} | `partial` |
+| `batch.mix.num_classes` | an integer >= 1: batch-level mixup / cutmix (timm's `Mixup` knobs below), the label output becomes float soft targets `[batch, num_classes]`, mixed on the delivery device after the copy | (required with `batch.mix`) |
+| `batch.mix.mixup_alpha`, `batch.mix.cutmix_alpha` | numbers >= 0 (Beta(alpha, alpha); 0 turns that kind off) | `1.0`, `0.0` |
+| `batch.mix.cutmix_minmax` | null, or `[min, max]` shares of the image side (cutmix alpha is then 1) | `null` |
+| `batch.mix.prob`, `batch.mix.switch_prob` | numbers from 0 to 1 (mix at all; cutmix rather than mixup when both alphas are > 0) | `1.0`, `0.5` |
+| `batch.mix.mode` | `batch`, `pair`, `elem` (one draw per batch, per pair `i`, `B-1-i`, per sample; an odd batch's middle sample stays itself) | `batch` |
+| `batch.mix.correct_lam` | true or false (lambda from the clipped box's area) | `true` |
+| `batch.mix.label_smoothing` | a number from 0 to 1 | `0.1` |
+| `batch.mix.convention` | `timm` (partner `B-1-i`, timm's box) or `torchvision` (partner `i-1`, v2 `CutMix`'s box; mode `batch`) | `timm` |
+| `batch.mix.image`, `batch.mix.label` | output fields (the image and label outputs mixed) | the only image output, the only label output |
 | `shuffle.buffer` | an integer >= 0 (samples) | `0` |
 | `shuffle.shards` | true or false | `false` |
 | `shuffle.block` | an integer >= 1 (samples; remote shards, shuffled: each window spread over about this many, held in memory) | `16384` |
 | `shuffle.window` | an integer from 1 to `shuffle.block` (consecutive samples of a shard read in one request) | `32` |
+| `shuffle.repeats` | an integer from 1 to 64: repeated augmentation (DeiT's RASampler), each sample this many times in a row of the epoch's permutation, copies on different ranks, each with its own draws; the epoch keeps the dataset's length; needs the global order (shuffled, local shards or the threads and pil backends) | `1` |
 | `device` | {devices} | `auto` |
 | `seed` | an integer | `0` |
 | `decoder.KEY` | see [Decoder](#decoder-gpu) | NVIDIA's ImageNet values |

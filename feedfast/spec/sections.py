@@ -171,7 +171,7 @@ def parse_outputs(v: Any, fields: dict[str, m.FieldPipeline], file: str) -> tupl
 def parse_batch(v: Any, file: str) -> tuple[int, m.LastBatch]:
     """The ``batch`` section: size and last-batch policy."""
     b = _mapping(v, "batch", file, "{size: 64, last_batch: partial}")
-    _no_unknown(b, ("size", "last_batch"), "batch", file)
+    _no_unknown(b, ("size", "last_batch", "mix"), "batch", file)
     size = b.get("size", 64)
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
         raise SpecError("bad batch size", file=file, key="batch.size", value=size, allowed="an integer >= 1")
@@ -186,7 +186,7 @@ def parse_shuffle(v: Any, file: str) -> tuple[int, bool, int, int]:
     if isinstance(v, bool):
         return (1024 if v else 0), v, block_default, window_default
     s = _mapping(v, "shuffle", file, f"{{buffer: 1024, shards: true, block: {block_default}, window: {window_default}}}")
-    _no_unknown(s, ("buffer", "shards", "block", "window"), "shuffle", file)
+    _no_unknown(s, ("buffer", "shards", "block", "window", "repeats"), "shuffle", file)
     buf, shards = s.get("buffer", 0), s.get("shards", False)
     if not isinstance(buf, int) or isinstance(buf, bool) or buf < 0:
         raise SpecError("bad shuffle buffer", file=file, key="shuffle.buffer", value=buf, allowed="an integer >= 0")
@@ -206,6 +206,25 @@ def parse_shuffle(v: Any, file: str) -> tuple[int, bool, int, int]:
                         fix=f"a window of a few dozen samples (the default is {window_default}) and a block "
                             "hundreds of times larger mix hundreds of shards")
     return buf, shards, sizes["block"], sizes["window"]
+
+
+MAX_REPEATS = 64
+
+
+def parse_repeats(v: Any, file: str) -> int:
+    """``shuffle.repeats``: repeated augmentation, each sample this many times an epoch (1: off; see
+    :mod:`feedfast.sources.repeats`). It needs a shuffled epoch (the copies spread over the epoch's order)."""
+    if not isinstance(v, dict) or "repeats" not in v:
+        return 1
+    n = v["repeats"]
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_REPEATS:
+        raise SpecError("bad value for `repeats`: copies of each sample per epoch", file=file, key="shuffle.repeats",
+                        value=n, allowed=f"an integer from 1 to {MAX_REPEATS}",
+                        fix="3 is DeiT's repeated augmentation; 1 (or no key) turns it off")
+    if n > 1 and not (v.get("buffer", 0) or v.get("shards", False)):
+        raise SpecError("repeated augmentation needs a shuffled epoch", file=file, key="shuffle.repeats", value=n,
+                        fix="add `shards: true` (or a `buffer`) to the shuffle section, or pass shuffle=True")
+    return n
 
 
 def parse_decoder(v: Any, file: str) -> m.DecoderSettings:

@@ -108,7 +108,7 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         rows = step_positions(step, self.batch_size, self.ep.rank_samples, self.ep.batch_sizes[step])
         batch = self.rows.take(rows)
         origins = Origins(self.rows.index, self.paths, batch)
-        draws = batch_draws(seed=self.seed, epoch=self.epoch, samples=batch.samples)
+        draws = batch_draws(seed=self.seed, epoch=self.epoch, samples=batch.draw_ids)
         try:  # remote shards: the batch's members in ranged reads (merged where near), before its decoding
             columns = self.source.read(rows) if self.source is not None else None
         except ShardError as exc:

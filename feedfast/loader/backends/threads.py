@@ -246,7 +246,7 @@ class _Epoch:
                 outputs[f.name] = self.buffers.take(shape, _DTYPES[f.normalize["dtype"]])
         chunk = max(1, math.ceil(self.batch_size / (2 * self.knobs.threads)))
         starts = range(0, n, chunk)
-        draws = batch_draws(seed=self.seed, epoch=self.epoch, samples=batch.samples)
+        draws = batch_draws(seed=self.seed, epoch=self.epoch, samples=batch.draw_ids)
         job = _Job(step, batch, Origins(self.rows.index, self.paths, batch), draws, self.ep.valid[step], outputs,
                    len(starts))
         if self.reads is not None:
@@ -330,7 +330,7 @@ class _Epoch:
             raws = [batchplan.read(fds, rows.offsets[a:b, c], rows.sizes[a:b, c])
                     for c in range(rows.offsets.shape[1])]
         images = raws[chain.component]
-        plans = batchplan.plan(chain, images, rows.samples[a:b], self.key, Image.MAX_IMAGE_PIXELS)
+        plans = batchplan.plan(chain, images, rows.draw_ids[a:b], self.key, Image.MAX_IMAGE_PIXELS)
         host = {name: _host_column(steps, raws) for name, steps in self.host_chains.items()}
         made = self._one_call(chain, images, plans, arrays, a, b)
         done, scratch = made if made is not None else (None, None)
