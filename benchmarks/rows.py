@@ -190,14 +190,16 @@ def feedfast_recipe_threads(shards: list[str], batch: int, workers: int) -> Iter
 
 def torch_recipe_trivial_augment(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
     """The torchvision DataLoader running the same torchvision transforms: RandomResizedCrop(176), flip,
-    TrivialAugmentWide(bilinear), PILToTensor, ConvertImageDtype, Normalize, RandomErasing(0.1)."""
-    from feedfast.baseline.torch_recipe import make_torch_loader
+    TrivialAugmentWide(bilinear), PILToTensor, ConvertImageDtype, Normalize, RandomErasing(0.1), and the
+    recipe's batch mix as torchvision's reference collates it: RandomChoice([MixUp(0.2), CutMix(1.0)])."""
+    from feedfast.baseline.torch_recipe import MixupCutmixCollate, make_torch_loader
     from feedfast.cli.measure import forever
     from feedfast.errors import UserError
 
     try:
         loader = make_torch_loader(shards, batch_size=batch, num_workers=workers, size=RECIPE_SIZE,
-                                   trivial_augment=True, random_erasing=0.1)
+                                   trivial_augment=True, random_erasing=0.1,
+                                   mixup_cutmix=MixupCutmixCollate(0.2, 1.0, num_classes=1000))
     except UserError as exc:  # no torchvision
         raise RowUnavailable(str(exc)) from exc
     return forever(loader)
@@ -239,7 +241,7 @@ def hand_dali_auto_aug(shards: list[str], batch: int, workers: int) -> Iterator[
 RECIPE_ROWS: dict[str, tuple[Callable[..., Iterator[Any]], str]] = {
     "feedfast threaded CPU, recipe": (feedfast_recipe_threads, "imagenet-train-recipe.yaml on the threaded path"),
     "torchvision recipe, TrivialAugmentWide": (torch_recipe_trivial_augment,
-                                               "the same torchvision transforms in a torch DataLoader"),
+                                               "the same torchvision transforms and batch mix in a torch DataLoader"),
     "hand-written DALI auto_aug": (hand_dali_auto_aug, "DALI's trivial_augment_wide on the CPU, written by hand"),
 }
 """The rows of the recipe set (issue 25 item 5)."""

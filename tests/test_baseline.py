@@ -422,3 +422,19 @@ def test_ratio_spread_is_the_median_of_per_round_ratios() -> None:
         ratio_spread([1.0, 2.0], [1.0])
     with pytest.raises(ValueError):
         ratio_spread([1.0], [0.0])
+
+
+def test_the_reference_batch_mix_collate_gives_soft_targets_in_workers(tmp_path: pathlib.Path) -> None:
+    """torchvision's reference collate under --mixup-alpha 0.2 --cutmix-alpha 1.0, as the recipe row runs it."""
+    from feedfast.baseline.torch_recipe import MixupCutmixCollate
+
+    paths = synth_shards(tmp_path, samples=11, per_shard=4, seed=3, **{**TINY, "num_classes": 10})
+    plain = make_torch_loader(paths, batch_size=4, num_workers=0, train=False, size=24, resize=28)
+    mixed = make_torch_loader(paths, batch_size=4, num_workers=2, train=False, size=24, resize=28,
+                              mixup_cutmix=MixupCutmixCollate(0.2, 1.0, num_classes=10))
+    batches = list(zip(plain, mixed))
+    assert batches
+    for (x, y), (mx, my) in batches:
+        assert mx.shape == x.shape and my.shape == (len(y), 10) and my.dtype == torch.float32
+        assert torch.allclose(my.sum(dim=1), torch.ones(len(y)))
+        assert torch.all((my > 0).sum(dim=1) <= 2)  # a sample's own label and its partner's

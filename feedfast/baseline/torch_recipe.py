@@ -130,6 +130,23 @@ class SeededTransform:
         return out
 
 
+class MixupCutmixCollate:
+    """torchvision's reference ``collate_fn`` under ``--mixup-alpha``/``--cutmix-alpha``: ``default_collate``,
+    then ``v2.RandomChoice([MixUp(alpha), CutMix(alpha)])`` over the batch (soft targets out).
+
+    A class, not the reference's lambda, so that worker processes can be handed it.
+    """
+
+    def __init__(self, mixup_alpha: float, cutmix_alpha: float, num_classes: int) -> None:
+        from torchvision.transforms import v2
+
+        self.mix = v2.RandomChoice([v2.MixUp(alpha=mixup_alpha, num_classes=num_classes),
+                                    v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes)])
+
+    def __call__(self, batch: list[Any]) -> Any:
+        return self.mix(*torch.utils.data.default_collate(batch))
+
+
 def make_torch_loader(
     shards: Sequence[str | os.PathLike[str]],
     *,
@@ -151,6 +168,7 @@ def make_torch_loader(
     label_ext: str = "cls",
     trivial_augment: bool = False,
     random_erasing: float = 0.0,
+    mixup_cutmix: MixupCutmixCollate | None = None,
 ) -> torch.utils.data.DataLoader:
     """Build the torchvision recipe's DataLoader over local tar shards.
 
@@ -175,6 +193,7 @@ def make_torch_loader(
         label_ext: the label's extension.
         trivial_augment: train only: torchvision's ``TrivialAugmentWide`` after the flip.
         random_erasing: train only: ``RandomErasing``'s probability after ``Normalize`` (0: none).
+        mixup_cutmix: the batch mix of torchvision's reference as the loader's ``collate_fn`` (None: none).
 
     Returns:
         A DataLoader yielding ``[images, labels]``: float32 ``(B, 3, size, size)`` and int64 ``(B,)``.
@@ -202,4 +221,5 @@ def make_torch_loader(
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         persistent_workers=num_workers > 0,
         generator=torch.Generator().manual_seed(seed),
+        collate_fn=mixup_cutmix,
     )
