@@ -220,3 +220,16 @@ def test_lambda_distribution_matches_torchvisions_mixup() -> None:
     ours = np.array([draw_params(settings, batch_generator(2, 0, 0, 1, step), 2, 8, 8).lam[0] for step in range(3000)])
     d, crit = ks_2samp(ours, theirs)
     assert d < crit, (d, crit)
+
+
+@pytest.mark.parametrize("convention", ["timm", "torchvision"])
+def test_a_whole_batch_blended_in_place_equals_the_blend_into_a_new_tensor(convention: str) -> None:
+    """The loader's own batch is mixed in place (one copy of the partners); the pixels are the new tensor's."""
+    images = torch.randn(6, 3, 8, 8)
+    partner = (np.arange(6) - 1) % 6 if convention == "torchvision" else np.arange(6)[::-1].copy()
+    p = MixParams(lam=np.full(6, 0.3), cut=np.zeros(6, dtype=bool), boxes=np.zeros((6, 4), dtype=np.int64),
+                  partner=partner)
+    want = mix_images(images, p)
+    got = images.clone()
+    assert mix_images(got, p, inplace=True).data_ptr() == got.data_ptr()
+    assert torch.equal(got, want) and not torch.equal(want, images)

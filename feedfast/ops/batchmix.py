@@ -225,6 +225,8 @@ def mix_images(images: torch.Tensor, p: MixParams, layout: str = "CHW", *, inpla
     written, so ``inplace`` (the loader's own batch) writes into ``images``; otherwise a new tensor.
     """
     blend = np.flatnonzero(~p.cut & (p.lam != 1.0))
+    if inplace and blend.size == len(images) and images.dtype.is_floating_point:
+        return _blend_all_in_place(images, p)
     blended = _blend(images, p, blend) if blend.size else None
     patches = _patches(images, p, layout)
     if blended is not None and blend.size == len(images):  # every sample blends (batch mode's mixup)
@@ -249,6 +251,16 @@ def _blend(images: torch.Tensor, p: MixParams, rows: np.ndarray) -> torch.Tensor
         mixed = own.float().mul_(keep.view(shape)).add_(other.float().mul_(take.view(shape)))
         return torch.round(mixed).to(images.dtype)
     return own.mul_(keep.view(shape).to(images.dtype)).add_(other.mul_(take.view(shape).to(images.dtype)))
+
+
+def _blend_all_in_place(images: torch.Tensor, p: MixParams) -> torch.Tensor:
+    """Every sample blended with its partner in ``images`` itself: :func:`_blend`'s arithmetic with one copy of
+    the batch (the partners', read before anything is written) where it takes two and a copy back."""
+    device = images.device
+    keep, take = _weights(p.lam, device)
+    shape = (-1,) + (1,) * (images.dim() - 1)
+    other = images.index_select(0, torch.from_numpy(p.partner).to(device)).mul_(take.view(shape).to(images.dtype))
+    return images.mul_(keep.view(shape).to(images.dtype)).add_(other)
 
 
 def _patches(images: torch.Tensor, p: MixParams, layout: str) -> list[tuple[torch.Tensor, tuple[int, ...], torch.Tensor]]:
