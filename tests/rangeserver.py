@@ -52,6 +52,10 @@ class RangeServer:
         """The base URL, without a trailing slash."""
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
+    def urls(self, paths: list[str]) -> list[str]:
+        """The URLs this server gives the files ``paths`` (of its root) by their names."""
+        return [f"{self.url}/{os.path.basename(p)}" for p in paths]
+
     def __enter__(self) -> "RangeServer":
         self.thread.start()
         return self

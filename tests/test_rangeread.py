@@ -45,10 +45,6 @@ def server(local: list[str]) -> Iterator[RangeServer]:
         yield srv
 
 
-def _urls(srv: RangeServer, paths: list[str]) -> list[str]:
-    return [f"{srv.url}/{os.path.basename(p)}" for p in paths]
-
-
 def _epoch(loader: feedfast.DataLoader, stop: int | None = None) -> Batches:
     out = []
     for images, labels in loader:
@@ -83,7 +79,7 @@ def _local_in_order_of(here: feedfast.DataLoader, there: feedfast.DataLoader, ep
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_auto_runs_the_threaded_path_over_http_and_delivers_what_local_shards_do(
         small_spec: dict, local: list[str], server: RangeServer, shuffle: bool) -> None:
-    here, there = _loader(small_spec, local, shuffle=shuffle), _loader(small_spec, _urls(server, local), shuffle=shuffle)
+    here, there = _loader(small_spec, local, shuffle=shuffle), _loader(small_spec, server.urls(local), shuffle=shuffle)
     assert (here.backend, there.backend) == ("threads", "threads")
     assert there.shards.kinds == ("http",) * 5
     assert there._partition == ("block" if shuffle else "shards")  # windows, a request each (schemes.HTTP)
@@ -102,10 +98,10 @@ def test_the_pil_backend_reads_http_shards_by_range_too(small_spec: dict, local:
                                                         server: RangeServer) -> None:
     for workers in (0, 2):  # in this process, and in DataLoader worker processes (each makes its own reader)
         here = _loader(small_spec, local, shuffle=True, backend="pil", num_workers=workers)
-        there = _loader(small_spec, _urls(server, local), shuffle=True, backend="pil", num_workers=workers)
+        there = _loader(small_spec, server.urls(local), shuffle=True, backend="pil", num_workers=workers)
         assert there._partition == "block"
         assert _same(_epoch(there), _local_in_order_of(here, there, 0, run_pil_epoch)) if workers == 0 else \
-            [b[:2] for b in _epoch(there)] == [b[:2] for b in _epoch(_loader(small_spec, _urls(server, local),
+            [b[:2] for b in _epoch(there)] == [b[:2] for b in _epoch(_loader(small_spec, server.urls(local),
                                                                               shuffle=True))]
         here.close()
         there.close()
@@ -128,7 +124,7 @@ def test_remote_samples_take_the_planned_one_call_path_from_memory(small_spec: d
 
     monkeypatch.setattr(native.ext, "sample_batch", counted)
     monkeypatch.setattr(batchplan, "read", no_pread)
-    loader = _loader(small_spec, _urls(server, local), shuffle=True)
+    loader = _loader(small_spec, server.urls(local), shuffle=True)
     assert sum(len(keys) for keys, _, _ in _epoch(loader)) == 23
     loader.close()
     assert sum(made) >= 23  # every sample's bytes, from memory, into sample_batch (and the next epoch's first, made ahead)
@@ -136,7 +132,7 @@ def test_remote_samples_take_the_planned_one_call_path_from_memory(small_spec: d
 
 def test_resume_mid_epoch_over_http_on_the_threaded_path(small_spec: dict, local: list[str],
                                                          server: RangeServer) -> None:
-    urls = _urls(server, local)
+    urls = server.urls(local)
     full = _loader(small_spec, urls, shuffle=True)
     expected = _epoch(full) + _epoch(full)
     full.close()
@@ -157,7 +153,7 @@ def test_a_state_over_downloaded_http_shards_resumes_at_another_world_size(small
     """Under on_error: skip, http shards are downloaded, checked and read from the shard cache in the global order:
     a state taken at 1 rank resumes at 2, each remaining sample once, in order. Read in place (the block shuffle),
     a state resumes the same world size only, and another is refused naming what differs."""
-    urls, kw = _urls(server, local), dict(shuffle=True, batch_size=2, on_error="skip", cache_dir=tmp_path)
+    urls, kw = server.urls(local), dict(shuffle=True, batch_size=2, on_error="skip", cache_dir=tmp_path)
     whole = _loader(small_spec, urls, **kw)
     assert whole.shards.kinds == ("cache",) * 5 and whole._partition == "global"
     sequence = [k for keys, _, _ in _epoch(whole) for k in keys]
@@ -187,7 +183,7 @@ def test_a_state_over_downloaded_http_shards_resumes_at_another_world_size(small
 
 def test_a_short_body_is_retried_and_a_persistent_one_names_the_shard_and_sample(
         small_spec: dict, local: list[str], server: RangeServer) -> None:
-    urls = _urls(server, local)
+    urls = server.urls(local)
     expected = _epoch(_loader(small_spec, local))
     loader = _loader(small_spec, urls, remote_retries=2)
     server.faults["/train-0002.tar"] = ["drop"]  # once: retried
@@ -247,14 +243,14 @@ def test_a_stale_sidecar_index_is_an_error_naming_the_sample_never_a_mislabel(sm
 
 def test_a_trickling_server_times_out_naming_the_shard_and_sample(small_spec: dict, local: list[str],
                                                                   server: RangeServer) -> None:
-    loader = _loader(small_spec, _urls(server, local))
+    loader = _loader(small_spec, server.urls(local))
     shards = dataclasses.replace(loader.shards, transfer=Transfer(timeout=2.0, retries=0, deadline=0.3,
                                                                   min_rate=1e12))
     server.trickle_every = 0.05
     server.faults["/train-0000.tar"] = ["trickle"] * 100
     started = time.monotonic()
     with pytest.raises(RemoteError, match=rf"cannot read sample 'train-0000000[0-4]' of shard "
-                                          rf"'{_urls(server, local)[0]}'"):
+                                          rf"'{server.urls(local)[0]}'"):
         list(run_thread_epoch(loader.plan, shards, loader.epoch_plan(0), rank=0, world=1, batch_size=4, workers=2,
                               seed=0, epoch=0))
     assert time.monotonic() - started < 10
@@ -263,7 +259,7 @@ def test_a_trickling_server_times_out_naming_the_shard_and_sample(small_spec: di
 
 def test_http_under_on_error_skip_reads_the_checked_downloads_in_the_global_order(
         small_spec: dict, local: list[str], server: RangeServer, tmp_path: Path) -> None:
-    loader = _loader(small_spec, _urls(server, local), shuffle=True, on_error="skip", cache_dir=tmp_path)
+    loader = _loader(small_spec, server.urls(local), shuffle=True, on_error="skip", cache_dir=tmp_path)
     assert loader.backend == "threads" and loader.shards.kinds == ("cache",) * 5 and loader._partition == "global"
     assert _same(_epoch(loader), _epoch(_loader(small_spec, local, shuffle=True, on_error="skip")))
     loader.close()

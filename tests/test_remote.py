@@ -42,10 +42,6 @@ def server(local: list[str]) -> Iterator[RangeServer]:
         yield srv
 
 
-def _urls(srv: RangeServer, paths: list[str]) -> list[str]:
-    return [f"{srv.url}/{os.path.basename(p)}" for p in paths]
-
-
 Batches = list[tuple[list[str], list[int], torch.Tensor]]
 
 
@@ -74,7 +70,7 @@ def test_http_pipe_and_file_urls_deliver_what_local_shards_do(small_spec: dict, 
                                                               server: RangeServer) -> None:
     native = _run(small_spec, local, epochs=2)
     assert len(native) == 12
-    for shards in (_urls(server, local), [f"pipe:cat {p}" for p in local], [f"file://{p}" for p in local]):
+    for shards in (server.urls(local), [f"pipe:cat {p}" for p in local], [f"file://{p}" for p in local]):
         assert _same(_run(small_spec, shards, epochs=2), native), shards[0]
     ranges = [r for m, _, r in server.requests if m == "GET" and r]
     assert len(ranges) < 2 * 23  # coalesced: one request per batch and shard, not one per member
@@ -82,7 +78,7 @@ def test_http_pipe_and_file_urls_deliver_what_local_shards_do(small_spec: dict, 
 
 def test_two_ranks_read_the_native_ranges_and_shuffled_epochs_are_exact(small_spec: dict, local: list[str],
                                                                         server: RangeServer) -> None:
-    urls, keys = _urls(server, local), set()
+    urls, keys = server.urls(local), set()
     for rank in (0, 1):
         native = _run(small_spec, local, rank=rank, world_size=2)
         assert _same(_run(small_spec, urls, rank=rank, world_size=2), native)
@@ -102,7 +98,7 @@ def test_two_ranks_read_the_native_ranges_and_shuffled_epochs_are_exact(small_sp
 
 def test_a_5xx_is_retried_and_a_persistent_404_names_the_url(small_spec: dict, local: list[str],
                                                              server: RangeServer) -> None:
-    url = _urls(server, local)[0]
+    url = server.urls(local)[0]
     server.faults["/train-0000.tar"] = [500, 503]
     assert fetch_range(url, 512, 16, FAST) == open(local[0], "rb").read()[512:528]
     server.faults["/train-0000.tar"] = [500] * 5
@@ -110,13 +106,13 @@ def test_a_5xx_is_retried_and_a_persistent_404_names_the_url(small_spec: dict, l
         fetch_range(url, 0, 16, FAST)
     with pytest.raises(ShardError, match=r"'http://127\.0\.0\.1:\d+/missing\.tar'.*HTTP 404"):
         feedfast.DataLoader(small_spec, shards=f"{server.url}/missing.tar")
-    loader = feedfast.DataLoader(small_spec, shards=_urls(server, local), num_workers=1, backend="dali")
+    loader = feedfast.DataLoader(small_spec, shards=server.urls(local), num_workers=1, backend="dali")
     server.faults["/train-0002.tar"] = [500]  # mid-epoch, once: the server then recovers
     assert _same(_epoch(loader), _run(small_spec, local))
     assert server.faults["/train-0002.tar"] == []  # the 500 was served, and retried
     server.faults["/train-0003.tar"] = [404] * 10
     with pytest.raises(ShardError, match=r"train-0003\.tar.*HTTP 404"):
-        _run(small_spec, _urls(server, local))
+        _run(small_spec, server.urls(local))
 
 
 def test_a_failing_pipe_command_is_an_error_naming_it(small_spec: dict, tmp_path: Path) -> None:
@@ -144,7 +140,7 @@ def test_the_shard_cache_evicts_least_recently_used_and_fetches_again(small_spec
 
 def test_resume_mid_epoch_over_http_reproduces_the_remaining_batches(small_spec: dict, local: list[str],
                                                                       server: RangeServer) -> None:
-    urls = _urls(server, local)
+    urls = server.urls(local)
     full = _run(small_spec, urls, epochs=2, shuffle=True)
     part = feedfast.DataLoader(small_spec, shards=urls, shuffle=True, num_workers=2, backend="dali")
     it = iter(part)
@@ -216,9 +212,9 @@ def test_s3_without_fsspec_backends_is_a_clear_error(small_spec: dict, local: li
 
 def test_http_under_on_error_skip_is_cached_and_checked(small_spec: dict, local: list[str], server: RangeServer,
                                                         tmp_path: Path) -> None:
-    loader = feedfast.DataLoader(small_spec, shards=_urls(server, local), on_error="skip", cache_dir=tmp_path)
+    loader = feedfast.DataLoader(small_spec, shards=server.urls(local), on_error="skip", cache_dir=tmp_path)
     assert loader.shards.kinds == ("cache",) * 5 and loader.shards.transport == "stream"
-    assert _same(_run(small_spec, _urls(server, local), on_error="skip", cache_dir=tmp_path), _run(small_spec, local))
+    assert _same(_run(small_spec, server.urls(local), on_error="skip", cache_dir=tmp_path), _run(small_spec, local))
 
 
 def test_an_undecodable_image_over_http_is_named_or_skipped(small_spec: dict, local: list[str],
@@ -244,7 +240,7 @@ def test_every_scheme_reads_the_same_ranges_through_one_interface(local: list[st
     data = open(local[1], "rb").read()
     members = [m for s in scan_tar(local[1]) for m in s.members]
     cache = ShardCache(str(tmp_path / "shards"), transfer=FAST)
-    url = _urls(server, local)[1]
+    url = server.urls(local)[1]
     readers = [(transport_for(name, FAST), name) for name in (local[1], f"file://{local[1]}", url)]
     for transport, name in readers + [(cache, f"pipe:cat {local[1]}")]:  # pipe: through the cache that wraps it
         assert transport.stream(name, lambda f: f.read()) == data, name
