@@ -55,16 +55,6 @@ with RangeServer(sys.argv[2]) as server:
     print(server.url.rsplit(":", 1)[1], flush=True)
     sys.stdin.read()
 """
-_MOTO = """
-import logging, sys
-from moto.server import ThreadedMotoServer
-logging.getLogger("werkzeug").setLevel(logging.ERROR)
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-server.start()
-print(server.get_host_and_port()[1], flush=True)
-sys.stdin.read()
-server.stop()
-"""
 
 
 def served_copy(shards: list[str], folder: Path) -> Path:
@@ -113,28 +103,12 @@ def s3_source(folder: Path, names: list[str]) -> Iterator[list[str]]:
     try:
         import boto3
         import moto  # noqa: F401
-        import s3fs
+        import s3fs  # noqa: F401
     except ImportError as exc:
         raise RuntimeError(f"the s3 row needs moto, boto3 and s3fs (pip install -e '.[dev]'): {exc}") from exc
-    proc = subprocess.Popen([sys.executable, "-c", _MOTO], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdin is not None
-    line = proc.stdout.readline()
-    if not line.strip().isdigit():
-        proc.kill()
-        raise RuntimeError(f"moto's server did not start (exit {proc.wait()}): {line!r}")
-    nowhere = str(folder.parent / "no-aws-config")
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION",
-                                            "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_EC2_METADATA_DISABLED",
-                                            "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE",
-                                            "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3")}
-    os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1",
-                       "AWS_ENDPOINT_URL": f"http://127.0.0.1:{int(line)}", "AWS_EC2_METADATA_DISABLED": "true",
-                       "AWS_CONFIG_FILE": nowhere, "AWS_SHARED_CREDENTIALS_FILE": nowhere})
-    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
-        os.environ.pop(k, None)
-    try:
-        s3fs.S3FileSystem.clear_instance_cache()
+    from tests.s3server import moto_s3
+
+    with moto_s3(folder.parent):
         client = boto3.client("s3")
         client.create_bucket(Bucket="bench")
         for name in names:
@@ -142,18 +116,6 @@ def s3_source(folder: Path, names: list[str]) -> Iterator[list[str]]:
             idx = name[: -len(".tar")] + ".idx"
             client.upload_file(str(folder / idx), "bench", idx)
         yield [f"s3://bench/{n}" for n in names]
-    finally:
-        s3fs.S3FileSystem.clear_instance_cache()
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 class _Waits(logging.Handler):

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator
@@ -32,24 +30,13 @@ from feedfast.sources.remote import RemoteError, Transfer
 from feedfast.sources.remote_index import remote_index
 from feedfast.sources.transport import transport_for
 from tests.helpers import keys_of_epoch, shard_with_bad_sample, unindexed_shards
+from tests.s3server import moto_s3
 
 pytest.importorskip("moto", reason="the s3 tests need a local S3 server: pip install -e '.[dev]'")
 # s3fs is not skipped for: feedfast cannot index s3:// shards without it, and the dev extra installs it
 
 FAST = Transfer(timeout=5.0, retries=1, backoff=0.01)
 SHARDS = "train-{0000..0004}.tar"
-_SERVER = """
-import logging, sys
-from moto.server import ThreadedMotoServer
-logging.getLogger("werkzeug").setLevel(logging.ERROR)
-server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-server.start()
-print(server.get_host_and_port()[1], flush=True)
-sys.stdin.read()  # until the test closes our stdin
-server.stop()
-"""
-
-
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """23 samples in 5 shards (5, 5, 5, 5, 3), with no index files beside them."""
@@ -63,26 +50,9 @@ def s3(local: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[A
     Bucket ``bucket`` holds the shards alone (feedfast scans them); bucket ``indexed`` holds
     them with a ``.idx`` beside each (feedfast reads those).
     """
-    proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdin is not None
-    line = proc.stdout.readline()
-    if not line.strip().isdigit():
-        proc.kill()
-        pytest.fail(f"the moto server did not start (exit {proc.wait()}); its first line: {line!r}")
-    nowhere = str(tmp_path_factory.mktemp("aws") / "none")
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1",
-                            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{int(line)}",
-                            "AWS_EC2_METADATA_DISABLED": "true",  # never ask an instance-metadata service
-                            "AWS_CONFIG_FILE": nowhere, "AWS_SHARED_CREDENTIALS_FILE": nowhere}.items():
-            mp.setenv(name, value)
-        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
-            mp.delenv(name, raising=False)
-        import boto3
-        import s3fs
+    import boto3
 
-        s3fs.S3FileSystem.clear_instance_cache()  # fsspec caches clients: none may point elsewhere
+    with moto_s3(tmp_path_factory.mktemp("aws")):
         client = boto3.client("s3")
         for bucket in ("bucket", "indexed"):
             client.create_bucket(Bucket=bucket)
@@ -91,16 +61,7 @@ def s3(local: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[A
         for p in local:
             client.put_object(Bucket="indexed", Key=os.path.basename(p)[: -len(".tar")] + ".idx",
                               Body=format_index(scan_tar(p)).encode())
-        try:
-            yield client
-        finally:
-            s3fs.S3FileSystem.clear_instance_cache()
-            proc.stdin.close()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        yield client
 
 
 Batches = list[tuple[list[str], list[int], torch.Tensor]]
