@@ -67,15 +67,33 @@ def s3(local: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[A
 Batches = list[tuple[list[str], list[int], torch.Tensor]]
 
 
-def _run(spec: dict, shards: Any, **kw: Any) -> Batches:
-    """One epoch through the DALI backend as (real keys, labels, images) per batch."""
-    kw.setdefault("num_workers", 1)
-    loader = feedfast.DataLoader(spec, shards=shards, backend="dali", **kw)
+def _batches(loader: feedfast.DataLoader) -> Batches:
+    """The rest of the loader's epoch as (real keys, labels, images) per batch; the loader is closed after."""
     out = []
     for images, labels in loader:
         out.append(([k for _, k in loader.last_origins[: loader.last_valid]], labels.tolist(), images.clone()))
     loader.close()
     return out
+
+
+def _resumed_after_two_batches(spec: dict, url: str, **kw: Any) -> tuple[str, Batches]:
+    """A shuffled epoch stopped after two batches, its state through JSON into a new loader: the backend the
+    first loader ran on, and the new loader's batches."""
+    part = feedfast.DataLoader(spec, shards=url, shuffle=True, **kw)
+    it = iter(part)
+    for _ in range(2):
+        next(it)
+    state = json.loads(json.dumps(part.state_dict()))
+    part.close()
+    resumed = feedfast.DataLoader(spec, shards=url, shuffle=True, **kw)
+    resumed.load_state_dict(state)
+    return part.backend, _batches(resumed)
+
+
+def _run(spec: dict, shards: Any, **kw: Any) -> Batches:
+    """One epoch through the DALI backend as (real keys, labels, images) per batch."""
+    kw.setdefault("num_workers", 1)
+    return _batches(feedfast.DataLoader(spec, shards=shards, backend="dali", **kw))
 
 
 def _same(a: Batches, b: Batches) -> bool:
@@ -187,18 +205,7 @@ def test_on_error_skip_over_s3_caches_checks_and_skips_the_bad_sample(small_spec
 def test_resume_mid_epoch_over_s3_reproduces_the_remaining_batches(small_spec: dict, s3: Any) -> None:
     url, shuffled = f"s3://bucket/{SHARDS}", {**small_spec, "shuffle": {"buffer": 8, "shards": True, "block": 8, "window": 2}}
     full = _run(shuffled, url, shuffle=True)
-    part = feedfast.DataLoader(shuffled, shards=url, backend="dali", shuffle=True, num_workers=1)
-    it = iter(part)
-    for _ in range(2):
-        next(it)
-    state = json.loads(json.dumps(part.state_dict()))
-    part.close()
-    resumed = feedfast.DataLoader(shuffled, shards=url, backend="dali", shuffle=True, num_workers=1)
-    resumed.load_state_dict(state)
-    rest = []
-    for images, labels in resumed:
-        rest.append(([k for _, k in resumed.last_origins[: resumed.last_valid]], labels.tolist(), images.clone()))
-    resumed.close()
+    _, rest = _resumed_after_two_batches(shuffled, url, backend="dali", num_workers=1)
     assert _same(rest, full[2:])
 
 
@@ -206,11 +213,8 @@ def _threads(spec: dict, shards: Any, **kw: Any) -> tuple[str, str, Batches]:
     """One epoch through ``backend="auto"``: the backend it chose, the order, and (real keys, labels, images)."""
     kw.setdefault("num_workers", 2)
     loader = feedfast.DataLoader(spec, shards=shards, **kw)
-    out = []
-    for images, labels in loader:
-        out.append(([k for _, k in loader.last_origins[: loader.last_valid]], labels.tolist(), images.clone()))
-    loader.close()
-    return loader.backend, loader._partition, out
+    backend, partition = loader.backend, loader._partition
+    return backend, partition, _batches(loader)
 
 
 def test_auto_runs_the_threaded_path_over_s3_exactly(small_spec: dict, local: list[str], s3: Any) -> None:
@@ -234,19 +238,8 @@ def test_resume_mid_epoch_over_s3_on_the_threaded_path(small_spec: dict, s3: Any
     url, shuffled = f"s3://indexed/{SHARDS}", {**small_spec, "shuffle": {"buffer": 8, "shards": True, "block": 8,
                                                                         "window": 2}}
     full = _threads(shuffled, url, shuffle=True)[2]
-    part = feedfast.DataLoader(shuffled, shards=url, shuffle=True, num_workers=2)
-    assert part.backend == "threads"
-    it = iter(part)
-    for _ in range(2):
-        next(it)
-    state = json.loads(json.dumps(part.state_dict()))
-    part.close()
-    resumed = feedfast.DataLoader(shuffled, shards=url, shuffle=True, num_workers=2)
-    resumed.load_state_dict(state)
-    rest = []
-    for images, labels in resumed:
-        rest.append(([k for _, k in resumed.last_origins[: resumed.last_valid]], labels.tolist(), images.clone()))
-    resumed.close()
+    backend, rest = _resumed_after_two_batches(shuffled, url, num_workers=2)
+    assert backend == "threads"
     assert _same(rest, full[2:])
 
 
