@@ -10,7 +10,10 @@ order over ``--rounds`` rounds:
   threaded ``http.server`` answering ``Range``, in a child process), each shard's ``.idx`` beside it;
 - ``s3``: the same files and ``.idx`` files in a bucket of moto's S3 server on 127.0.0.1 (a
   child process, fake credentials, as ``tests/test_s3.py`` starts it); left out, loudly, when
-  moto, boto3 or s3fs is missing.
+  moto, boto3 or s3fs is missing;
+- ``s3-fsspec`` (only when asked for in ``--sources``): the same bucket read as before
+  2026-12-02, every range through fsspec's s3fs and a window a request (feedfast's signer
+  declined, :data:`feedfast.sources.feeder.MERGE_BYTES` 0), to compare the two in the same rounds.
 
 Per round: the backend ``auto`` chose, the time from ``iter()`` to the first batch,
 samples per second over ``--batches`` batches after ``--warmup`` (epoch after epoch), CPU ms
@@ -189,19 +192,37 @@ def _forever(loader: Any) -> Iterator[Any]:
         yield from loader
 
 
+@contextmanager
+def variant(name: str) -> Iterator[None]:
+    """How ``name`` is read: ``s3-fsspec`` as s3 was before signed GETs and merged windows; others as they are."""
+    if name != "s3-fsspec":
+        yield
+        return
+    from feedfast.sources import feeder, s3sign
+
+    signer, merge = s3sign.signer, feeder.MERGE_BYTES
+    s3sign.signer, feeder.MERGE_BYTES = lambda: None, 0  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        s3sign.signer, feeder.MERGE_BYTES = signer, merge  # type: ignore[assignment]
+
+
 def measure(sources: dict[str, list[str]], args: argparse.Namespace, cache: Path) -> dict[str, list[dict[str, Any]]]:
     """Every source over ``args.rounds`` rounds, the order rotating each round; a first untimed round
     builds the indexes (a remote index is fetched once, then cached, as in training)."""
     names = list(sources)
     for name in names:
-        one_round(sources[name], argparse.Namespace(**{**vars(args), "batches": 1, "warmup": 0}), cache)
+        with variant(name):
+            one_round(sources[name], argparse.Namespace(**{**vars(args), "batches": 1, "warmup": 0}), cache)
     out: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
-            got = one_round(sources[name], args, cache)
+            with variant(name):
+                got = one_round(sources[name], args, cache)
             out[name].append(got)
             waited = f"  decoding waited on {got['chunks_waited']} of {got['chunks']} chunks" if got["chunks"] else ""
-            print(f"  round {r + 1} {name:<6} {got['backend']:<8} {got['samples_per_s']:8.0f} samples/s  "
+            print(f"  round {r + 1} {name:<9} {got['backend']:<8} {got['samples_per_s']:8.0f} samples/s  "
                   f"first batch {got['first_batch_s']:.2f} s  {got['cpu_ms_per_sample']:.2f} CPU ms/sample "
                   f"(servers {got['server_cpu_ms_per_sample']:.2f}){waited}", flush=True)
     return out
@@ -231,14 +252,14 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def report(summary: dict[str, Any]) -> None:
-    print(f"{'source':<7} {'backend':<8} {'order':<7} {'samples/s':>10} {'first batch':>12} {'CPU ms/sample':>14} "
+    print(f"{'source':<9} {'backend':<8} {'order':<7} {'samples/s':>10} {'first batch':>12} {'CPU ms/sample':>14} "
           f"{'servers':>8} {'vs local (spread)':>18} {'CPU vs local':>13}  target (>= {TARGET:.2f}, threads)")
     for name, row in summary["medians"].items():
         ratio = f"{row['ratio_to_local']:.2f} ({row['ratio_low']:.2f}-{row['ratio_high']:.2f})" \
             if "ratio_to_local" in row else "-"
         cost = f"{row['cpu_ratio_to_local']:.2f}" if "cpu_ratio_to_local" in row else "-"
         met = ("met" if row["met"] else "NOT met") if "met" in row else ""
-        print(f"{name:<7} {row['backend']:<8} {row['partition']:<7} {row['samples_per_s']:>10.0f} "
+        print(f"{name:<9} {row['backend']:<8} {row['partition']:<7} {row['samples_per_s']:>10.0f} "
               f"{row['first_batch_s']:>10.2f} s {row['cpu_ms_per_sample']:>14.2f} "
               f"{row['server_cpu_ms_per_sample']:>8.2f} {ratio:>18} {cost:>13}  {met}")
 
@@ -251,7 +272,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", type=int, default=None, help="threads (default: the usable cores)")
-    p.add_argument("--sources", default="local,http,s3", help="comma-separated: local, http, s3")
+    p.add_argument("--sources", default="local,http,s3", help="comma-separated: local, http, s3, s3-fsspec")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     from photos import photo_dataset
@@ -264,9 +285,11 @@ def main() -> None:
         sources: dict[str, list[str]] = {"local": shards}
         if "http" in wanted:
             sources["http"] = stack.enter_context(http_source(folder, names))
-        if "s3" in wanted:
+        if "s3" in wanted or "s3-fsspec" in wanted:
             try:
                 sources["s3"] = stack.enter_context(s3_source(folder, names))
+                if "s3-fsspec" in wanted:
+                    sources["s3-fsspec"] = sources["s3"]
             except RuntimeError as exc:
                 print(f"leaving out the s3 row: {exc}", flush=True)
         print(f"{len(shards)} shards of {args.samples} natural photos, imagenet-train, batch {args.batch_size}, "
