@@ -11,6 +11,7 @@ from typing import Iterator
 
 import pytest
 
+from feedfast.errors import ShardError
 from feedfast.sources import httpconn, s3sign
 
 pytest.importorskip("botocore", reason="the s3 signer is botocore's: pip install -e '.[dev]'")
@@ -47,6 +48,8 @@ def test_a_url_is_signed_by_botocores_settings_and_reused_until_it_is_resign_sec
     query = _query(url)
     assert query["X-Amz-Algorithm"] == "AWS4-HMAC-SHA256" and query["X-Amz-Expires"] == str(s3sign.EXPIRES)
     assert query["X-Amz-Credential"].startswith("testing/") and "/us-east-1/s3/" in query["X-Amz-Credential"]
+    assert s3sign.split("s3://bucket/a/b?c#d.tar") == ("bucket", "a/b?c#d.tar")  # S3 keys may hold ? and #
+    assert urllib.parse.urlsplit(signer.url("s3://bucket/a?b#c.tar")).path == "/bucket/a%3Fb%23c.tar"
     signed: list[str] = []
     client = signer._client("us-east-1")
     sign = client.generate_presigned_url
@@ -93,3 +96,9 @@ def test_it_declines_for_fsspecs_own_s3_settings_and_without_credentials(aws: py
     aws.delenv("AWS_SECRET_ACCESS_KEY")
     assert s3sign.signer() is None  # a public bucket read anonymously: fsspec's reads
     s3sign.clear()
+
+
+def test_a_profile_that_is_not_there_is_an_error_naming_it(aws: pytest.MonkeyPatch) -> None:
+    aws.setenv("AWS_PROFILE", "no-such-profile")
+    with pytest.raises(ShardError, match=r"botocore cannot read its settings: .*no-such-profile"):
+        s3sign.signer()

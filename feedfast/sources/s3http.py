@@ -58,14 +58,14 @@ def _signed(signer: Signer, url: str, read: Callable[[str], T]) -> T:
             if attempt == 0 and (exc.status == 403 or (named and named != region)):
                 region = named or region
                 continue
+            if answer is None:
+                raise  # no answer of S3's to explain it (a dropped connection, a cut body)
             raise _refused(url, exc, answer) from exc
     raise AssertionError("unreachable")
 
 
-def _refused(url: str, exc: RemoteError, answer: urllib.error.HTTPError | None) -> RemoteError:
+def _refused(url: str, exc: RemoteError, answer: urllib.error.HTTPError) -> RemoteError:
     """``exc`` with S3's reason, and what to do about it."""
-    if answer is None:
-        return exc
     reason = _reason(answer)
     if exc.status == 404:
         return RemoteError(f"shard not found: {url!r}{reason}", url=url, status=404)

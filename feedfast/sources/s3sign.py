@@ -28,6 +28,7 @@ import time
 import urllib.parse
 from typing import Any
 
+from feedfast.errors import ShardError
 from feedfast.sources import httpconn
 
 EXPIRES = 3600
@@ -43,6 +44,7 @@ class Signer:
         self._clients = {client.meta.region_name: client}
         self._region, self._ca_bundle = client.meta.region_name, ca_bundle
         self._urls: dict[tuple[str, str], tuple[float, str]] = {}  # (s3 URL, region) -> (signed at, signed URL)
+        self._errors = _botocore_error()
         self._lock = threading.Lock()
 
     def url(self, url: str, *, region: str | None = None, fresh: bool = False) -> str:
@@ -59,8 +61,11 @@ class Signer:
             if found is not None and not fresh and now - found[0] < RESIGN:
                 return found[1]
             bucket, key = split(url)
-            signed: str = self._client(region).generate_presigned_url(
-                "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=EXPIRES)
+            try:
+                signed: str = self._client(region).generate_presigned_url(
+                    "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=EXPIRES)
+            except self._errors as exc:  # botocore's own (credentials gone, a profile broken meanwhile)
+                raise ShardError(f"cannot sign a GET of shard {url!r} with botocore's settings: {exc}") from exc
             self._urls[url, region] = (now, signed)
         host = urllib.parse.urlsplit(signed)
         if self._ca_bundle and host.scheme == "https":
@@ -79,7 +84,11 @@ _signers: dict[str, Signer | None] = {}  # "s3": the process's signer, or None w
 
 
 def signer() -> Signer | None:
-    """The process's signer, made from the settings the first time (None: the reads stay on fsspec, see above)."""
+    """The process's signer, made from the settings the first time (None: the reads stay on fsspec, see above).
+
+    Raises:
+        ShardError: botocore cannot read its settings (a profile that is not there, a broken config file).
+    """
     with _lock:
         if "s3" not in _signers:
             _signers["s3"] = _make_signer()
@@ -93,9 +102,9 @@ def clear() -> None:
 
 
 def split(url: str) -> tuple[str, str]:
-    """``s3://bucket/key`` -> (bucket, key)."""
-    parts = urllib.parse.urlsplit(url)
-    return parts.netloc, parts.path.lstrip("/")
+    """``s3://bucket/key`` -> (bucket, key); a key is taken as it is (it may hold ``?`` and ``#``)."""
+    bucket, _, key = url.removeprefix("s3://").partition("/")
+    return bucket, key
 
 
 def _make_signer() -> Signer | None:
@@ -103,9 +112,18 @@ def _make_signer() -> Signer | None:
         session = _session()
     except ImportError:
         return None  # s3fs brings botocore; without them fsspec's error says what to install
-    if _fsspec_settings() or session.get_credentials() is None:
-        return None
-    return Signer(session.create_client("s3", config=_config()), session.get_config_variable("ca_bundle"))
+    try:
+        if _fsspec_settings() or session.get_credentials() is None:
+            return None
+        return Signer(session.create_client("s3", config=_config()), session.get_config_variable("ca_bundle"))
+    except _botocore_error() as exc:
+        raise ShardError(f"cannot read s3 shards: botocore cannot read its settings: {exc}") from exc
+
+
+def _botocore_error() -> type[Exception]:
+    from botocore.exceptions import BotoCoreError
+
+    return BotoCoreError
 
 
 def _session() -> Any:
