@@ -22,6 +22,9 @@
  *   ImageOps.equalize(image): their per-channel tables from the histogram, in integers and doubles as
  *   ImageOps computes them in Python, clipped as Image.point clips, then applied.
  *
+ * simd(enable=-1) -> int: whether the bilinear affine runs four pixels at a time on AVX2 (where the CPU has it),
+ *   after turning that off (0) or on (1) when asked; both give the same pixels.
+ *
  * flavour: whose convert("L") of RGB (luma_row): 0 Pillow's, 1 pillow-simd's; the caller tells which it has.
  *
  * src and dst are C-contiguous uint8 arrays of three dimensions, dst of src's shape. setup.py marks the
@@ -87,56 +90,163 @@ get_pair(PyObject *source, PyObject *target, Pixels *src, Pixels *dst)
 /* ---- affine ---------------------------------------------------------------------------------------------- */
 
 /* ImagingGenericTransform with affine_transform and bilinear_filter8 (c 1) or bilinear_filter32RGB (c 3): the same
- * doubles in the same order. a0 * xin is the same product for every row, a1 * yin for every column. Past the
- * bounds test xx - 0.5 is at least -0.5, where Pillow's FLOOR is -1: so FLOOR is a test and a truncation. Inlined
- * with a constant c. */
+ * doubles in the same order, for the output pixel whose source position is (xx, yy) = affine_transform's. Past
+ * the bounds test xx - 0.5 is at least -0.5, where Pillow's FLOOR is -1: so FLOOR is a test and a truncation.
+ * Inlined with a constant c. */
 static inline __attribute__((always_inline)) void
-bilinear_rows(const unsigned char *in, unsigned char *out, int w, int h, const int c, const double a[6],
-              const double *ax, const double *ay)
+bilinear_pixel(const unsigned char *in, unsigned char *o, int w, int h, const int c, double xx, double yy)
 {
-    const double xsize = w, ysize = h;
+    if (xx < 0.0 || xx >= (double)w || yy < 0.0 || yy >= (double)h)
+        return; /* the fill */
     const size_t stride = (size_t)w * c;
-    for (int y = 0; y < h; y++) {
-        const double yin = y + 0.5, bx = a[1] * yin, by = a[4] * yin;
-        unsigned char *o = out + (size_t)y * stride;
-        for (int x = 0; x < w; x++, o += c) {
-            double xx = ax[x] + bx + a[2];
-            double yy = ay[x] + by + a[5];
-            if (xx < 0.0 || xx >= xsize || yy < 0.0 || yy >= ysize)
-                continue; /* the fill */
-            xx -= 0.5;
-            yy -= 0.5;
-            const int ix = xx < 0.0 ? -1 : (int)xx, iy = yy < 0.0 ? -1 : (int)yy;
-            const double dx = xx - ix, dy = yy - iy;
-            const unsigned char *row = in + (size_t)(iy < 0 ? 0 : iy) * stride;
-            const unsigned char *below = iy + 1 < h ? in + (size_t)(iy + 1) * stride : NULL;
-            const int x0 = (ix < 0 ? 0 : ix) * c, x1 = (ix + 1 < w ? ix + 1 : w - 1) * c;
-            for (int b = 0; b < c; b++) {
-                double v1 = row[x0 + b] + (row[x1 + b] - row[x0 + b]) * dx, v2;
-                if (below != NULL)
-                    v2 = below[x0 + b] + (below[x1 + b] - below[x0 + b]) * dx;
-                else
-                    v2 = v1;
-                v1 = v1 + (v2 - v1) * dy;
-                o[b] = (unsigned char)v1;
-            }
-        }
+    xx -= 0.5;
+    yy -= 0.5;
+    const int ix = xx < 0.0 ? -1 : (int)xx, iy = yy < 0.0 ? -1 : (int)yy;
+    const double dx = xx - ix, dy = yy - iy;
+    const unsigned char *row = in + (size_t)(iy < 0 ? 0 : iy) * stride;
+    const unsigned char *below = iy + 1 < h ? in + (size_t)(iy + 1) * stride : NULL;
+    const int x0 = (ix < 0 ? 0 : ix) * c, x1 = (ix + 1 < w ? ix + 1 : w - 1) * c;
+    for (int b = 0; b < c; b++) {
+        double v1 = row[x0 + b] + (row[x1 + b] - row[x0 + b]) * dx, v2;
+        if (below != NULL)
+            v2 = below[x0 + b] + (below[x1 + b] - below[x0 + b]) * dx;
+        else
+            v2 = v1;
+        v1 = v1 + (v2 - v1) * dy;
+        o[b] = (unsigned char)v1;
     }
 }
 
+/* Rows y0..y1 from column x0 on. a0 * xin is the same product for every row (ax), a1 * yin for every column. */
+static inline __attribute__((always_inline)) void
+bilinear_scalar(const unsigned char *in, unsigned char *out, int w, int h, const int c, const double a[6],
+                const double *ax, const double *ay, int x0, int y0, int y1)
+{
+    for (int y = y0; y < y1; y++) {
+        const double yin = y + 0.5, bx = a[1] * yin, by = a[4] * yin;
+        unsigned char *o = out + ((size_t)y * w + x0) * c;
+        for (int x = x0; x < w; x++, o += c)
+            bilinear_pixel(in, o, w, h, c, ax[x] + bx + a[2], ay[x] + by + a[5]);
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+
+/* bilinear_scalar four pixels at a time in AVX2 doubles: the same operations, each rounded as the scalar one
+ * (no fused multiply-adds), so the same pixels. Each pixel's four neighbours come from one 32-bit gather each
+ * (all three channels at once); `in` is padded so that four bytes are readable from any pixel. Lanes outside the
+ * image keep the fill; their indices are clamped only to keep the gathers inside. The tail of a row is scalar. */
+__attribute__((target("avx2"))) static void
+bilinear_avx2(const unsigned char *in, unsigned char *out, int w, int h, const int c, const double a[6],
+              const double *ax, const double *ay)
+{
+    const __m256d xsize = _mm256_set1_pd((double)w), ysize = _mm256_set1_pd((double)h), zero = _mm256_setzero_pd();
+    const __m256d half = _mm256_set1_pd(0.5), a2 = _mm256_set1_pd(a[2]), a5 = _mm256_set1_pd(a[5]);
+    const __m128i izero = _mm_setzero_si128(), ione = _mm_set1_epi32(1), wmax = _mm_set1_epi32(w - 1);
+    const __m128i hmax = _mm_set1_epi32(h - 1), cvec = _mm_set1_epi32(c), svec = _mm_set1_epi32(w * c);
+    const __m128i byte = _mm_set1_epi32(0xff);
+    const int groups = w / 4 * 4;
+    for (int y = 0; y < h; y++) {
+        const double yin = y + 0.5;
+        const __m256d bx = _mm256_set1_pd(a[1] * yin), by = _mm256_set1_pd(a[4] * yin);
+        unsigned char *o = out + (size_t)y * w * c;
+        for (int x = 0; x < groups; x += 4) {
+            __m256d xx = _mm256_add_pd(_mm256_add_pd(_mm256_loadu_pd(ax + x), bx), a2);
+            __m256d yy = _mm256_add_pd(_mm256_add_pd(_mm256_loadu_pd(ay + x), by), a5);
+            __m256d inside = _mm256_and_pd(_mm256_and_pd(_mm256_cmp_pd(xx, zero, _CMP_GE_OQ),
+                                                         _mm256_cmp_pd(xx, xsize, _CMP_LT_OQ)),
+                                           _mm256_and_pd(_mm256_cmp_pd(yy, zero, _CMP_GE_OQ),
+                                                         _mm256_cmp_pd(yy, ysize, _CMP_LT_OQ)));
+            const int lanes = _mm256_movemask_pd(inside);
+            if (!lanes)
+                continue;
+            xx = _mm256_sub_pd(xx, half);
+            yy = _mm256_sub_pd(yy, half);
+            const __m256d fx = _mm256_floor_pd(xx), fy = _mm256_floor_pd(yy);
+            const __m256d dx = _mm256_sub_pd(xx, fx), dy = _mm256_sub_pd(yy, fy);
+            const __m128i ix = _mm256_cvttpd_epi32(fx), iy = _mm256_cvttpd_epi32(fy);
+            const __m128i x0 = _mm_min_epi32(_mm_max_epi32(ix, izero), wmax);
+            const __m128i x1 = _mm_min_epi32(_mm_max_epi32(_mm_add_epi32(ix, ione), izero), wmax);
+            const __m128i r0 = _mm_mullo_epi32(_mm_min_epi32(_mm_max_epi32(iy, izero), hmax), svec);
+            const __m128i r1 = _mm_mullo_epi32(_mm_min_epi32(_mm_max_epi32(_mm_add_epi32(iy, ione), izero), hmax),
+                                               svec);
+            const __m128i c0 = _mm_mullo_epi32(x0, cvec), c1 = _mm_mullo_epi32(x1, cvec);
+            const int *base = (const int *)in;
+            const __m128i g00 = _mm_i32gather_epi32(base, _mm_add_epi32(r0, c0), 1);
+            const __m128i g01 = _mm_i32gather_epi32(base, _mm_add_epi32(r0, c1), 1);
+            const __m128i g10 = _mm_i32gather_epi32(base, _mm_add_epi32(r1, c0), 1);
+            const __m128i g11 = _mm_i32gather_epi32(base, _mm_add_epi32(r1, c1), 1);
+            __m128i packed = izero;
+            for (int b = 0; b < c; b++) {
+                const __m128i p00 = _mm_and_si128(_mm_srli_epi32(g00, 8 * b), byte);
+                const __m128i p01 = _mm_and_si128(_mm_srli_epi32(g01, 8 * b), byte);
+                const __m128i p10 = _mm_and_si128(_mm_srli_epi32(g10, 8 * b), byte);
+                const __m128i p11 = _mm_and_si128(_mm_srli_epi32(g11, 8 * b), byte);
+                __m256d v1 = _mm256_add_pd(_mm256_cvtepi32_pd(p00),
+                                           _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_sub_epi32(p01, p00)), dx));
+                __m256d v2 = _mm256_add_pd(_mm256_cvtepi32_pd(p10),
+                                           _mm256_mul_pd(_mm256_cvtepi32_pd(_mm_sub_epi32(p11, p10)), dx));
+                v1 = _mm256_add_pd(v1, _mm256_mul_pd(_mm256_sub_pd(v2, v1), dy));
+                packed = _mm_or_si128(packed, _mm_slli_epi32(_mm256_cvttpd_epi32(v1), 8 * b));
+            }
+            int values[4];
+            _mm_storeu_si128((__m128i *)values, packed);
+            for (int k = 0; k < 4; k++) {
+                if (lanes >> k & 1) {
+                    unsigned char *dst = o + (size_t)(x + k) * c;
+                    dst[0] = (unsigned char)values[k];
+                    if (c == 3) {
+                        dst[1] = (unsigned char)(values[k] >> 8);
+                        dst[2] = (unsigned char)(values[k] >> 16);
+                    }
+                }
+            }
+        }
+        if (groups < w)
+            bilinear_scalar(in, out, w, h, c, a, ax, ay, groups, y, y + 1);
+    }
+}
+#endif
+
+static int use_avx2 = -1; /* -1: not decided yet (the CPU's), 0 or 1 */
+
+static int
+avx2_on(void)
+{
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2 < 0)
+        use_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return use_avx2;
+#else
+    return 0;
+#endif
+}
+
+/* The bilinear engine: `padded` is NULL, or a copy of `in` with four bytes after it (the AVX2 path's gathers). */
 static void
-affine_bilinear(const unsigned char *in, unsigned char *out, int w, int h, int c, const double a[6], double *ax,
-                double *ay)
+affine_bilinear(const unsigned char *in, const unsigned char *padded, unsigned char *out, int w, int h, int c,
+                const double a[6], double *ax, double *ay)
 {
     for (int x = 0; x < w; x++) {
         double xin = x + 0.5;
         ax[x] = a[0] * xin;
         ay[x] = a[3] * xin;
     }
+#ifdef HAVE_AVX2_PATH
+    if (padded != NULL) {
+        if (c == 3)
+            bilinear_avx2(padded, out, w, h, 3, a, ax, ay);
+        else
+            bilinear_avx2(padded, out, w, h, 1, a, ax, ay);
+        return;
+    }
+#endif
     if (c == 3)
-        bilinear_rows(in, out, w, h, 3, a, ax, ay);
+        bilinear_scalar(in, out, w, h, 3, a, ax, ay, 0, 0, h);
     else
-        bilinear_rows(in, out, w, h, 1, a, ax, ay);
+        bilinear_scalar(in, out, w, h, 1, a, ax, ay, 0, 0, h);
 }
 
 static inline void
@@ -259,8 +369,12 @@ affine(PyObject *self, PyObject *args)
     else if (src.buffer.buf == dst.buffer.buf)
         problem = "out must not be the pixels";
     void *scratch = NULL;
+    unsigned char *padded = NULL;
+    const size_t bytes = (size_t)w * h * c;
     if (problem == NULL) {
         scratch = resample == 2 ? malloc(2 * (size_t)w * sizeof(double)) : calloc((size_t)w, sizeof(int));
+        if (scratch != NULL && resample == 2 && avx2_on() && bytes + 4 < INT_MAX && (padded = malloc(bytes + 4)))
+            memcpy(padded, src.buffer.buf, bytes); /* no copy (malloc failed): the scalar path */
         if (scratch == NULL) {
             PyBuffer_Release(&src.buffer);
             PyBuffer_Release(&dst.buffer);
@@ -282,7 +396,7 @@ affine(PyObject *self, PyObject *args)
                 copy_pixel(out + 3 * i, f, 3);
         }
         if (resample == 2)
-            affine_bilinear(in, out, w, h, c, a, (double *)scratch, (double *)scratch + w);
+            affine_bilinear(in, padded, out, w, h, c, a, (double *)scratch, (double *)scratch + w);
         else if (a[1] == 0 && a[3] == 0)
             affine_scale(in, out, w, h, c, a, (int *)scratch);
         else if (check_fixed(a, 0, 0) && check_fixed(a, w, h) && check_fixed(a, 0, h) && check_fixed(a, w, 0))
@@ -292,6 +406,7 @@ affine(PyObject *self, PyObject *args)
         Py_END_ALLOW_THREADS
     }
     free(scratch);
+    free(padded);
     PyBuffer_Release(&src.buffer);
     PyBuffer_Release(&dst.buffer);
     PyBuffer_Release(&fill);
@@ -618,6 +733,19 @@ equalize(PyObject *self, PyObject *args)
     return tabled(args, equalize_table);
 }
 
+static PyObject *
+simd(PyObject *self, PyObject *args)
+{
+    int enable = -1;
+    if (!PyArg_ParseTuple(args, "|i", &enable))
+        return NULL;
+    if (enable == 0)
+        use_avx2 = 0;
+    else if (enable > 0)
+        use_avx2 = -1; /* the CPU's again */
+    return PyLong_FromLong(avx2_on());
+}
+
 static PyMethodDef methods[] = {
     {"affine", affine, METH_VARARGS,
      "affine(pixels, out, matrix, resample, fill) -> None\n\n"
@@ -638,6 +766,10 @@ static PyMethodDef methods[] = {
     {"autocontrast", autocontrast, METH_VARARGS,
      "autocontrast(pixels, out) -> None\n\nImageOps.autocontrast(image) into out."},
     {"equalize", equalize, METH_VARARGS, "equalize(pixels, out) -> None\n\nImageOps.equalize(image) into out."},
+    {"simd", simd, METH_VARARGS,
+     "simd(enable=-1) -> int\n\nWhether the bilinear affine runs on AVX2 (1) or plain C (0), after turning it off "
+     "(0) or back on where the CPU has it (1) when asked (process-wide: for tests and benchmarks, both give the same "
+     "pixels)."},
     {NULL, NULL, 0, NULL},
 };
 

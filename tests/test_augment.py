@@ -43,7 +43,8 @@ def _images() -> list[np.ndarray]:
     out = [rng.integers(0, 256, (37, 29, 3), dtype=np.uint8), rng.integers(0, 256, (24, 24, 1), dtype=np.uint8),
            rng.integers(90, 140, (19, 33, 3), dtype=np.uint8), np.asarray(photo(3, 41, 35).convert("RGB")),
            np.asarray(photo(4, 32, 32).convert("L"))[:, :, None], np.full((9, 14, 3), 77, dtype=np.uint8),
-           rng.choice(np.array([0, 3, 9, 200, 255], dtype=np.uint8), (23, 17, 3), p=[.05, .05, .05, .05, .8])]
+           rng.choice(np.array([0, 3, 9, 200, 255], dtype=np.uint8), (23, 17, 3), p=[.05, .05, .05, .05, .8]),
+           rng.integers(0, 256, (1, 1, 3), dtype=np.uint8), rng.integers(0, 256, (2, 3, 1), dtype=np.uint8)]
     natural = _natural(61, 47)
     return out if natural is None else [*out, natural]
 
@@ -82,9 +83,20 @@ def _matrices(w: int, h: int) -> list[list[float]]:
     return [list(map(float, m)) for m in out if m is not None]
 
 
-@needs_ext
+@pytest.fixture(params=[1, 0], ids=["avx2", "plain"])
+def simd(request: pytest.FixtureRequest) -> Any:
+    """The bilinear affine on AVX2 (where the CPU has it) and in plain C."""
+    if ext is None:
+        pytest.skip("feedfast._augment is not built here")
+    if request.param and not ext.simd(1):
+        pytest.skip("no AVX2 here")
+    ext.simd(request.param)
+    yield request.param
+    ext.simd(1)
+
+
 @pytest.mark.parametrize("resample", [Image.NEAREST, Image.BILINEAR], ids=["nearest", "bilinear"])
-def test_affine_is_pil_s_transform_with_a_fill(resample: int) -> None:
+def test_affine_is_pil_s_transform_with_a_fill(resample: int, simd: int) -> None:
     for arr in _images():
         h, w, bands = arr.shape
         for matrix in _matrices(w, h):
