@@ -197,8 +197,20 @@ def test_bad_settings_are_named(change: dict, key: str) -> None:
     assert problem(MixSettings(num_classes=10)) is None
 
 
+@pytest.fixture(params=["c", "torch"])
+def in_place_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Mixing in place on the CPU through the C extension (where built), and through torch's operations (the GPU's)."""
+    from feedfast.loader import native
+
+    if request.param == "torch":
+        monkeypatch.setattr(native, "ext", None)
+    elif not native.built():
+        pytest.skip("feedfast._native is not built")
+    return request.param
+
+
 @pytest.mark.parametrize("mode", ["batch", "pair", "elem"])
-def test_in_place_reads_every_source_before_writing(mode: str) -> None:
+def test_in_place_reads_every_source_before_writing(mode: str, in_place_path: str) -> None:
     """The loader mixes its own batch in place: pairs exchanging boxes must still see each other's originals."""
     settings = MixSettings(num_classes=3, mixup_alpha=1.0, cutmix_alpha=1.0, mode=mode, switch_prob=0.6)
     for seed in range(6):
@@ -223,7 +235,7 @@ def test_lambda_distribution_matches_torchvisions_mixup() -> None:
 
 
 @pytest.mark.parametrize("convention", ["timm", "torchvision"])
-def test_a_whole_batch_blended_in_place_equals_the_blend_into_a_new_tensor(convention: str) -> None:
+def test_a_whole_batch_blended_in_place_equals_the_blend_into_a_new_tensor(convention: str, in_place_path: str) -> None:
     """The loader's own batch is mixed in place (one copy of the partners); the pixels are the new tensor's."""
     images = torch.randn(6, 3, 8, 8)
     partner = (np.arange(6) - 1) % 6 if convention == "torchvision" else np.arange(6)[::-1].copy()

@@ -41,6 +41,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from feedfast.loader import native
+
 MODES = ("batch", "pair", "elem")
 CONVENTIONS = ("timm", "torchvision")
 
@@ -210,11 +212,14 @@ def _box(s: MixSettings, rng: Generator, lam: float, h: int, w: int) -> tuple[li
     return box, lam
 
 
-def _weights(lam: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def weights(lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each sample's own weight and its partner's, float32, with ``1 - lambda`` taken in lambda's dtype (timm's)."""
-    keep = torch.from_numpy(np.ascontiguousarray(lam, dtype=np.float32)).to(device)
-    take = torch.from_numpy(np.ascontiguousarray(1.0 - lam).astype(np.float32)).to(device)
-    return keep, take
+    return np.ascontiguousarray(lam, dtype=np.float32), np.ascontiguousarray(1.0 - lam).astype(np.float32)
+
+
+def _weights(lam: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    keep, take = weights(lam)
+    return torch.from_numpy(keep).to(device), torch.from_numpy(take).to(device)
 
 
 def mix_images(images: torch.Tensor, p: MixParams, layout: str = "CHW", *, inplace: bool = False) -> torch.Tensor:
@@ -223,7 +228,12 @@ def mix_images(images: torch.Tensor, p: MixParams, layout: str = "CHW", *, inpla
     ``images`` is ``[B, C, H, W]`` (``layout`` CHW) or ``[B, H, W, C]`` (HWC); an integer batch blends in
     float32 and is rounded back (timm's ``FastCollateMixup``). Every source is read before anything is
     written, so ``inplace`` (the loader's own batch) writes into ``images``; otherwise a new tensor.
+    In place on the CPU (a contiguous float32 or uint8 batch) the C extension does the same arithmetic
+    in the calling thread (:func:`feedfast.loader.native.mix_into`): torch's CPU kernels would run it
+    on torch's thread pool, against the decoding threads for the same cores.
     """
+    if inplace and native.mix_into(images, p, layout == "CHW"):
+        return images
     blend = np.flatnonzero(~p.cut & (p.lam != 1.0))
     if inplace and blend.size == len(images) and images.dtype.is_floating_point:
         return _blend_all_in_place(images, p)
