@@ -145,12 +145,19 @@ class MixParams:
     partner: np.ndarray
 
 
-def draw_params(s: MixSettings, rng: Generator, batch: int, height: int, width: int) -> MixParams:
-    """The parameters of a batch of ``batch`` images of ``height`` x ``width``, drawn in timm's order."""
+def draw_params(s: MixSettings, rng: Generator, batch: int, height: int, width: int, *,
+                enabled: bool = True) -> MixParams:
+    """The parameters of a batch of ``batch`` images of ``height`` x ``width``, drawn in timm's order.
+
+    ``enabled=False`` is timm's ``mixup_enabled = False``: no mix (every lambda 1, nothing cut), so the
+    targets are each sample's own smoothed one-hot.
+    """
     if s.convention == "torchvision":
         partner = (np.arange(batch) - 1) % batch
     else:
         partner = np.arange(batch)[::-1].copy()
+    if not enabled:
+        return MixParams(np.ones(batch), np.zeros(batch, dtype=bool), np.zeros((batch, 4), dtype=np.int64), partner)
     count = 1 if s.mode == "batch" else (batch // 2 if s.mode == "pair" else batch)
     lam, cut = _lambdas(s, rng, count, elem=s.mode != "batch")
     boxes = np.zeros((count, 4), dtype=np.int64)
