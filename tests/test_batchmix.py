@@ -245,3 +245,20 @@ def test_a_whole_batch_blended_in_place_equals_the_blend_into_a_new_tensor(conve
     got = images.clone()
     assert mix_images(got, p, inplace=True).data_ptr() == got.data_ptr()
     assert torch.equal(got, want) and not torch.equal(want, images)
+
+
+@pytest.mark.parametrize("mode", ["batch", "pair", "elem"])
+def test_cpu_soft_targets_equal_the_device_formula(mode: str) -> None:
+    """On the CPU the targets are made in NumPy (torch's CPU kernels would wake its thread pool); they equal the
+    torch operations a GPU runs, bit for bit."""
+    rng = np.random.default_rng(1)
+    for classes, batch, smoothing in [(1000, 64, 0.1), (10, 7, 0.0), (3, 1, 0.25)]:
+        p = draw_params(MixSettings(num_classes=classes, mixup_alpha=0.8, cutmix_alpha=1.0, mode=mode), rng, batch, 8, 8)
+        labels = torch.from_numpy(rng.integers(0, classes, batch))
+        off = smoothing / classes
+        one_hot = torch.full((batch, classes), off).scatter_(1, labels.view(-1, 1), 1.0 - smoothing + off)
+        keep = torch.from_numpy(np.asarray(p.lam, dtype=np.float32))
+        take = torch.from_numpy(np.asarray(1.0 - p.lam).astype(np.float32))
+        want = one_hot * keep[:, None] + one_hot[torch.from_numpy(p.partner)] * take[:, None]
+        got = soft_targets(labels, p, classes, smoothing)
+        assert got.dtype == torch.float32 and torch.equal(got, want)

@@ -308,6 +308,11 @@ def soft_targets(labels: torch.Tensor, p: MixParams, num_classes: int, smoothing
                          f"{num_classes} classes (num_classes)")
     off = smoothing / num_classes
     on = 1.0 - smoothing + off
+    if labels.device.type == "cpu":  # NumPy, in this thread: torch's CPU kernels would wake its thread pool
+        keep_np, take_np = weights(p.lam)
+        hot = np.full((labels.numel(), num_classes), off, dtype=np.float32)
+        hot[np.arange(labels.numel()), labels.numpy()] = np.float32(on)
+        return torch.from_numpy(hot * keep_np[:, None] + hot[p.partner] * take_np[:, None])
     one_hot = torch.full((labels.numel(), num_classes), off, device=labels.device)
     one_hot.scatter_(1, labels.view(-1, 1), on)
     keep, take = _weights(p.lam, labels.device)
