@@ -43,8 +43,8 @@ class BuildPyWithPipelines(build_py):
 
 
 NATIVE = Extension("feedfast._native", sources=["feedfast/_native.c", "feedfast/_resample.c",
-                                                 "feedfast/_resample_simd.c"],
-                   depends=["feedfast/_resample.h", "feedfast/_resample_simd.h"], libraries=["jpeg"],
+                                                 "feedfast/_resample_simd.c", "feedfast/_mix.c"],
+                   depends=["feedfast/_resample.h", "feedfast/_resample_simd.h", "feedfast/_mix.h"], libraries=["jpeg"],
                    extra_compile_args=["-O3", "-ffp-contract=off"], optional=True)
 
 PLAN = Extension("feedfast._plan", sources=["feedfast/_plan.c"], libraries=["jpeg"],

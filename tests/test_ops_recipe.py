@@ -565,3 +565,21 @@ def test_dali_random_erasing_draws_torchvision_s_boxes(value: Any) -> None:
     theirs = [(h, w) for h, w in theirs if (h, w) != (height, width)]  # torchvision's "no box": nothing erased
     assert_same_distribution([h * w for h, w in theirs], [h * w for h, w in boxes])
     assert_same_distribution([math.log(h / w) for h, w in theirs], [math.log(h / w) for h, w in boxes])
+
+
+@pytest.mark.parametrize("op", [{"trivial_augment_wide": {}}, {"rand_augment": {"num_ops": 4}}, {"auto_augment": {}}],
+                         ids=["ta", "ra", "aa"])
+def test_dali_cpu_runs_the_recipe_ops_on_gray_images(shards: list[str], op: Any) -> None:
+    """On one channel torchvision's Color is the identity; DALI's saturation there corrupted the heap and aborted
+    the process (DALI 2.4), so the DALI suite holds the identity in its place. 23 samples, 4 ops each for
+    rand_augment: Color comes up with near certainty."""
+    from feedfast.compile.dali import EmitContext
+    from feedfast.ops import _dali_recipe
+
+    assert "one channel" in _dali_recipe._color(EmitContext("cpu", "cpu", channels=1), 0.9).name
+    assert _dali_recipe._color(EmitContext("cpu", "cpu", channels=3), 0.9).name == "color"
+    gray = {"decode": {"color": "gray"}}
+    spec = _recipe_spec([gray, *RECIPE[1:3], op, {"normalize": {"mean": [0.5], "std": [0.25]}}])
+    batches = _dali_batches(spec, shards, steps=6)
+    images = [b["image"] if isinstance(b, dict) else b[0] for b in batches]
+    assert sum(len(x) for x in images) == 23 and all(x.shape[1:] == (1, 32, 32) for x in images)
