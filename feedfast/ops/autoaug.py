@@ -259,6 +259,7 @@ _HISTOGRAM_OPS = {"AutoContrast": "autocontrast", "Equalize": "equalize"}
 """Sub-ops whose tables come from the image's histogram (ImageOps' defaults, torchvision's and timm's alike):
 the name of ``feedfast._augment``'s kernel."""
 
+
 def apply_array(pixels: Any, choices: Sequence[Choice], fill: Sequence[int]) -> Any:
     """:func:`apply` over uint8 HWC pixels (one or three channels), returning uint8 HWC pixels.
 
