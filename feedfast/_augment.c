@@ -22,8 +22,10 @@
  *   ImageOps.equalize(image): their per-channel tables from the histogram, in integers and doubles as
  *   ImageOps computes them in Python, clipped as Image.point clips, then applied.
  *
- * simd(enable=-1) -> int: whether the bilinear affine runs four pixels at a time on AVX2 (where the CPU has it),
- *   after turning that off (0) or on (1) when asked; both give the same pixels.
+ * smooth(src, dst): Image.filter(ImageFilter.SMOOTH) of RGB as pillow-simd computes it (ImageEnhance.Sharpness's
+ *   degenerate); Pillow's own rounds another way, and the caller uses this only where a probe matched.
+ * simd(enable=-1) -> int: whether the bilinear affine (four pixels at a time) and smooth run on AVX2 (where the
+ *   CPU has it), after turning that off (0) or on (1) when asked; both give the same pixels.
  *
  * flavour: whose convert("L") of RGB (luma_row): 0 Pillow's, 1 pillow-simd's; the caller tells which it has.
  *
@@ -556,6 +558,92 @@ blend(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ImageFilter.SMOOTH ((1 1 1, 1 5 1, 1 1 1) / 13) of an RGB image as pillow-simd runs it: ImagingFilter's
+ * weights in 13-bit fixed point (each float weight * 8192, + 0.5, truncated: 630 and 3151), its integer 3x3
+ * path (ImagingFilter3x3i_4u8: (4096 + the weighted sum) >> 13, saturated), the first and last row and column
+ * copied, an image under 3 x 3 copied whole. Pillow's own filter rounds floats: the caller probes which it has. */
+static inline __attribute__((always_inline)) void
+smooth_rows(const unsigned char *in, unsigned char *out, int w, int h, int *column)
+{
+    const size_t stride = (size_t)w * 3;
+    if (w < 3 || h < 3) {
+        memcpy(out, in, stride * h);
+        return;
+    }
+    int weights[2];
+    const float kernel[2] = {1.0f / 13.0f, 5.0f / 13.0f};
+    for (int i = 0; i < 2; i++) {
+        float tmp = kernel[i] * (1 << 13);
+        tmp += (tmp >= 0) ? 0.5 : -0.5;
+        weights[i] = (int16_t)tmp;
+    }
+    const int edge = weights[0], centre = weights[1];
+    memcpy(out, in, stride);
+    memcpy(out + stride * (h - 1), in + stride * (h - 1), stride);
+    for (int y = 1; y < h - 1; y++) {
+        const unsigned char *up = in + stride * (y - 1), *row = in + stride * y, *down = in + stride * (y + 1);
+        unsigned char *o = out + stride * y;
+        for (size_t i = 0; i < stride; i++) /* the three rows' sum of each channel value: the ring is the */
+            column[i] = up[i] + row[i] + down[i]; /* 3 x 3 sum less the centre, in integers as the weighted sum */
+        memcpy(o, row, 3);
+        memcpy(o + stride - 3, row + stride - 3, 3);
+        for (size_t i = 3; i < stride - 3; i++) {
+            const int ring = column[i - 3] + column[i] + column[i + 3] - row[i];
+            const int v = (4096 + edge * ring + centre * row[i]) >> 13;
+            o[i] = (unsigned char)(v < 0 ? 0 : v > 255 ? 255 : v);
+        }
+    }
+}
+
+#ifdef HAVE_AVX2_PATH
+__attribute__((target("avx2"))) static void
+smooth_avx2(const unsigned char *in, unsigned char *out, int w, int h, int *column)
+{
+    smooth_rows(in, out, w, h, column); /* the same integers, in 32-byte vectors where GCC finds them */
+}
+#endif
+
+static void
+smooth_rgb(const unsigned char *in, unsigned char *out, int w, int h, int *column)
+{
+#ifdef HAVE_AVX2_PATH
+    if (avx2_on()) {
+        smooth_avx2(in, out, w, h, column);
+        return;
+    }
+#endif
+    smooth_rows(in, out, w, h, column);
+}
+
+static PyObject *
+smooth(PyObject *self, PyObject *args)
+{
+    PyObject *source, *target;
+    if (!PyArg_ParseTuple(args, "OO", &source, &target))
+        return NULL;
+    Pixels src, dst;
+    if (get_pair(source, target, &src, &dst) < 0)
+        return NULL;
+    const int ok = src.channels == 3 && src.buffer.buf != dst.buffer.buf;
+    int *column = ok ? malloc((size_t)src.width * 3 * sizeof(int)) : NULL;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "smooth takes three channels, into another array");
+    } else if (column == NULL) {
+        PyErr_NoMemory();
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        smooth_rgb((const unsigned char *)src.buffer.buf, (unsigned char *)dst.buffer.buf, src.width, src.height,
+                   column);
+        Py_END_ALLOW_THREADS
+    }
+    free(column);
+    PyBuffer_Release(&src.buffer);
+    PyBuffer_Release(&dst.buffer);
+    if (column == NULL)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 /* ---- histograms --------------------------------------------------------------------------------------------- */
 
 /* counts[channel * 256 + v]; with flavour 0 or 1 and three channels, the 256 of the luma (lumas: a row's room). */
@@ -766,10 +854,13 @@ static PyMethodDef methods[] = {
     {"autocontrast", autocontrast, METH_VARARGS,
      "autocontrast(pixels, out) -> None\n\nImageOps.autocontrast(image) into out."},
     {"equalize", equalize, METH_VARARGS, "equalize(pixels, out) -> None\n\nImageOps.equalize(image) into out."},
+    {"smooth", smooth, METH_VARARGS,
+     "smooth(pixels, out) -> None\n\nImage.filter(ImageFilter.SMOOTH) of RGB pixels as pillow-simd computes it "
+     "(13-bit integer weights)."},
     {"simd", simd, METH_VARARGS,
-     "simd(enable=-1) -> int\n\nWhether the bilinear affine runs on AVX2 (1) or plain C (0), after turning it off "
-     "(0) or back on where the CPU has it (1) when asked (process-wide: for tests and benchmarks, both give the same "
-     "pixels)."},
+     "simd(enable=-1) -> int\n\nWhether the bilinear affine and smooth run on AVX2 (1) or plain C (0), after "
+     "turning that off (0) or back on where the CPU has it (1) when asked (process-wide: for tests and benchmarks, "
+     "both give the same pixels)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -171,6 +171,21 @@ def test_blend_is_image_enhance_color_and_sharpness_at_every_ta_factor() -> None
         ext.blend(arr, np.empty_like(arr), bytes(65536), arr[:-1])
 
 
+def test_smooth_is_the_installed_pil_s_filter_where_the_probe_says_so(simd: int) -> None:
+    """pillow-simd's integer 3x3 SMOOTH on RGB at every size up to 19 x 7 and on the images above (the
+    first and last rows and columns copied, images under 3 x 3 whole); with Pillow's own filter the probe
+    says no and Sharpness smooths through PIL."""
+    if not autoaug.smooth_in_c():
+        pytest.skip("this PIL's SMOOTH is not pillow-simd's integer filter")
+    rng = np.random.default_rng(12)
+    sized = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for w in range(1, 20) for h in (1, 2, 3, 4, 7)]
+    for arr in [*sized, *(a for a in _images() if a.shape[2] == 3)]:
+        want = _pil(arr).filter(ImageFilter.SMOOTH)
+        assert np.array_equal(_run(ext.smooth, arr), _hwc(want)), arr.shape
+    with pytest.raises(ValueError, match="three channels"):
+        ext.smooth(arr[:, :, :1].copy(), np.empty_like(arr[:, :, :1]))
+
+
 @needs_ext
 def test_histogram_and_gray_mean_are_pil_s() -> None:
     flavour = autoaug.luma_flavour()
@@ -229,12 +244,15 @@ def test_every_ta_sub_op_at_every_bin_and_sign_is_its_pil_form(fill: tuple[int, 
 def test_without_the_extension_the_array_forms_are_still_pil_s(monkeypatch: pytest.MonkeyPatch,
                                                                resample: int) -> None:
     monkeypatch.setattr(autoaug, "_augment", None)
-    autoaug.luma_flavour.cache_clear()
+    probes = (autoaug.luma_flavour, autoaug.smooth_in_c)
+    for probe in probes:
+        probe.cache_clear()
     try:
-        assert autoaug.luma_flavour() is None
+        assert autoaug.luma_flavour() is None and not autoaug.smooth_in_c()
         _assert_array_forms_are_pil_s((10, 200, 30), int(resample))
     finally:
-        autoaug.luma_flavour.cache_clear()
+        for probe in probes:
+            probe.cache_clear()
 
 
 @needs_ext

@@ -269,7 +269,8 @@ def apply_array(pixels: Any, choices: Sequence[Choice], fill: Sequence[int]) -> 
     table ops (brightness, posterize, solarize, invert; contrast, whose table depends on the image's
     mean only) as their table, made by the same PIL call on the 256 values, autocontrast and equalize
     from the histogram as ImageOps does, torchvision's color and sharpness as a table of PIL's blend over
-    (degenerate, value) pairs. Whole-pixel translations are a copy, Identity no work. Without it, the
+    (degenerate, value) pairs (the gray and smoothed images in C where they are the installed PIL's, by
+    a probe). Whole-pixel translations are a copy, Identity no work. Without it, the
     tables and copies run in NumPy and the rest through PIL. Measured on 176 x 176 RGB, one thread: see
     BENCHMARKS.md ("The recipe row").
     """
@@ -376,21 +377,14 @@ def _blend_enhance(pixels: Any, choice: Choice) -> Any:
     """torchvision's Color and Sharpness (``ImageEnhance``: a blend of the image with its gray or smoothed
     form) through a table of PIL's blend at the factor over every (degenerate, value) pair, which is
     PIL's by construction. torchvision's factors are a few bins, so the tables are cached; timm's are
-    continuous and stay with PIL. The gray form is made in C where the luma rule of the installed PIL is
-    known (:func:`luma_flavour`), the smoothed one by PIL. None for another op."""
+    continuous and stay with PIL. None for another op."""
     import numpy as np
 
     if choice.timm or choice.op not in ("Color", "Sharpness"):
         return None
     table = _blend_table(1.0 + choice.magnitude)
     flavour = luma_flavour() if choice.op == "Color" else None
-    degenerate: Any = None
-    if flavour is None:
-        from PIL import ImageFilter
-
-        img = _to_pil(pixels)
-        found = np.asarray(img.convert("L") if choice.op == "Color" else img.filter(ImageFilter.SMOOTH))
-        degenerate = found[:, :, None] if found.ndim == 2 else found
+    degenerate: Any = None if flavour is not None else _degenerate(pixels, choice.op)
     if _augment is None:
         index = pixels.astype(np.uint16)
         index |= degenerate.astype(np.uint16) << 8
@@ -398,6 +392,37 @@ def _blend_enhance(pixels: Any, choice: Choice) -> Any:
     out = np.empty_like(pixels)
     _augment.blend(pixels, out, table, degenerate, flavour or 0)
     return out
+
+
+def _degenerate(pixels: Any, op: str) -> Any:
+    """Color's gray or Sharpness's smoothed image as uint8 HWC: ``_augment.smooth`` where it is the installed
+    PIL's filter (:func:`smooth_in_c`), else PIL's own call. (Color's gray is made in ``_augment.blend`` where
+    :func:`luma_flavour` knows the rule.)"""
+    import numpy as np
+    from PIL import ImageFilter
+
+    if op == "Sharpness" and pixels.shape[2] == 3 and smooth_in_c():
+        out = np.empty_like(pixels)
+        _augment.smooth(pixels, out)
+        return out
+    img = _to_pil(pixels)
+    found = np.asarray(img.convert("L") if op == "Color" else img.filter(ImageFilter.SMOOTH))
+    return found[:, :, None] if found.ndim == 2 else found
+
+
+@lru_cache(maxsize=1)
+def smooth_in_c() -> bool:
+    """Whether ``_augment.smooth`` (pillow-simd's integer 3x3 filter) is the installed PIL's
+    ``filter(ImageFilter.SMOOTH)`` of RGB, on a probe of random pixels (Pillow's own filter rounds floats)."""
+    import numpy as np
+    from PIL import Image, ImageFilter
+
+    if _augment is None:
+        return False
+    probe = np.random.default_rng(1).integers(0, 256, (9, 37, 3), dtype=np.uint8)
+    out = np.empty_like(probe)
+    _augment.smooth(probe, out)
+    return bool(np.array_equal(out, np.asarray(Image.fromarray(probe).filter(ImageFilter.SMOOTH))))
 
 
 @lru_cache(maxsize=1)
