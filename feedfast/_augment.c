@@ -2,8 +2,9 @@
  *
  * Each kernel gives Pillow's pixels for the same call, bit for bit (tests/test_augment.py checks each against
  * the installed Pillow), so feedfast.ops.autoaug.apply_array can run torchvision's and timm's sub-ops on the
- * threaded path's arrays without a PIL round trip. Ported from Pillow 12.1.1 (pillow-simd 12.1.1 builds the
- * same files there):
+ * threaded path's arrays without a PIL round trip. Ported from Pillow 12.1.1 (Geometry.c, which pillow-simd
+ * 12.1.1 builds unchanged; ImageOps, ImageStat) and, where pillow-simd computes another way (convert("L"), the
+ * SMOOTH filter), from pillow-simd; the caller probes which rule the installed PIL runs:
  *
  * affine(src, dst, matrix, resample, fill): Image.transform(size, AFFINE, matrix, resample, fillcolor=fill)
  *   with the output the input's size. resample 0 (nearest) is ImagingTransformAffine's three engines (the
@@ -21,7 +22,6 @@
  * autocontrast(src, dst), equalize(src, dst): ImageOps.autocontrast(image) (no cutoff, no ignore) and
  *   ImageOps.equalize(image): their per-channel tables from the histogram, in integers and doubles as
  *   ImageOps computes them in Python, clipped as Image.point clips, then applied.
- *
  * smooth(src, dst): Image.filter(ImageFilter.SMOOTH) of RGB as pillow-simd computes it (ImageEnhance.Sharpness's
  *   degenerate); Pillow's own rounds another way, and the caller uses this only where a probe matched.
  * simd(enable=-1) -> int: whether the bilinear affine (four pixels at a time) and smooth run on AVX2 (where the
@@ -42,7 +42,6 @@
 /* Pillow's Geometry.c */
 #define COORD(v) ((v) < 0.0 ? -1 : ((int)(v)))
 #define FLOOR(v) ((v) < 0.0 ? ((int)floor(v)) : ((int)(v)))
-#define XCLIP(x, size) (((x) < 0) ? 0 : ((x) < (size)) ? (x) : (size) - 1)
 
 typedef struct {
     Py_buffer buffer;

@@ -146,7 +146,7 @@ def native_ext() -> dict[str, Any]:
 
     return {"built": native.built(), "libjpeg_turbo": native.libjpeg_turbo_version(),
             "planner": batchplan.ext is not None, "one_call": batchplan.one_call(),
-            "augment": autoaug._augment is not None}
+            "augment": autoaug.kernels_built()}
 
 
 def _codecs() -> dict[str, dict[str, Any]]:

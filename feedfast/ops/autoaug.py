@@ -260,6 +260,11 @@ _HISTOGRAM_OPS = {"AutoContrast": "autocontrast", "Equalize": "equalize"}
 the name of ``feedfast._augment``'s kernel."""
 
 
+def kernels_built() -> bool:
+    """Whether ``feedfast._augment`` is built and loads here (:func:`apply_array` then runs in C)."""
+    return _augment is not None
+
+
 def apply_array(pixels: Any, choices: Sequence[Choice], fill: Sequence[int]) -> Any:
     """:func:`apply` over uint8 HWC pixels (one or three channels), returning uint8 HWC pixels.
 
