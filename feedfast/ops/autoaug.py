@@ -35,6 +35,11 @@ from typing import Any, Sequence
 
 from feedfast.ops.base import Rng
 
+try:
+    import feedfast._augment as _augment
+except ImportError:  # not built at install: Pillow and NumPy run the array forms
+    _augment = None
+
 TORCHVISION_WIDE = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color",
                     "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize")
 """The op order of torchvision's ``TrivialAugmentWide`` and ``RandAugment`` (its draws index it)."""
@@ -250,18 +255,29 @@ _POINTWISE = frozenset({"Brightness", "Posterize", "Solarize", "Invert"})
 table per band from the same function, or blends with a constant image)."""
 _POINTWISE_TIMM = frozenset({"Brightness", "BrightnessIncreasing", "Posterize", "PosterizeIncreasing", "Solarize",
                              "SolarizeIncreasing", "SolarizeAdd", "Invert"})
+_HISTOGRAM_OPS = {"AutoContrast": "autocontrast", "Equalize": "equalize"}
+"""Sub-ops whose tables come from the image's histogram (ImageOps' defaults, torchvision's and timm's alike):
+the name of ``feedfast._augment``'s kernel."""
+
+
+def kernels_built() -> bool:
+    """Whether ``feedfast._augment`` is built and loads here (:func:`apply_array` then runs in C)."""
+    return _augment is not None
 
 
 def apply_array(pixels: Any, choices: Sequence[Choice], fill: Sequence[int]) -> Any:
     """:func:`apply` over uint8 HWC pixels (one or three channels), returning uint8 HWC pixels.
 
-    The pixels are :func:`apply`'s: a sub-op that maps each value through a table (brightness,
-    posterize, solarize, invert; contrast, whose table depends on the image's mean only) runs as
-    that table over the array, the table made by the same PIL call on the 256 values (so it is
-    PIL's by construction); torchvision's whole-pixel translations are a copy, its color and
-    sharpness a table of PIL's blend over (degenerate, value) pairs; Identity is no work; the others
-    (rotate, shear, autocontrast, equalize, timm's continuous color and sharpness) go through PIL. Measured on 176 x 176
-    RGB: a table lookup 90 us against 630 us for PIL's brightness with its conversions.
+    The pixels are :func:`apply`'s. With ``feedfast._augment`` (``feedfast/_augment.c``), every sub-op
+    but timm's continuous color and sharpness and the bicubic geometry runs on the array without the GIL:
+    rotate, shear and timm's translations as PIL's affine transform (nearest and bilinear, ported), the
+    table ops (brightness, posterize, solarize, invert; contrast, whose table depends on the image's
+    mean only) as their table, made by the same PIL call on the 256 values, autocontrast and equalize
+    from the histogram as ImageOps does, torchvision's color and sharpness as a table of PIL's blend over
+    (degenerate, value) pairs (the gray and smoothed images in C where they are the installed PIL's, by
+    a probe). Whole-pixel translations are a copy, Identity no work. Without it, the
+    tables and copies run in NumPy and the rest through PIL. Measured on 176 x 176 RGB, one thread: see
+    BENCHMARKS.md ("The recipe row").
     """
     import numpy as np
 
@@ -270,15 +286,9 @@ def apply_array(pixels: Any, choices: Sequence[Choice], fill: Sequence[int]) -> 
         if choice.op == "Identity":
             continue
         if isinstance(state, np.ndarray):
-            lut = _table(state, choice, fill)
-            if lut is not None:
-                state = np.take(lut, state)
-                continue
-            shifted = _integer_shift(state, choice, fill)
-            if shifted is None:
-                shifted = _blend_enhance(state, choice)
-            if shifted is not None:
-                state = shifted
+            done = _array_op(np.ascontiguousarray(state), choice, fill)
+            if done is not None:
+                state = done
                 continue
             state = _to_pil(state)
         state = (_timm_op if choice.timm else _torchvision_op)(state, choice, fill)
@@ -286,6 +296,62 @@ def apply_array(pixels: Any, choices: Sequence[Choice], fill: Sequence[int]) -> 
         return state
     out = np.asarray(state)
     return out[:, :, None] if out.ndim == 2 else out
+
+
+def _array_op(pixels: Any, choice: Choice, fill: Sequence[int]) -> Any:
+    """One sub-op on the array, or None where it must go through PIL."""
+    lut = _table(pixels, choice, fill)
+    if lut is not None:
+        return _apply_table(pixels, lut)
+    for form in (_integer_shift, _geometry, _histogram_op):
+        out = form(pixels, choice, fill)
+        if out is not None:
+            return out
+    return _blend_enhance(pixels, choice)
+
+
+def _apply_table(pixels: Any, lut: Any) -> Any:
+    import numpy as np
+
+    if _augment is None:
+        return np.take(lut, pixels)
+    out = np.empty_like(pixels)
+    _augment.lut(pixels, out, lut)
+    return out
+
+
+def _geometry(pixels: Any, choice: Choice, fill: Sequence[int]) -> Any:
+    """Rotate, shear and timm's translations through ``_augment.affine`` (PIL's nearest and bilinear affine
+    transform; rotate's quarter turns and zero as PIL's transposes and copy). None for another op or filter."""
+    import numpy as np
+
+    if _augment is None or choice.resample not in (0, 2):  # Image.NEAREST, Image.BILINEAR
+        return None
+    height, width, bands = pixels.shape
+    matrix: list[float] | None
+    if choice.op == "Rotate":
+        turn = rotate_turn(choice.magnitude, width, height)
+        if turn is not None:
+            return np.ascontiguousarray(np.rot90(pixels, turn)) if turn else pixels
+        matrix = rotate_matrix(choice.magnitude, width, height)
+    else:
+        matrix = affine_matrix(choice, width, height)
+        if matrix is None:
+            return None
+    out = np.empty_like(pixels)
+    _augment.affine(pixels, out, tuple(matrix), choice.resample, bytes(_fill_values(fill, bands)))
+    return out
+
+
+def _histogram_op(pixels: Any, choice: Choice, fill: Sequence[int]) -> Any:
+    import numpy as np
+
+    kernel = _HISTOGRAM_OPS.get(choice.op)
+    if _augment is None or kernel is None:
+        return None
+    out = np.empty_like(pixels)
+    getattr(_augment, kernel)(pixels, out)
+    return out
 
 
 def _integer_shift(pixels: Any, choice: Choice, fill: Sequence[int]) -> Any:
@@ -297,14 +363,15 @@ def _integer_shift(pixels: Any, choice: Choice, fill: Sequence[int]) -> Any:
     if choice.timm or choice.op not in ("TranslateX", "TranslateY") or choice.resample not in (0, 2):
         return None
     height, width, bands = pixels.shape
-    shift = [int(choice.magnitude), 0] if choice.op == "TranslateX" else [0, int(choice.magnitude)]
-    m = inverse_affine([width * 0.5, height * 0.5], 0.0, shift, [0.0, 0.0])
+    m = affine_matrix(choice, width, height)
+    assert m is not None
     if m[0] != 1.0 or m[1] != 0.0 or m[3] != 0.0 or m[4] != 1.0 or m[2] % 1.0 or m[5] % 1.0:
         return None
     dx, dy = -int(m[2]), -int(m[5])  # out[y, x] = in[y - dy, x - dx]
-    values = tuple(int(v) for v in fill)
     out = np.empty_like(pixels)
-    out[...] = np.asarray((values * bands if len(values) == 1 else values)[:bands], dtype=np.uint8)
+    row = np.empty((width, bands), dtype=np.uint8)
+    row[...] = _fill_values(fill, bands)
+    out[...] = row  # a row of the fill, then rows: NumPy's broadcast of three values alone is 40x slower
     if abs(dx) < width and abs(dy) < height:
         out[max(dy, 0):height + min(dy, 0), max(dx, 0):width + min(dx, 0)] = \
             pixels[max(-dy, 0):height + min(-dy, 0), max(-dx, 0):width + min(-dx, 0)]
@@ -320,14 +387,69 @@ def _blend_enhance(pixels: Any, choice: Choice) -> Any:
 
     if choice.timm or choice.op not in ("Color", "Sharpness"):
         return None
+    table = _blend_table(1.0 + choice.magnitude)
+    flavour = luma_flavour() if choice.op == "Color" else None
+    degenerate: Any = None if flavour is not None else _degenerate(pixels, choice.op)
+    if _augment is None:
+        index = pixels.astype(np.uint16)
+        index |= degenerate.astype(np.uint16) << 8
+        return np.take(table, index)
+    out = np.empty_like(pixels)
+    _augment.blend(pixels, out, table, degenerate, flavour or 0)
+    return out
+
+
+def _degenerate(pixels: Any, op: str) -> Any:
+    """Color's gray or Sharpness's smoothed image as uint8 HWC: ``_augment.smooth`` where it is the installed
+    PIL's filter (:func:`smooth_in_c`), else PIL's own call. (Color's gray is made in ``_augment.blend`` where
+    :func:`luma_flavour` knows the rule.)"""
+    import numpy as np
     from PIL import ImageFilter
 
+    if op == "Sharpness" and pixels.shape[2] == 3 and smooth_in_c():
+        out = np.empty_like(pixels)
+        _augment.smooth(pixels, out)
+        return out
     img = _to_pil(pixels)
-    degenerate = img.convert("L") if choice.op == "Color" else img.filter(ImageFilter.SMOOTH)
-    index = pixels.astype(np.uint16)
-    deg = np.asarray(degenerate).astype(np.uint16)
-    index |= (deg[:, :, None] if deg.ndim == 2 else deg) << 8
-    return np.take(_blend_table(1.0 + choice.magnitude), index)
+    found = np.asarray(img.convert("L") if op == "Color" else img.filter(ImageFilter.SMOOTH))
+    return found[:, :, None] if found.ndim == 2 else found
+
+
+@lru_cache(maxsize=1)
+def smooth_in_c() -> bool:
+    """Whether ``_augment.smooth`` (pillow-simd's integer 3x3 filter) is the installed PIL's
+    ``filter(ImageFilter.SMOOTH)`` of RGB, on a probe of random pixels (Pillow's own filter rounds floats)."""
+    import numpy as np
+    from PIL import Image, ImageFilter
+
+    if _augment is None:
+        return False
+    probe = np.random.default_rng(1).integers(0, 256, (9, 37, 3), dtype=np.uint8)
+    out = np.empty_like(probe)
+    _augment.smooth(probe, out)
+    return bool(np.array_equal(out, np.asarray(Image.fromarray(probe).filter(ImageFilter.SMOOTH))))
+
+
+@lru_cache(maxsize=1)
+def luma_flavour() -> int | None:
+    """Whose ``Image.convert("L")`` of RGB the installed PIL runs, as ``_augment`` names it: 0 Pillow's,
+    1 pillow-simd's (its SSE groups of four pixels round another way); None when neither (or no ``_augment``):
+    the gray image is then PIL's own."""
+    import numpy as np
+    from PIL import Image
+
+    if _augment is None:
+        return None
+    probe = np.random.default_rng(0).integers(0, 256, (9, 37, 3), dtype=np.uint8)
+    probe[0, :5] = (0, 1, 201)  # 24 by Pillow's rule, 23 by pillow-simd's in a group of four
+    want = np.asarray(Image.fromarray(probe).convert("L"))
+    identity = np.repeat(np.arange(256, dtype=np.uint8), 256)  # entry d * 256 + v: d
+    for flavour in (0, 1):
+        out = np.empty_like(probe)
+        _augment.blend(probe, out, identity, None, flavour)
+        if np.array_equal(out[:, :, 0], want):
+            return flavour
+    return None
 
 
 @lru_cache(maxsize=256)
@@ -353,9 +475,13 @@ def _table(pixels: Any, choice: Choice, fill: Sequence[int]) -> Any:
     if choice.op in (_POINTWISE_TIMM if choice.timm else _POINTWISE):
         return _pointwise_table(choice, tuple(fill))
     if choice.op in ("Contrast", "ContrastIncreasing") and (choice.timm or choice.op == "Contrast"):
-        from PIL import ImageStat
+        flavour = luma_flavour() if pixels.shape[2] == 3 else 0
+        if flavour is not None and _augment is not None:
+            mean = _augment.gray_mean(pixels, flavour)
+        else:
+            from PIL import ImageStat
 
-        mean = int(ImageStat.Stat(_to_pil(pixels).convert("L")).mean[0] + 0.5)  # as ImageEnhance.Contrast
+            mean = int(ImageStat.Stat(_to_pil(pixels).convert("L")).mean[0] + 0.5)  # as ImageEnhance.Contrast
         return _contrast_table(mean, 1.0 + choice.magnitude if not choice.timm else choice.magnitude)
     return None
 
@@ -387,11 +513,58 @@ def _ramp() -> Any:
     return Image.fromarray(np.arange(256, dtype=np.uint8)[None, :])
 
 
-def _fill(img: Any, fill: Sequence[int]) -> Any:
-    bands = len(img.getbands())
+def affine_matrix(c: Choice, width: int, height: int) -> list[float] | None:
+    """The matrix ``Image.transform`` takes for torchvision's shears and translations (its
+    ``F.affine`` through :func:`inverse_affine`) or timm's (``ShearX``, ``TranslateXRel``, ...); None for
+    another op."""
+    if c.timm:
+        m = c.magnitude
+        timm = {"ShearX": (1, m, 0, 0, 1, 0), "ShearY": (1, 0, 0, m, 1, 0),
+                "TranslateXRel": (1, 0, m * width, 0, 1, 0), "TranslateYRel": (1, 0, 0, 0, 1, m * height)}.get(c.op)
+        return list(timm) if timm is not None else None
+    args = {
+        "ShearX": ([0.0, 0.0], [0, 0], [math.degrees(math.atan(c.magnitude)), 0.0]),
+        "ShearY": ([0.0, 0.0], [0, 0], [0.0, math.degrees(math.atan(c.magnitude))]),
+        "TranslateX": ([width * 0.5, height * 0.5], [int(c.magnitude), 0], [0.0, 0.0]),
+        "TranslateY": ([width * 0.5, height * 0.5], [0, int(c.magnitude)], [0.0, 0.0]),
+    }.get(c.op)
+    return inverse_affine(args[0], 0.0, args[1], args[2]) if args is not None else None
+
+
+def rotate_turn(angle: float, width: int, height: int) -> int | None:
+    """``Image.rotate(angle)``'s shortcuts (no expand, centre or translation): 0 for a copy, 1, 2 or 3
+    quarter turns counter-clockwise (its transposes; 1 and 3 only for a square image); None for neither."""
+    angle = angle % 360.0
+    if angle == 0:
+        return 0
+    if angle == 180:
+        return 2
+    if angle in (90, 270) and width == height:
+        return 1 if angle == 90 else 3
+    return None
+
+
+def rotate_matrix(angle: float, width: int, height: int) -> list[float]:
+    """The matrix ``Image.rotate(angle)`` (no expand, centre or translation) hands ``Image.transform``, as it
+    computes it (Pillow 12)."""
+    angle = -math.radians(angle % 360.0)
+    a, b = round(math.cos(angle), 15), round(math.sin(angle), 15)
+    d, e = round(-math.sin(angle), 15), round(math.cos(angle), 15)
+    cx, cy = width / 2, height / 2
+    x, y = -cx - 0, -cy - 0  # the centre less the translation (none), through the matrix so far
+    return [a, b, (a * x + b * y + 0.0) + cx, d, e, (d * x + e * y + 0.0) + cy]
+
+
+def _fill_values(fill: Sequence[int], bands: int) -> tuple[int, ...]:
+    """The fill, one value per band, as :func:`_fill` hands it to PIL."""
     values = tuple(int(v) for v in fill)
     values = values * bands if len(values) == 1 else values
-    return values if bands > 1 else values[0]
+    return values[:bands] if bands > 1 else values[:1]
+
+
+def _fill(img: Any, fill: Sequence[int]) -> Any:
+    values = _fill_values(fill, len(img.getbands()))
+    return values if len(values) > 1 else values[0]
 
 
 def _torchvision_op(img: Any, c: Choice, fill: Sequence[int]) -> Any:
@@ -399,14 +572,8 @@ def _torchvision_op(img: Any, c: Choice, fill: Sequence[int]) -> Any:
     from PIL import Image, ImageEnhance, ImageOps
 
     op, m = c.op, c.magnitude
-    affine = {
-        "ShearX": ([0.0, 0.0], [0, 0], [math.degrees(math.atan(m)), 0.0]),
-        "ShearY": ([0.0, 0.0], [0, 0], [0.0, math.degrees(math.atan(m))]),
-        "TranslateX": ([img.width * 0.5, img.height * 0.5], [int(m), 0], [0.0, 0.0]),
-        "TranslateY": ([img.width * 0.5, img.height * 0.5], [0, int(m)], [0.0, 0.0]),
-    }.get(op)
-    if affine is not None:
-        matrix = inverse_affine(affine[0], 0.0, affine[1], affine[2])
+    matrix = affine_matrix(c, img.width, img.height)
+    if matrix is not None:
         return img.transform(img.size, Image.AFFINE, matrix, c.resample, fillcolor=_fill(img, fill))
     if op == "Rotate":
         return img.rotate(m, c.resample, False, None, fillcolor=_fill(img, fill))
@@ -433,9 +600,7 @@ def _timm_op(img: Any, c: Choice, fill: Sequence[int]) -> Any:
 
     op, m = c.op, c.magnitude
     kw = {"resample": c.resample, "fillcolor": _fill(img, fill)}
-    matrix = {"ShearX": (1, m, 0, 0, 1, 0), "ShearY": (1, 0, 0, m, 1, 0),
-              "TranslateXRel": (1, 0, m * img.size[0], 0, 1, 0),
-              "TranslateYRel": (1, 0, 0, 0, 1, m * img.size[1])}.get(op)
+    matrix = affine_matrix(c, img.width, img.height)
     if matrix is not None:
         return img.transform(img.size, Image.AFFINE, matrix, **kw)
     if op == "Rotate":

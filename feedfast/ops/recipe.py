@@ -3,8 +3,9 @@
 Each runs on every backend, drawing from its own stream of the sample's draws with one chooser
 per policy: the ``pil`` program on the PIL image (:func:`feedfast.ops.autoaug.apply`, torchvision's
 and timm's PIL calls), the threaded path on the uint8 array (:func:`feedfast.ops.autoaug.apply_array`:
-the same pixels, table and whole-pixel-shift sub-ops without a PIL round trip); DALI through ``nvidia.dali.auto_aug`` (see :mod:`feedfast.ops._dali_recipe`
-for where DALI's suites differ from torchvision's and what feedfast does about it).
+the same pixels, its sub-ops in ``feedfast._augment``'s C kernels without the GIL where that is built);
+DALI through ``nvidia.dali.auto_aug`` (see :mod:`feedfast.ops._dali_recipe` for where DALI's suites differ
+from torchvision's and what feedfast does about it).
 ``random_erasing`` works on the normalized tensor, after ``normalize``, as torchvision puts it.
 """
 
