@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance, ImageFilter, ImageOps, ImageStat
 
-from feedfast.ops import autoaug
+from feedfast.ops import autoaug, autoaug_arrays
 from tests.corpus import photo
 
-ext: Any = autoaug._augment
+ext: Any = autoaug_arrays._augment
 needs_ext = pytest.mark.skipif(ext is None, reason="feedfast._augment is not built here")
 
 WIDE = autoaug.torchvision_space(31, 1, 1, wide=True)
@@ -141,7 +141,7 @@ def test_lut_is_image_point_with_one_table_or_one_per_channel() -> None:
 def test_the_luma_is_the_installed_pil_s_convert_l_at_every_colour_and_column() -> None:
     """Every one of the 2**24 colours in groups of four (pillow-simd's SSE body), then random rows of
     every width up to 13 (its scalar tail), through blend with a table that returns the degenerate value."""
-    flavour = autoaug.luma_flavour()
+    flavour = autoaug_arrays.luma_flavour()
     assert flavour is not None, "neither Pillow's nor pillow-simd's convert('L')"
     identity = np.repeat(np.arange(256, dtype=np.uint8), 256)
     colours = np.arange(1 << 24, dtype=np.uint32)
@@ -155,11 +155,11 @@ def test_the_luma_is_the_installed_pil_s_convert_l_at_every_colour_and_column() 
 
 @needs_ext
 def test_blend_is_image_enhance_color_and_sharpness_at_every_ta_factor() -> None:
-    flavour = autoaug.luma_flavour()
+    flavour = autoaug_arrays.luma_flavour()
     for arr in _images():
         img = _pil(arr)
         for m in _signed("Color"):
-            table = autoaug._blend_table(1.0 + m)
+            table = autoaug_arrays._blend_table(1.0 + m)
             got = _run(ext.blend, arr, table, None, flavour)
             assert np.array_equal(got, _hwc(ImageEnhance.Color(img).enhance(1.0 + m))), (arr.shape, m)
             smooth = _hwc(img.filter(ImageFilter.SMOOTH))
@@ -175,7 +175,7 @@ def test_smooth_is_the_installed_pil_s_filter_where_the_probe_says_so(simd: int)
     """pillow-simd's integer 3x3 SMOOTH on RGB at every size up to 19 x 7 and on the images above (the
     first and last rows and columns copied, images under 3 x 3 whole); with Pillow's own filter the probe
     says no and Sharpness smooths through PIL."""
-    if not autoaug.smooth_in_c():
+    if not autoaug_arrays.smooth_in_c():
         pytest.skip("this PIL's SMOOTH is not pillow-simd's integer filter")
     rng = np.random.default_rng(12)
     sized = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for w in range(1, 20) for h in (1, 2, 3, 4, 7)]
@@ -188,7 +188,7 @@ def test_smooth_is_the_installed_pil_s_filter_where_the_probe_says_so(simd: int)
 
 @needs_ext
 def test_histogram_and_gray_mean_are_pil_s() -> None:
-    flavour = autoaug.luma_flavour()
+    flavour = autoaug_arrays.luma_flavour()
     for arr in _images():
         img = _pil(arr)
         assert ext.histogram(arr) == img.histogram(), arr.shape
@@ -228,7 +228,7 @@ def _assert_array_forms_are_pil_s(fill: tuple[int, ...], resample: int) -> None:
     for arr in [*_images(), square]:
         for choice in [*_every_ta_choice(resample), *_timm_choices(resample)]:
             want = autoaug.apply(_pil(arr), [choice], fill)
-            got = autoaug.apply_array(arr, [choice], fill)
+            got = autoaug_arrays.apply_array(arr, [choice], fill)
             assert got.dtype == np.uint8 and got.shape == arr.shape, choice
             assert np.array_equal(got, _hwc(want)), (choice, arr.shape)
 
@@ -243,12 +243,12 @@ def test_every_ta_sub_op_at_every_bin_and_sign_is_its_pil_form(fill: tuple[int, 
 @pytest.mark.parametrize("resample", [Image.NEAREST, Image.BILINEAR], ids=["nearest", "bilinear"])
 def test_without_the_extension_the_array_forms_are_still_pil_s(monkeypatch: pytest.MonkeyPatch,
                                                                resample: int) -> None:
-    monkeypatch.setattr(autoaug, "_augment", None)
-    probes = (autoaug.luma_flavour, autoaug.smooth_in_c)
+    monkeypatch.setattr(autoaug_arrays, "_augment", None)
+    probes = (autoaug_arrays.luma_flavour, autoaug_arrays.smooth_in_c)
     for probe in probes:
         probe.cache_clear()
     try:
-        assert autoaug.luma_flavour() is None and not autoaug.smooth_in_c()
+        assert autoaug_arrays.luma_flavour() is None and not autoaug_arrays.smooth_in_c()
         _assert_array_forms_are_pil_s((10, 200, 30), int(resample))
     finally:
         for probe in probes:
@@ -263,5 +263,5 @@ def test_rotate_s_shortcuts_are_pil_s_transposes() -> None:
         for angle in (0.0, 90.0, -90.0, 180.0, -180.0, 270.0, 360.0, 450.0):
             for resample in (Image.NEAREST, Image.BILINEAR):
                 want = _pil(arr).rotate(angle, resample, fillcolor=_fill(arr, (1, 2, 3)))
-                got = autoaug.apply_array(arr, [autoaug.Choice("Rotate", angle, int(resample))], (1, 2, 3))
+                got = autoaug_arrays.apply_array(arr, [autoaug.Choice("Rotate", angle, int(resample))], (1, 2, 3))
                 assert np.array_equal(got, _hwc(want)), (arr.shape, angle, resample)

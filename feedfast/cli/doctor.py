@@ -142,11 +142,11 @@ def native_ext() -> dict[str, Any]:
     the recipe ops' sub-ops on arrays), against which libjpeg, and whether the threaded path makes a planned chunk
     in one call of the extension."""
     from feedfast.loader import batchplan, native
-    from feedfast.ops import autoaug
+    from feedfast.ops import autoaug_arrays
 
     return {"built": native.built(), "libjpeg_turbo": native.libjpeg_turbo_version(),
             "planner": batchplan.ext is not None, "one_call": batchplan.one_call(),
-            "augment": autoaug.kernels_built()}
+            "augment": autoaug_arrays.kernels_built()}
 
 
 def _codecs() -> dict[str, dict[str, Any]]:
