@@ -11,7 +11,9 @@ headers: ``libjpeg-dev``), Pillow's resize (``feedfast/_resample.c``, a port) an
 in one pass, built without fused multiply-adds so its floats are NumPy's (and its resize's
 coefficients Pillow's) bit for bit. It is optional: where it does not build, the install goes
 on without it and feedfast runs those steps in Pillow and NumPy (``feedfast doctor`` says
-which). Everything else is declared in ``pyproject.toml``.
+which). ``feedfast._augment`` (``feedfast/_augment.c``) runs the automatic-augmentation sub-ops over arrays
+with Pillow's pixels (affine transforms, tables, histograms); optional too, Pillow runs them where it did not
+build. Everything else is declared in ``pyproject.toml``.
 """
 
 from __future__ import annotations
@@ -41,11 +43,14 @@ class BuildPyWithPipelines(build_py):
 
 
 NATIVE = Extension("feedfast._native", sources=["feedfast/_native.c", "feedfast/_resample.c",
-                                                 "feedfast/_resample_simd.c"],
-                   depends=["feedfast/_resample.h", "feedfast/_resample_simd.h"], libraries=["jpeg"],
+                                                 "feedfast/_resample_simd.c", "feedfast/_mix.c"],
+                   depends=["feedfast/_resample.h", "feedfast/_resample_simd.h", "feedfast/_mix.h"], libraries=["jpeg"],
                    extra_compile_args=["-O3", "-ffp-contract=off"], optional=True)
 
 PLAN = Extension("feedfast._plan", sources=["feedfast/_plan.c"], libraries=["jpeg"],
                  extra_compile_args=["-O3", "-ffp-contract=off"], optional=True)
 
-setup(cmdclass={"build_py": BuildPyWithPipelines}, ext_modules=[NATIVE, PLAN])
+AUGMENT = Extension("feedfast._augment", sources=["feedfast/_augment.c"],
+                    extra_compile_args=["-O3", "-ffp-contract=off", "-fwrapv"], optional=True)
+
+setup(cmdclass={"build_py": BuildPyWithPipelines}, ext_modules=[NATIVE, PLAN, AUGMENT])

@@ -49,6 +49,7 @@
 
 #include <jpeglib.h>
 
+#include "_mix.h"
 #include "_resample.h"
 #include "_resample_simd.h"
 
@@ -772,6 +773,9 @@ static PyMethodDef methods[] = {
      "The instruction set resizes and emits run on: 2 AVX2, 1 SSE4.1, 0 plain C (pillow-simd's flavour; Pillow's "
      "runs plain C), after capping it at `cap` where one is given (process-wide: for tests and benchmarks, every "
      "level gives the same pixels)."},
+    {"mix_into", mix_into, METH_VARARGS,
+     "mix_into(images, keep, take, action, boxes, partner, chw) -> None\n\n"
+     "A batch's mixup and cutmix in place, in this thread, without the GIL (feedfast/_mix.c)."},
     {"sample_into", sample_into, METH_VARARGS,
      "sample_into(data, denom, gray, region, window, box, filter, reducing_gap, hflip, vflip, out, mean, inv, chw,"
      " flavour) -> None\n\n"

@@ -197,8 +197,20 @@ def test_bad_settings_are_named(change: dict, key: str) -> None:
     assert problem(MixSettings(num_classes=10)) is None
 
 
+@pytest.fixture(params=["c", "torch"])
+def in_place_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Mixing in place on the CPU through the C extension (where built), and through torch's operations (the GPU's)."""
+    from feedfast.loader import native
+
+    if request.param == "torch":
+        monkeypatch.setattr(native, "ext", None)
+    elif not native.built():
+        pytest.skip("feedfast._native is not built")
+    return request.param
+
+
 @pytest.mark.parametrize("mode", ["batch", "pair", "elem"])
-def test_in_place_reads_every_source_before_writing(mode: str) -> None:
+def test_in_place_reads_every_source_before_writing(mode: str, in_place_path: str) -> None:
     """The loader mixes its own batch in place: pairs exchanging boxes must still see each other's originals."""
     settings = MixSettings(num_classes=3, mixup_alpha=1.0, cutmix_alpha=1.0, mode=mode, switch_prob=0.6)
     for seed in range(6):
@@ -223,7 +235,7 @@ def test_lambda_distribution_matches_torchvisions_mixup() -> None:
 
 
 @pytest.mark.parametrize("convention", ["timm", "torchvision"])
-def test_a_whole_batch_blended_in_place_equals_the_blend_into_a_new_tensor(convention: str) -> None:
+def test_a_whole_batch_blended_in_place_equals_the_blend_into_a_new_tensor(convention: str, in_place_path: str) -> None:
     """The loader's own batch is mixed in place (one copy of the partners); the pixels are the new tensor's."""
     images = torch.randn(6, 3, 8, 8)
     partner = (np.arange(6) - 1) % 6 if convention == "torchvision" else np.arange(6)[::-1].copy()
@@ -233,3 +245,20 @@ def test_a_whole_batch_blended_in_place_equals_the_blend_into_a_new_tensor(conve
     got = images.clone()
     assert mix_images(got, p, inplace=True).data_ptr() == got.data_ptr()
     assert torch.equal(got, want) and not torch.equal(want, images)
+
+
+@pytest.mark.parametrize("mode", ["batch", "pair", "elem"])
+def test_cpu_soft_targets_equal_the_device_formula(mode: str) -> None:
+    """On the CPU the targets are made in NumPy (torch's CPU kernels would wake its thread pool); they equal the
+    torch operations a GPU runs, bit for bit."""
+    rng = np.random.default_rng(1)
+    for classes, batch, smoothing in [(1000, 64, 0.1), (10, 7, 0.0), (3, 1, 0.25)]:
+        p = draw_params(MixSettings(num_classes=classes, mixup_alpha=0.8, cutmix_alpha=1.0, mode=mode), rng, batch, 8, 8)
+        labels = torch.from_numpy(rng.integers(0, classes, batch))
+        off = smoothing / classes
+        one_hot = torch.full((batch, classes), off).scatter_(1, labels.view(-1, 1), 1.0 - smoothing + off)
+        keep = torch.from_numpy(np.asarray(p.lam, dtype=np.float32))
+        take = torch.from_numpy(np.asarray(1.0 - p.lam).astype(np.float32))
+        want = one_hot * keep[:, None] + one_hot[torch.from_numpy(p.partner)] * take[:, None]
+        got = soft_targets(labels, p, classes, smoothing)
+        assert got.dtype == torch.float32 and torch.equal(got, want)

@@ -22,7 +22,7 @@ def test_doctor_json_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(rep) == {"versions", "cuda", "hw_jpeg_decoder", "cpu", "memory", "cache", "simd", "decode_benchmark",
                         "limits", "pil_codecs", "native", "problems"}
     assert rep["native"] == {"built": True, "libjpeg_turbo": rep["native"]["libjpeg_turbo"], "planner": True,
-                             "one_call": rep["native"]["one_call"]}
+                             "one_call": rep["native"]["one_call"], "augment": True}
     assert not any("C extension" in line for line in rep["limits"])
     assert rep["pil_codecs"]["jpg"]["present"] is True and "zlib" in rep["pil_codecs"]
     missing = [name for name in IMAGE_CODECS if not rep["pil_codecs"][name]["present"]]

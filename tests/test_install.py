@@ -55,7 +55,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (sdist,) = (work / "sdist").glob("feedfast-*.tar.gz")
     with tarfile.open(sdist) as tar:
         assert sorted(Path(n).name for n in tar.getnames() if "/pipelines/" in n) == SHIPPED
-        assert any(n.endswith("feedfast/_native.c") for n in tar.getnames())  # the extension builds from the sdist
+        for source in ("_native.c", "_augment.c"):  # the extensions build from the sdist
+            assert any(n.endswith(f"feedfast/{source}") for n in tar.getnames()), source
     _pip("wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", str(sdist), "-w", str(work / "dist"),
          cwd=work)
     (built,) = (work / "dist").glob("feedfast-*.whl")
@@ -89,7 +90,8 @@ def test_the_wheel_carries_the_shipped_pipelines_and_the_command(wheel: Path) ->
     assert sorted(n.removeprefix("feedfast/pipelines/") for n in names if n.startswith("feedfast/pipelines/")) \
         == SHIPPED
     assert not [n for n in names if n.startswith(("pipelines/", "tests/", "benchmarks/"))], names
-    assert [n for n in names if n.startswith("feedfast/_native.") and n.endswith(".so")], "the C extension was not built"
+    for ext in ("_native", "_augment"):
+        assert [n for n in names if n.startswith(f"feedfast/{ext}.") and n.endswith(".so")], f"{ext} was not built"
     (entry,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     assert "feedfast = feedfast.cli.main:main" in zipfile.ZipFile(wheel).read(entry).decode()
 

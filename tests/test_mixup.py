@@ -49,3 +49,13 @@ def test_bad_batches_are_refused() -> None:
     with pytest.raises(UserError, match="2 images and 3 labels"):
         mixup(torch.zeros(2, 3, 4, 4), torch.tensor([0, 1, 2]))
     assert np.isfinite(mixup(torch.zeros(1, 3, 4, 4), torch.tensor([1]))[1].numpy()).all()
+
+
+def test_mixup_enabled_false_mixes_nothing_as_timms() -> None:
+    """timm's ``mixup_fn.mixup_enabled = False`` (its --mixup-off-epoch): pixels as they were, own smoothed targets."""
+    mixup = feedfast.Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=5, label_smoothing=0.1)
+    mixup.mixup_enabled = False
+    x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+    mixed, soft = mixup(x.clone(), y)
+    assert torch.equal(mixed, x)
+    assert torch.allclose(soft, torch.nn.functional.one_hot(y, 5).float() * 0.9 + 0.02)

@@ -329,3 +329,36 @@ def test_torchvision_v2_mixup_cutmix_as_the_batch_hook(small_spec: dict, shards:
         torch.testing.assert_close(target.sum(1), torch.ones(image.shape[0]))
         assert torch.isfinite(criterion(torch.zeros(image.shape[0], 10), target))
     assert shapes == [(4, (10,))] * 5 + [(3, (10,))]
+
+
+def test_timm_mixup_off_epoch_turns_the_spec_mix_off(small_spec: dict, shards: list[str]) -> None:
+    """timm train.py:1251-1255 with its prefetcher and --mixup-off-epoch: ``loader.mixup_enabled`` is read and
+    set False; from then on the targets are each sample's own smoothed one-hot and the pixels unmixed."""
+    import argparse
+    import copy
+
+    spec = copy.deepcopy(small_spec)
+    spec["batch"]["mix"] = {"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "num_classes": 10, "label_smoothing": 0.1}
+    plain = [x.clone() for x, _ in _loader(small_spec, shards, backend="threads", num_workers=2)]
+    loader = _loader(spec, shards, backend="threads", num_workers=2, prefetch_factor=1)
+    args, mixup_fn, epoch = argparse.Namespace(mixup_off_epoch=1, prefetcher=True), None, 1
+    assert loader.mixup_enabled
+    # timm train.py:1251-1255, verbatim
+    if args.mixup_off_epoch and epoch >= args.mixup_off_epoch:
+        if args.prefetcher and loader.mixup_enabled:
+            loader.mixup_enabled = False
+        elif mixup_fn is not None:
+            mixup_fn.mixup_enabled = False
+    assert not loader.mixup_enabled
+    batches = [(x.clone(), y.clone()) for x, y in loader]
+    assert all(torch.equal(x, x0) for (x, _), x0 in zip(batches, plain))
+    for _, y in batches:
+        assert y.shape[1] == 10 and torch.allclose(y.max(1).values, torch.full((len(y),), 0.9 + 0.01))
+
+
+def test_mixup_enabled_without_a_batch_mix(small_spec: dict, shards: list[str]) -> None:
+    loader = _loader(small_spec, shards, backend="threads")
+    assert loader.mixup_enabled is False
+    loader.mixup_enabled = False  # nothing to turn off
+    with pytest.raises(UserError, match="batch.mix"):
+        loader.mixup_enabled = True

@@ -138,12 +138,15 @@ def problems(r: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def native_ext() -> dict[str, Any]:
-    """Whether feedfast's C extensions are built (JPEG region decoding, the resize, normalize; the batch planner),
-    against which libjpeg, and whether the threaded path makes a planned chunk in one call of the extension."""
+    """Whether feedfast's C extensions are built (JPEG region decoding, the resize, normalize; the batch planner;
+    the recipe ops' sub-ops on arrays), against which libjpeg, and whether the threaded path makes a planned chunk
+    in one call of the extension."""
     from feedfast.loader import batchplan, native
+    from feedfast.ops import autoaug_arrays
 
     return {"built": native.built(), "libjpeg_turbo": native.libjpeg_turbo_version(),
-            "planner": batchplan.ext is not None, "one_call": batchplan.one_call()}
+            "planner": batchplan.ext is not None, "one_call": batchplan.one_call(),
+            "augment": autoaug_arrays.kernels_built()}
 
 
 def _codecs() -> dict[str, dict[str, Any]]:
@@ -186,6 +189,9 @@ def limits(r: dict[str, Any]) -> list[str]:
         out.append("feedfast's C extensions are not built: the threaded CPU path walks each sample in Python, decodes "
                    "whole JPEG rows and normalizes in NumPy (several times slower); install libjpeg-turbo's headers "
                    "(apt-get install libjpeg-dev) and reinstall feedfast")
+    if r.get("native", {}).get("built") and not r["native"].get("augment", True):
+        out.append("feedfast._augment is not built: the recipe ops' rotate, shear, autocontrast and equalize run "
+                   "through Pillow on the threaded path, slower; reinstall feedfast where a C compiler is found")
     if not r["cache"]["writable"]:
         out.append(f"cache folder not writable ({r['cache']['reason']}): shard indexes are rebuilt on every run")
     return out
@@ -217,7 +223,8 @@ def _print(r: dict[str, Any]) -> None:
         ("PIL SIMD build", f"{r['simd']['pil']['level']} ({r['simd']['pil']['how']}); "
                            f"CPU offers {', '.join(r['simd']['cpu']) or 'none known'}"),
         ("feedfast C ext", f"built, libjpeg-turbo {r['native']['libjpeg_turbo']} (JPEG region decode, resize, "
-                           f"normalize; a planned chunk in one call: {'yes' if r['native'].get('one_call') else 'no'})"
+                           f"normalize; a planned chunk in one call: {'yes' if r['native'].get('one_call') else 'no'}; "
+                           f"recipe sub-ops on arrays: {'yes' if r['native'].get('augment') else 'NO'})"
                            if r["native"]["built"] else "NOT built: Pillow and NumPy do its work, slower"),
         ("CUDA", f"{'available' if c['available'] else 'not available'} (torch CUDA {c['torch_cuda'] or 'none'})"),
         ("driver", c["nvml"]["driver"] or f"none ({c['nvml']['status']})"), ("GPUs", gpus),

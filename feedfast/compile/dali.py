@@ -28,6 +28,8 @@ class EmitContext:
     in_hw: tuple[Any, Any] | None = None
     decoder_args: dict[str, Any] = field(default_factory=dict)
     layout: str = ""
+    channels: int | None = None
+    """The node's output channels where its signature knows them (1 after a gray decode)."""
 
 
 @dataclass
@@ -116,6 +118,14 @@ def _source(reader: ReaderConfig, exts: list[str]) -> list[Any]:
     return raw if isinstance(raw, list) else [raw]
 
 
+def _channels(sig: Any) -> int | None:
+    """Channels of an image signature (the C of its HWC or CHW shape), None where unknown."""
+    if sig.layout not in ("HWC", "CHW") or len(sig.shape) != 3:
+        return None
+    c = sig.shape[2] if sig.layout == "HWC" else sig.shape[0]
+    return c if isinstance(c, int) else None
+
+
 def emit_node(n: Node, x: Any, in_hw: Any = None, *, decoder: DecoderSettings | None = None) -> Any:
     """One node as DALI ops.
 
@@ -131,6 +141,7 @@ def emit_node(n: Node, x: Any, in_hw: Any = None, *, decoder: DecoderSettings | 
         in_hw=in_hw,
         decoder_args=(decoder or DecoderSettings()).args_for(n.device),
         layout=n.sig.layout,
+        channels=_channels(n.sig),
     )
     parts = n.op.split("+")
     if len(parts) > 1:  # a fused node (passes.fuse): its last op's declared form takes the others

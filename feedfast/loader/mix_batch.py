@@ -33,6 +33,9 @@ class BatchMix:
     def __init__(self, settings: MixSettings, *, layout: str, seed: int, rank: int, world: int) -> None:
         self.settings, self.layout = settings, layout
         self.seed, self.rank, self.world = seed, rank, world
+        self.enabled = True
+        """False: batches are not mixed, and their targets are their own smoothed one-hot (timm's
+        ``mixup_enabled = False``, which its ``--mixup-off-epoch`` sets)."""
 
     def __call__(self, delivered: Delivered, ring: PinnedRing, epoch: int, step: int) -> None:
         """Mix ``delivered`` (uploaded, not yet handed over): its image field mixed, its label field soft
@@ -40,7 +43,8 @@ class BatchMix:
         s = self.settings
         images, labels = delivered.fields[s.image], delivered.fields[s.label]
         h, w = (images.shape[2], images.shape[3]) if self.layout == "CHW" else (images.shape[1], images.shape[2])
-        params = draw_params(s, batch_generator(self.seed, epoch, self.rank, self.world, step), images.shape[0], h, w)
+        params = draw_params(s, batch_generator(self.seed, epoch, self.rank, self.world, step), images.shape[0], h, w,
+                             enabled=self.enabled)
         with ring.layer.on(ring.stream):
             try:
                 soft = soft_targets(labels, params, s.num_classes, s.label_smoothing)

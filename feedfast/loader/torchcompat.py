@@ -34,6 +34,8 @@ collate_fn          :class:`BatchCollate`: from a list of ``loader.dataset``'s s
                     loader's batch (torch's ``default_collate``, in the loader's tuple or dict
                     form, then the user's ``collate_fn=``)
 generator           None: order and augmentation come from ``seed=``, not a ``torch.Generator``
+mixup_enabled       timm's ``PrefetchLoader`` switch: whether the spec's ``batch.mix`` mixes;
+                    set False (timm's ``--mixup-off-epoch``) to stop mixing from the next batch
 ==================  ==========================================================================
 
 ``sampler`` and ``batch_sampler`` are objects with ``set_epoch``, not None as torch has them
@@ -182,6 +184,7 @@ class TorchAttributes:
     spec: Any
     backend: str
     _backend: Any
+    _batch_mix: Any
     prefetch: int
     settings: Any
 
@@ -244,3 +247,25 @@ class TorchAttributes:
     def generator(self) -> None:
         """None: order and augmentation follow ``seed``."""
         return None
+
+    @property
+    def mixup_enabled(self) -> bool:
+        """Whether the spec's ``batch.mix`` mixes batches (False without one); timm's ``PrefetchLoader`` attribute.
+
+        Setting it False (timm's ``train.py`` does at ``--mixup-off-epoch``) stops the mix from the next
+        batch made: targets stay soft, each sample's own smoothed one-hot. Batches already made ahead
+        (``prefetch_factor``) keep their mix.
+
+        Raises:
+            UserError: set True on a spec without ``batch.mix``.
+        """
+        return self._batch_mix is not None and self._batch_mix.enabled
+
+    @mixup_enabled.setter
+    def mixup_enabled(self, on: bool) -> None:
+        if self._batch_mix is None:
+            if on:
+                raise UserError(f"mixup_enabled = True: spec {self.spec.name!r} has no batch.mix to turn on; add "
+                                "batch.mix (mixup_alpha, cutmix_alpha, num_classes) to the spec")
+            return
+        self._batch_mix.enabled = bool(on)

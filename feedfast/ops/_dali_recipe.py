@@ -56,7 +56,18 @@ def _known_hw(ctx: Any) -> tuple[int, int] | None:
     return None
 
 
-def _suite(bins_top: float, wide: bool, translate: Any) -> list[Any]:
+def _color(ctx: Any, top: float) -> Any:
+    """torchvision's Color: DALI's saturation blend; on one channel, where ``ImageEnhance.Color`` is the
+    identity (its grey form is the image), the identity: DALI's ``color`` corrupts the heap on a
+    one-channel image (DALI 2.4's CPU ``hsv``: "free(): invalid pointer", the process aborts)."""
+    from nvidia.dali.auto_aug import augmentations as a
+
+    if ctx.channels == 1:
+        return a.identity.augmentation((0, top), True, name="color (one channel: the identity)")
+    return a.color.augmentation((0, top), True, a.shift_enhance_range)
+
+
+def _suite(ctx: Any, bins_top: float, wide: bool, translate: Any) -> list[Any]:
     from nvidia.dali.auto_aug import augmentations as a
 
     shear = 0.99 if wide else 0.3
@@ -66,7 +77,7 @@ def _suite(bins_top: float, wide: bool, translate: Any) -> list[Any]:
         a.rotate.augmentation((0, 135 if wide else 30), True),
         a.brightness.augmentation((0, bins_top), True, a.shift_enhance_range),
         a.contrast.augmentation((0, bins_top), True, a.shift_enhance_range),
-        a.color.augmentation((0, bins_top), True, a.shift_enhance_range),
+        _color(ctx, bins_top),
         a.sharpness.augmentation((0, bins_top), True, a.sharpness_kernel),
         a.posterize.augmentation((8, 2 if wide else 4), False, a.poster_mask_uint8),
         a.solarize.augmentation((255, 0), False),
@@ -84,7 +95,7 @@ def trivial_augment_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     translate = [a.translate_x_no_shape.augmentation((0, 32), True),
                  a.translate_y_no_shape.augmentation((0, 32), True)]
     return trivial_augment.apply_trivial_augment(
-        _suite(0.99, True, translate), x, num_magnitude_bins=p["num_magnitude_bins"],
+        _suite(ctx, 0.99, True, translate), x, num_magnitude_bins=p["num_magnitude_bins"],
         fill_value=_fill(p), interp_type=_interp(p),
     )
 
@@ -116,7 +127,7 @@ def rand_augment_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
         translate = [a.translate_x_no_shape.augmentation((0, top), True),
                      a.translate_y_no_shape.augmentation((0, top), True)]
     return rand_augment.apply_rand_augment(
-        _suite(0.9, False, translate), x, n=p["num_ops"], m=p["magnitude"],
+        _suite(ctx, 0.9, False, translate), x, n=p["num_ops"], m=p["magnitude"],
         num_magnitude_bins=p["num_magnitude_bins"], **kwargs,
     )
 
@@ -133,7 +144,7 @@ def auto_augment_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
         "Solarize": a.solarize.augmentation((255, 0), False),
         "AutoContrast": a.auto_contrast,
         "Equalize": a.equalize,
-        "Color": a.color.augmentation((0, 0.9), True, a.shift_enhance_range),
+        "Color": _color(ctx, 0.9),
         "Contrast": a.contrast.augmentation((0, 0.9), True, a.shift_enhance_range),
         "Sharpness": a.sharpness.augmentation((0, 0.9), True, a.sharpness_kernel),
         "ShearX": a.shear_x.augmentation((0, 0.3), True),

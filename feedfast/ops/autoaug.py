@@ -4,7 +4,8 @@ A policy is two steps: :func:`choose` draws what to do to one image (a list of :
 a sub-op, its magnitude and its filter) from the sample's draws, and :func:`apply` does it with
 the same PIL calls as torchvision's functional ops (``transforms.autoaugment._apply_op`` on a
 PIL image) or timm's (``timm.data.auto_augment``), so the pixels are theirs for the same choice
-(``tests/test_ops_recipe.py`` checks each sub-op against their own code).
+(``tests/test_ops_recipe.py`` checks each sub-op against their own code). The threaded path runs
+the same choices on its uint8 arrays: :func:`feedfast.ops.autoaug_arrays.apply_array`.
 
 Semantics, and which parameters select them:
 
@@ -245,153 +246,58 @@ def apply(img: Any, choices: Sequence[Choice], fill: Sequence[int]) -> Any:
     return img
 
 
-_POINTWISE = frozenset({"Brightness", "Posterize", "Solarize", "Invert"})
-"""torchvision sub-ops that map each channel value through one table whatever the image (PIL builds the
-table per band from the same function, or blends with a constant image)."""
-_POINTWISE_TIMM = frozenset({"Brightness", "BrightnessIncreasing", "Posterize", "PosterizeIncreasing", "Solarize",
-                             "SolarizeIncreasing", "SolarizeAdd", "Invert"})
+def affine_matrix(c: Choice, width: int, height: int) -> list[float] | None:
+    """The matrix ``Image.transform`` takes for torchvision's shears and translations (its
+    ``F.affine`` through :func:`inverse_affine`) or timm's (``ShearX``, ``TranslateXRel``, ...); None for
+    another op."""
+    if c.timm:
+        m = c.magnitude
+        timm = {"ShearX": (1, m, 0, 0, 1, 0), "ShearY": (1, 0, 0, m, 1, 0),
+                "TranslateXRel": (1, 0, m * width, 0, 1, 0), "TranslateYRel": (1, 0, 0, 0, 1, m * height)}.get(c.op)
+        return list(timm) if timm is not None else None
+    args = {
+        "ShearX": ([0.0, 0.0], [0, 0], [math.degrees(math.atan(c.magnitude)), 0.0]),
+        "ShearY": ([0.0, 0.0], [0, 0], [0.0, math.degrees(math.atan(c.magnitude))]),
+        "TranslateX": ([width * 0.5, height * 0.5], [int(c.magnitude), 0], [0.0, 0.0]),
+        "TranslateY": ([width * 0.5, height * 0.5], [0, int(c.magnitude)], [0.0, 0.0]),
+    }.get(c.op)
+    return inverse_affine(args[0], 0.0, args[1], args[2]) if args is not None else None
 
 
-def apply_array(pixels: Any, choices: Sequence[Choice], fill: Sequence[int]) -> Any:
-    """:func:`apply` over uint8 HWC pixels (one or three channels), returning uint8 HWC pixels.
-
-    The pixels are :func:`apply`'s: a sub-op that maps each value through a table (brightness,
-    posterize, solarize, invert; contrast, whose table depends on the image's mean only) runs as
-    that table over the array, the table made by the same PIL call on the 256 values (so it is
-    PIL's by construction); torchvision's whole-pixel translations are a copy, its color and
-    sharpness a table of PIL's blend over (degenerate, value) pairs; Identity is no work; the others
-    (rotate, shear, autocontrast, equalize, timm's continuous color and sharpness) go through PIL. Measured on 176 x 176
-    RGB: a table lookup 90 us against 630 us for PIL's brightness with its conversions.
-    """
-    import numpy as np
-
-    state: Any = pixels
-    for choice in choices:
-        if choice.op == "Identity":
-            continue
-        if isinstance(state, np.ndarray):
-            lut = _table(state, choice, fill)
-            if lut is not None:
-                state = np.take(lut, state)
-                continue
-            shifted = _integer_shift(state, choice, fill)
-            if shifted is None:
-                shifted = _blend_enhance(state, choice)
-            if shifted is not None:
-                state = shifted
-                continue
-            state = _to_pil(state)
-        state = (_timm_op if choice.timm else _torchvision_op)(state, choice, fill)
-    if isinstance(state, np.ndarray):
-        return state
-    out = np.asarray(state)
-    return out[:, :, None] if out.ndim == 2 else out
-
-
-def _integer_shift(pixels: Any, choice: Choice, fill: Sequence[int]) -> Any:
-    """torchvision's TranslateX / TranslateY as a copy, where its affine matrix is a shift by whole pixels
-    (its translations are ``int(magnitude)``) and the filter samples pixel centres exactly (nearest,
-    bilinear): every output pixel is one input pixel or the fill. None where that does not hold."""
-    import numpy as np
-
-    if choice.timm or choice.op not in ("TranslateX", "TranslateY") or choice.resample not in (0, 2):
-        return None
-    height, width, bands = pixels.shape
-    shift = [int(choice.magnitude), 0] if choice.op == "TranslateX" else [0, int(choice.magnitude)]
-    m = inverse_affine([width * 0.5, height * 0.5], 0.0, shift, [0.0, 0.0])
-    if m[0] != 1.0 or m[1] != 0.0 or m[3] != 0.0 or m[4] != 1.0 or m[2] % 1.0 or m[5] % 1.0:
-        return None
-    dx, dy = -int(m[2]), -int(m[5])  # out[y, x] = in[y - dy, x - dx]
-    values = tuple(int(v) for v in fill)
-    out = np.empty_like(pixels)
-    out[...] = np.asarray((values * bands if len(values) == 1 else values)[:bands], dtype=np.uint8)
-    if abs(dx) < width and abs(dy) < height:
-        out[max(dy, 0):height + min(dy, 0), max(dx, 0):width + min(dx, 0)] = \
-            pixels[max(-dy, 0):height + min(-dy, 0), max(-dx, 0):width + min(-dx, 0)]
-    return out
-
-
-def _blend_enhance(pixels: Any, choice: Choice) -> Any:
-    """torchvision's Color and Sharpness (``ImageEnhance``: a blend of the image with its gray or smoothed
-    form) through a table of PIL's blend at the factor over every (degenerate, value) pair, which is
-    PIL's by construction. torchvision's factors are a few bins, so the tables are cached; timm's are
-    continuous and stay with PIL. None for another op."""
-    import numpy as np
-
-    if choice.timm or choice.op not in ("Color", "Sharpness"):
-        return None
-    from PIL import ImageFilter
-
-    img = _to_pil(pixels)
-    degenerate = img.convert("L") if choice.op == "Color" else img.filter(ImageFilter.SMOOTH)
-    index = pixels.astype(np.uint16)
-    deg = np.asarray(degenerate).astype(np.uint16)
-    index |= (deg[:, :, None] if deg.ndim == 2 else deg) << 8
-    return np.take(_blend_table(1.0 + choice.magnitude), index)
-
-
-@lru_cache(maxsize=256)
-def _blend_table(factor: float) -> Any:
-    """``Image.blend(a, b, factor)`` for every pair: entry ``a * 256 + b``."""
-    import numpy as np
-    from PIL import Image
-
-    values = np.arange(256, dtype=np.uint8)
-    a = Image.fromarray(np.ascontiguousarray(np.repeat(values[:, None], 256, axis=1)))
-    b = Image.fromarray(np.ascontiguousarray(np.repeat(values[None, :], 256, axis=0)))
-    return np.ascontiguousarray(np.asarray(Image.blend(a, b, factor)).reshape(65536))
-
-
-def _to_pil(pixels: Any) -> Any:
-    from PIL import Image
-
-    return Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels)
-
-
-def _table(pixels: Any, choice: Choice, fill: Sequence[int]) -> Any:
-    """The 256-entry table of a sub-op that is one per image, or None for a sub-op that is not."""
-    if choice.op in (_POINTWISE_TIMM if choice.timm else _POINTWISE):
-        return _pointwise_table(choice, tuple(fill))
-    if choice.op in ("Contrast", "ContrastIncreasing") and (choice.timm or choice.op == "Contrast"):
-        from PIL import ImageStat
-
-        mean = int(ImageStat.Stat(_to_pil(pixels).convert("L")).mean[0] + 0.5)  # as ImageEnhance.Contrast
-        return _contrast_table(mean, 1.0 + choice.magnitude if not choice.timm else choice.magnitude)
+def rotate_turn(angle: float, width: int, height: int) -> int | None:
+    """``Image.rotate(angle)``'s shortcuts (no expand, centre or translation): 0 for a copy, 1, 2 or 3
+    quarter turns counter-clockwise (its transposes; 1 and 3 only for a square image); None for neither."""
+    angle = angle % 360.0
+    if angle == 0:
+        return 0
+    if angle == 180:
+        return 2
+    if angle in (90, 270) and width == height:
+        return 1 if angle == 90 else 3
     return None
 
 
-@lru_cache(maxsize=4096)
-def _pointwise_table(choice: Choice, fill: tuple[int, ...]) -> Any:
-    """The sub-op's own PIL call on a one-row L image of the values 0..255: its table."""
-    import numpy as np
-
-    out = np.asarray((_timm_op if choice.timm else _torchvision_op)(_ramp(), choice, fill))
-    return np.ascontiguousarray(out.reshape(256))
-
-
-@lru_cache(maxsize=4096)
-def _contrast_table(mean: int, factor: float) -> Any:
-    """``ImageEnhance.Contrast``'s blend with its solid ``mean`` image, over the values 0..255."""
-    import numpy as np
-    from PIL import Image
-
-    out = Image.blend(Image.new("L", (256, 1), mean), _ramp(), factor)
-    return np.ascontiguousarray(np.asarray(out).reshape(256))
+def rotate_matrix(angle: float, width: int, height: int) -> list[float]:
+    """The matrix ``Image.rotate(angle)`` (no expand, centre or translation) hands ``Image.transform``, as it
+    computes it (Pillow 12)."""
+    angle = -math.radians(angle % 360.0)
+    a, b = round(math.cos(angle), 15), round(math.sin(angle), 15)
+    d, e = round(-math.sin(angle), 15), round(math.cos(angle), 15)
+    cx, cy = width / 2, height / 2
+    x, y = -cx - 0, -cy - 0  # the centre less the translation (none), through the matrix so far
+    return [a, b, (a * x + b * y + 0.0) + cx, d, e, (d * x + e * y + 0.0) + cy]
 
 
-@lru_cache(maxsize=1)
-def _ramp() -> Any:
-    import numpy as np
-    from PIL import Image
-
-    return Image.fromarray(np.arange(256, dtype=np.uint8)[None, :])
+def _fill_values(fill: Sequence[int], bands: int) -> tuple[int, ...]:
+    """The fill, one value per band, as :func:`_fill` hands it to PIL."""
+    values = tuple(int(v) for v in fill)
+    values = values * bands if len(values) == 1 else values
+    return values[:bands] if bands > 1 else values[:1]
 
 
 def _fill(img: Any, fill: Sequence[int]) -> Any:
-    bands = len(img.getbands())
-    values = tuple(int(v) for v in fill)
-    values = values * bands if len(values) == 1 else values
-    return values if bands > 1 else values[0]
+    values = _fill_values(fill, len(img.getbands()))
+    return values if len(values) > 1 else values[0]
 
 
 def _torchvision_op(img: Any, c: Choice, fill: Sequence[int]) -> Any:
@@ -399,14 +305,8 @@ def _torchvision_op(img: Any, c: Choice, fill: Sequence[int]) -> Any:
     from PIL import Image, ImageEnhance, ImageOps
 
     op, m = c.op, c.magnitude
-    affine = {
-        "ShearX": ([0.0, 0.0], [0, 0], [math.degrees(math.atan(m)), 0.0]),
-        "ShearY": ([0.0, 0.0], [0, 0], [0.0, math.degrees(math.atan(m))]),
-        "TranslateX": ([img.width * 0.5, img.height * 0.5], [int(m), 0], [0.0, 0.0]),
-        "TranslateY": ([img.width * 0.5, img.height * 0.5], [0, int(m)], [0.0, 0.0]),
-    }.get(op)
-    if affine is not None:
-        matrix = inverse_affine(affine[0], 0.0, affine[1], affine[2])
+    matrix = affine_matrix(c, img.width, img.height)
+    if matrix is not None:
         return img.transform(img.size, Image.AFFINE, matrix, c.resample, fillcolor=_fill(img, fill))
     if op == "Rotate":
         return img.rotate(m, c.resample, False, None, fillcolor=_fill(img, fill))
@@ -433,9 +333,7 @@ def _timm_op(img: Any, c: Choice, fill: Sequence[int]) -> Any:
 
     op, m = c.op, c.magnitude
     kw = {"resample": c.resample, "fillcolor": _fill(img, fill)}
-    matrix = {"ShearX": (1, m, 0, 0, 1, 0), "ShearY": (1, 0, 0, m, 1, 0),
-              "TranslateXRel": (1, 0, m * img.size[0], 0, 1, 0),
-              "TranslateYRel": (1, 0, 0, 0, 1, m * img.size[1])}.get(op)
+    matrix = affine_matrix(c, img.width, img.height)
     if matrix is not None:
         return img.transform(img.size, Image.AFFINE, matrix, **kw)
     if op == "Rotate":

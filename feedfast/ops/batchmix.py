@@ -41,6 +41,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from feedfast.loader import native
+
 MODES = ("batch", "pair", "elem")
 CONVENTIONS = ("timm", "torchvision")
 
@@ -143,12 +145,19 @@ class MixParams:
     partner: np.ndarray
 
 
-def draw_params(s: MixSettings, rng: Generator, batch: int, height: int, width: int) -> MixParams:
-    """The parameters of a batch of ``batch`` images of ``height`` x ``width``, drawn in timm's order."""
+def draw_params(s: MixSettings, rng: Generator, batch: int, height: int, width: int, *,
+                enabled: bool = True) -> MixParams:
+    """The parameters of a batch of ``batch`` images of ``height`` x ``width``, drawn in timm's order.
+
+    ``enabled=False`` is timm's ``mixup_enabled = False``: no mix (every lambda 1, nothing cut), so the
+    targets are each sample's own smoothed one-hot.
+    """
     if s.convention == "torchvision":
         partner = (np.arange(batch) - 1) % batch
     else:
         partner = np.arange(batch)[::-1].copy()
+    if not enabled:
+        return MixParams(np.ones(batch), np.zeros(batch, dtype=bool), np.zeros((batch, 4), dtype=np.int64), partner)
     count = 1 if s.mode == "batch" else (batch // 2 if s.mode == "pair" else batch)
     lam, cut = _lambdas(s, rng, count, elem=s.mode != "batch")
     boxes = np.zeros((count, 4), dtype=np.int64)
@@ -210,11 +219,14 @@ def _box(s: MixSettings, rng: Generator, lam: float, h: int, w: int) -> tuple[li
     return box, lam
 
 
-def _weights(lam: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def weights(lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each sample's own weight and its partner's, float32, with ``1 - lambda`` taken in lambda's dtype (timm's)."""
-    keep = torch.from_numpy(np.ascontiguousarray(lam, dtype=np.float32)).to(device)
-    take = torch.from_numpy(np.ascontiguousarray(1.0 - lam).astype(np.float32)).to(device)
-    return keep, take
+    return np.ascontiguousarray(lam, dtype=np.float32), np.ascontiguousarray(1.0 - lam).astype(np.float32)
+
+
+def _weights(lam: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    keep, take = weights(lam)
+    return torch.from_numpy(keep).to(device), torch.from_numpy(take).to(device)
 
 
 def mix_images(images: torch.Tensor, p: MixParams, layout: str = "CHW", *, inplace: bool = False) -> torch.Tensor:
@@ -223,7 +235,12 @@ def mix_images(images: torch.Tensor, p: MixParams, layout: str = "CHW", *, inpla
     ``images`` is ``[B, C, H, W]`` (``layout`` CHW) or ``[B, H, W, C]`` (HWC); an integer batch blends in
     float32 and is rounded back (timm's ``FastCollateMixup``). Every source is read before anything is
     written, so ``inplace`` (the loader's own batch) writes into ``images``; otherwise a new tensor.
+    In place on the CPU (a contiguous float32 or uint8 batch) the C extension does the same arithmetic
+    in the calling thread (:func:`feedfast.loader.native.mix_into`): torch's CPU kernels would run it
+    on torch's thread pool, against the decoding threads for the same cores.
     """
+    if inplace and native.mix_into(images, p, layout == "CHW"):
+        return images
     blend = np.flatnonzero(~p.cut & (p.lam != 1.0))
     if inplace and blend.size == len(images) and images.dtype.is_floating_point:
         return _blend_all_in_place(images, p)
@@ -291,6 +308,11 @@ def soft_targets(labels: torch.Tensor, p: MixParams, num_classes: int, smoothing
                          f"{num_classes} classes (num_classes)")
     off = smoothing / num_classes
     on = 1.0 - smoothing + off
+    if labels.device.type == "cpu":  # NumPy, in this thread: torch's CPU kernels would wake its thread pool
+        keep_np, take_np = weights(p.lam)
+        hot = np.full((labels.numel(), num_classes), off, dtype=np.float32)
+        hot[np.arange(labels.numel()), labels.numpy()] = np.float32(on)
+        return torch.from_numpy(hot * keep_np[:, None] + hot[p.partner] * take_np[:, None])
     one_hot = torch.full((labels.numel(), num_classes), off, device=labels.device)
     one_hot.scatter_(1, labels.view(-1, 1), on)
     keep, take = _weights(p.lam, labels.device)

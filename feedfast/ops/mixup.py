@@ -52,6 +52,8 @@ class Mixup:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise UserError(f"Mixup(seed={seed!r}): allowed: an integer")
         self.layout, self.seed, self.calls = layout, seed, 0
+        self.mixup_enabled = True
+        """timm's switch: False mixes nothing (the targets are each sample's smoothed one-hot)."""
 
     def __call__(self, x: Any, target: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mixed images, soft targets [B, num_classes])`` of ``(x, target)``, or of a batch ``(x, target)``.
@@ -70,7 +72,8 @@ class Mixup:
         if target.reshape(-1).shape[0] != x.shape[0]:
             raise UserError(f"Mixup: {x.shape[0]} images and {target.numel()} labels")
         h, w = (x.shape[2], x.shape[3]) if self.layout == "CHW" else (x.shape[1], x.shape[2])
-        params = draw_params(self.settings, batch_generator("mixup", self.seed, self.calls), x.shape[0], h, w)
+        params = draw_params(self.settings, batch_generator("mixup", self.seed, self.calls), x.shape[0], h, w,
+                             enabled=self.mixup_enabled)
         self.calls += 1
         try:
             soft = soft_targets(target, params, self.settings.num_classes, self.settings.label_smoothing)

@@ -2,9 +2,10 @@
 
 Each runs on every backend, drawing from its own stream of the sample's draws with one chooser
 per policy: the ``pil`` program on the PIL image (:func:`feedfast.ops.autoaug.apply`, torchvision's
-and timm's PIL calls), the threaded path on the uint8 array (:func:`feedfast.ops.autoaug.apply_array`:
-the same pixels, table and whole-pixel-shift sub-ops without a PIL round trip); DALI through ``nvidia.dali.auto_aug`` (see :mod:`feedfast.ops._dali_recipe`
-for where DALI's suites differ from torchvision's and what feedfast does about it).
+and timm's PIL calls), the threaded path on the uint8 array (:func:`feedfast.ops.autoaug_arrays.apply_array`:
+the same pixels, its sub-ops in ``feedfast._augment``'s C kernels without the GIL where that is built);
+DALI through ``nvidia.dali.auto_aug`` (see :mod:`feedfast.ops._dali_recipe` for where DALI's suites differ
+from torchvision's and what feedfast does about it).
 ``random_erasing`` works on the normalized tensor, after ``normalize``, as torchvision puts it.
 """
 
@@ -14,7 +15,7 @@ import math
 from typing import Any
 
 from feedfast.ops import _dali_recipe as dr
-from feedfast.ops import autoaug
+from feedfast.ops import autoaug, autoaug_arrays
 from feedfast.ops import threaded as th
 from feedfast.ops.base import OpDef, Param, Rng, Signature, SignatureError, positive_range, require, same_image
 
@@ -36,11 +37,11 @@ def _fill(p: dict[str, Any], timm: bool = False) -> tuple[int, ...]:
 
 def _array_kernel(choose: Any) -> Any:
     """A kernel over uint8 HWC pixels from a policy's draw (``choose(p, rng, height, width) -> (choices,
-    fill)``, the same draw as its PIL form's): :func:`feedfast.ops.autoaug.apply_array`, PIL's pixels."""
+    fill)``, the same draw as its PIL form's): :func:`feedfast.ops.autoaug_arrays.apply_array`, PIL's pixels."""
 
     def kernel(arr: Any, p: dict[str, Any], rng: Rng) -> Any:
         choices, fill = choose(p, rng, arr.shape[0], arr.shape[1])
-        return autoaug.apply_array(arr, choices, fill)
+        return autoaug_arrays.apply_array(arr, choices, fill)
 
     return kernel
 
