@@ -10,11 +10,15 @@ order over ``--rounds`` rounds:
   threaded ``http.server`` answering ``Range``, in a child process), each shard's ``.idx`` beside it;
 - ``s3``: the same files and ``.idx`` files in a bucket of moto's S3 server on 127.0.0.1 (a
   child process, fake credentials, as ``tests/test_s3.py`` starts it); left out, loudly, when
-  moto, boto3 or s3fs is missing.
+  moto, boto3 or s3fs is missing;
+- ``s3-fsspec`` (only when asked for in ``--sources``): the same bucket read as before
+  2026-12-02, every range through fsspec's s3fs and a window a request (feedfast's signer
+  declined, :data:`feedfast.sources.feeder.MERGE_BYTES` 0), to compare the two in the same rounds.
 
 Per round: the backend ``auto`` chose, the time from ``iter()`` to the first batch,
 samples per second over ``--batches`` batches after ``--warmup`` (epoch after epoch), CPU ms
-a sample (this process: the servers run in child processes), and for remote sources how many
+a sample (this process) and the servers' CPU ms a sample (the child processes that serve the
+shards, read from ``/proc``: on loopback they share the loader's cores), and for remote sources how many
 of the decoding threads' chunks found their bytes not read yet (the read-ahead's misses,
 ``feedfast/sources/rangeread.py``; the first batches' included). Medians
 over rounds; the target (issue 27): each remote source's samples/s within 10 % of the local
@@ -158,15 +162,29 @@ def _timed(shards: list[str], args: argparse.Namespace, cache: Path) -> dict[str
         first = time.perf_counter() - started
         for _ in range(args.warmup):
             next(batches)
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, s0 = time.perf_counter(), time.process_time(), servers_cpu()
         for _ in range(args.batches):
             next(batches)
-        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        seconds, cpu, served = time.perf_counter() - t0, time.process_time() - c0, servers_cpu() - s0
         samples = args.batches * args.batch_size
         return {"backend": loader.backend, "partition": loader._partition, "first_batch_s": first,
-                "samples_per_s": samples / seconds, "cpu_ms_per_sample": cpu / samples * 1e3}
+                "samples_per_s": samples / seconds, "cpu_ms_per_sample": cpu / samples * 1e3,
+                "server_cpu_ms_per_sample": served / samples * 1e3}
     finally:
         loader.close()
+
+
+def servers_cpu() -> float:
+    """CPU seconds used so far by this process's children (the shard servers; 0 where ``/proc`` is not there)."""
+    total, me, tick = 0.0, str(os.getpid()), os.sysconf("SC_CLK_TCK")
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if fields[1] == me:  # the parent's pid; utime and stime follow, in clock ticks
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def _forever(loader: Any) -> Iterator[Any]:
@@ -174,21 +192,39 @@ def _forever(loader: Any) -> Iterator[Any]:
         yield from loader
 
 
+@contextmanager
+def variant(name: str) -> Iterator[None]:
+    """How ``name`` is read: ``s3-fsspec`` as s3 was before signed GETs and merged windows; others as they are."""
+    if name != "s3-fsspec":
+        yield
+        return
+    from feedfast.sources import feeder, s3sign
+
+    signer, merge = s3sign.signer, feeder.MERGE_BYTES
+    s3sign.signer, feeder.MERGE_BYTES = lambda: None, 0  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        s3sign.signer, feeder.MERGE_BYTES = signer, merge  # type: ignore[assignment]
+
+
 def measure(sources: dict[str, list[str]], args: argparse.Namespace, cache: Path) -> dict[str, list[dict[str, Any]]]:
     """Every source over ``args.rounds`` rounds, the order rotating each round; a first untimed round
     builds the indexes (a remote index is fetched once, then cached, as in training)."""
     names = list(sources)
     for name in names:
-        one_round(sources[name], argparse.Namespace(**{**vars(args), "batches": 1, "warmup": 0}), cache)
+        with variant(name):
+            one_round(sources[name], argparse.Namespace(**{**vars(args), "batches": 1, "warmup": 0}), cache)
     out: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
-            got = one_round(sources[name], args, cache)
+            with variant(name):
+                got = one_round(sources[name], args, cache)
             out[name].append(got)
             waited = f"  decoding waited on {got['chunks_waited']} of {got['chunks']} chunks" if got["chunks"] else ""
-            print(f"  round {r + 1} {name:<6} {got['backend']:<8} {got['samples_per_s']:8.0f} samples/s  "
-                  f"first batch {got['first_batch_s']:.2f} s  {got['cpu_ms_per_sample']:.2f} CPU ms/sample{waited}",
-                  flush=True)
+            print(f"  round {r + 1} {name:<9} {got['backend']:<8} {got['samples_per_s']:8.0f} samples/s  "
+                  f"first batch {got['first_batch_s']:.2f} s  {got['cpu_ms_per_sample']:.2f} CPU ms/sample "
+                  f"(servers {got['server_cpu_ms_per_sample']:.2f}){waited}", flush=True)
     return out
 
 
@@ -200,7 +236,8 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
     med = {name: {"backend": rounds[-1]["backend"], "partition": rounds[-1]["partition"],
                   **{k: statistics.median(r[k] for r in rounds)
-                     for k in ("samples_per_s", "first_batch_s", "cpu_ms_per_sample")}}
+                     for k in ("samples_per_s", "first_batch_s", "cpu_ms_per_sample",
+                                                           "server_cpu_ms_per_sample")}}
            for name, rounds in results.items()}
     local = results["local"]
     for name, row in med.items():
@@ -215,15 +252,16 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def report(summary: dict[str, Any]) -> None:
-    print(f"{'source':<7} {'backend':<8} {'order':<7} {'samples/s':>10} {'first batch':>12} {'CPU ms/sample':>14} "
-          f"{'vs local (spread)':>18} {'CPU vs local':>13}  target (>= {TARGET:.2f}, threads)")
+    print(f"{'source':<9} {'backend':<8} {'order':<7} {'samples/s':>10} {'first batch':>12} {'CPU ms/sample':>14} "
+          f"{'servers':>8} {'vs local (spread)':>18} {'CPU vs local':>13}  target (>= {TARGET:.2f}, threads)")
     for name, row in summary["medians"].items():
         ratio = f"{row['ratio_to_local']:.2f} ({row['ratio_low']:.2f}-{row['ratio_high']:.2f})" \
             if "ratio_to_local" in row else "-"
         cost = f"{row['cpu_ratio_to_local']:.2f}" if "cpu_ratio_to_local" in row else "-"
         met = ("met" if row["met"] else "NOT met") if "met" in row else ""
-        print(f"{name:<7} {row['backend']:<8} {row['partition']:<7} {row['samples_per_s']:>10.0f} "
-              f"{row['first_batch_s']:>10.2f} s {row['cpu_ms_per_sample']:>14.2f} {ratio:>18} {cost:>13}  {met}")
+        print(f"{name:<9} {row['backend']:<8} {row['partition']:<7} {row['samples_per_s']:>10.0f} "
+              f"{row['first_batch_s']:>10.2f} s {row['cpu_ms_per_sample']:>14.2f} "
+              f"{row['server_cpu_ms_per_sample']:>8.2f} {ratio:>18} {cost:>13}  {met}")
 
 
 def main() -> None:
@@ -234,7 +272,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", type=int, default=None, help="threads (default: the usable cores)")
-    p.add_argument("--sources", default="local,http,s3", help="comma-separated: local, http, s3")
+    p.add_argument("--sources", default="local,http,s3", help="comma-separated: local, http, s3, s3-fsspec")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     from photos import photo_dataset
@@ -247,9 +285,11 @@ def main() -> None:
         sources: dict[str, list[str]] = {"local": shards}
         if "http" in wanted:
             sources["http"] = stack.enter_context(http_source(folder, names))
-        if "s3" in wanted:
+        if "s3" in wanted or "s3-fsspec" in wanted:
             try:
                 sources["s3"] = stack.enter_context(s3_source(folder, names))
+                if "s3-fsspec" in wanted:
+                    sources["s3-fsspec"] = sources["s3"]
             except RuntimeError as exc:
                 print(f"leaving out the s3 row: {exc}", flush=True)
         print(f"{len(shards)} shards of {args.samples} natural photos, imagenet-train, batch {args.batch_size}, "

@@ -2,7 +2,8 @@
 
 The server runs in its own process (its CPU and GIL are not the loader's); while the context is
 open, the AWS variables point every client at it with fake credentials and no config file, and
-fsspec's cached clients are cleared on the way in and out (none may point elsewhere).
+fsspec's cached clients and feedfast's signer (:mod:`feedfast.sources.s3sign`) are cleared on the
+way in and out (none may point elsewhere).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def moto_s3(scratch: Path) -> Iterator[str]:
     """
     import s3fs
 
+    from feedfast.sources import s3sign
+
     proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdin is not None
     line = proc.stdout.readline()
@@ -56,10 +59,12 @@ def moto_s3(scratch: Path) -> Iterator[str]:
     for k in _CLEARED:
         os.environ.pop(k, None)
     s3fs.S3FileSystem.clear_instance_cache()
+    s3sign.clear()
     try:
         yield endpoint
     finally:
         s3fs.S3FileSystem.clear_instance_cache()
+        s3sign.clear()
         proc.stdin.close()
         try:
             proc.wait(timeout=10)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from feedfast.errors import ShardError
+from feedfast.sources import feeder
 from feedfast.sources.assign import plan_epoch, step_positions
 from feedfast.sources.cache import ShardCache
 from feedfast.sources.dataset import ShardSet
@@ -81,6 +82,34 @@ def test_a_failed_window_read_fails_its_step_and_is_tried_again() -> None:
         except OSError as exc:
             assert "connection reset" in str(exc)
         assert cache.rows([5])[5, 0][0] == 5  # not cached as failed: read again
+    finally:
+        cache.close()
+
+
+def test_windows_wanted_at_once_that_follow_each_other_are_one_read_up_to_the_merge_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[int]] = []
+    fail = [True]
+
+    def fetch(samples: list[int]) -> dict[tuple[int, int], np.ndarray]:
+        calls.append(samples)
+        if 24 in samples and fail:
+            fail.pop()
+            raise OSError("connection reset")
+        return {(s, 0): np.array([s], dtype=np.uint8) for s in samples}
+
+    monkeypatch.setattr(feeder, "MERGE_BYTES", 12)  # three windows of 4 one-byte samples a read
+    cache = WindowCache(_Windows(32), fetch, nbytes=len)
+    try:
+        cache.want([0, 5, 9, 13, 17, 29])  # windows 0 to 4 (one read of three, one of two) and 7 alone
+        got = cache.rows([1, 2, 17, 30])  # read already: nothing more is fetched
+        assert [got[s, 0][0] for s in (1, 2, 17, 30)] == [1, 2, 17, 30]
+        assert sorted(map(tuple, calls)) == [tuple(range(0, 12)), tuple(range(12, 20)), tuple(range(28, 32))]
+        calls.clear()
+        with pytest.raises(OSError, match="connection reset"):
+            cache.rows([21, 25])  # windows 5 and 6: one read, failed for both
+        assert calls == [list(range(20, 28))]
+        assert cache.rows([26])[26, 0][0] == 26  # neither is kept as failed: read again
     finally:
         cache.close()
 

@@ -270,9 +270,13 @@ class _Recorded:
 
     def __init__(self, gate: threading.Event | None = None) -> None:
         self.read_rows: list[list[int]] = []
+        self.wanted: list[list[int]] = []
         self.threads: set[str] = set()
         self.gate = gate
         self.closed = False
+
+    def want(self, rows: list[int]) -> None:
+        self.wanted.append(list(rows))
 
     def read(self, rows: list[int]) -> list[list[bytes | None]]:
         if self.gate is not None:
@@ -291,6 +295,7 @@ def test_reads_run_ahead_on_their_own_threads_and_are_bounded() -> None:
     reads = StepReads(source, lambda s: list(range(s * 40, s * 40 + 40)), steps=steps)  # type: ignore[arg-type]
     reads.want(0)
     assert reads.held() == AHEAD + 1  # the step asked for and AHEAD more
+    assert source.wanted == [list(range(0, 40 * (AHEAD + 1)))]  # their windows asked for at once, before the parts
     got = reads.chunk(0, 5, 37)  # spans three parts
     assert got[0] == [str(r).encode() for r in range(5, 37)] and got[1] == [None] * 32
     assert reads.chunk(2, 0, 1)[0] == [b"80"]  # read ahead already

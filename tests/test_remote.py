@@ -6,6 +6,7 @@ import dataclasses
 import io
 import json
 import os
+import pickle
 import re
 import shutil
 import tarfile
@@ -18,6 +19,7 @@ import torch
 
 import feedfast
 from feedfast.errors import ShardError
+from feedfast.sources import cache as cache_module
 from feedfast.sources.cache import ShardCache
 from feedfast.sources.index import format_index, scan_tar
 from feedfast.sources.remote import RemoteError, Transfer, fetch_range
@@ -120,6 +122,26 @@ def test_a_failing_pipe_command_is_an_error_naming_it(small_spec: dict, tmp_path
         feedfast.DataLoader(small_spec, shards="pipe:cat /nonexistent/x.tar", cache_dir=tmp_path)
     with pytest.raises(ShardError, match=r"pipe:true.*not a readable tar"):
         feedfast.DataLoader(small_spec, shards="pipe:true", cache_dir=tmp_path)
+
+
+def test_the_shard_cache_keeps_its_last_copies_read_open_and_reads_on_one_evicted_meanwhile(
+        local: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_module, "OPEN", 2)
+    cache = ShardCache(str(tmp_path / "shards"))
+    urls = [f"pipe:cat {p}" for p in local[:3]]
+    data = [Path(p).read_bytes() for p in local[:3]]
+    opened: list[str] = []
+    real = ShardCache.open
+    monkeypatch.setattr(ShardCache, "open", lambda self, url: opened.append(url) or real(self, url))
+    for _ in range(3):
+        assert cache.read_range(urls[0], 512, 100) == data[0][512:612]
+    assert opened == [urls[0]]  # opened (and stamped) once, read three times
+    cache.path_for(urls[0]).unlink()  # evicted by another process: the copy kept open still reads
+    assert cache.read_range(urls[0], 0, 512) == data[0][:512] and opened == [urls[0]]
+    for u, d in zip(urls[1:], data[1:]):
+        assert cache.read_range(u, 1024, 10) == d[1024:1034]
+    assert list(cache._open) == urls[1:]  # at most OPEN kept: the least recently opened let go
+    assert pickle.loads(pickle.dumps(cache)) == cache  # a worker process opens its own
 
 
 def test_the_shard_cache_evicts_least_recently_used_and_fetches_again(small_spec: dict, local: list[str],

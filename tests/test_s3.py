@@ -24,6 +24,7 @@ import torch
 
 import feedfast
 from feedfast.errors import ShardError
+from feedfast.sources import feeder, objectstore, s3http, s3sign
 from feedfast.sources import remote_index as remote_index_module
 from feedfast.sources.index import format_index, scan_tar
 from feedfast.sources.remote import RemoteError, Transfer
@@ -265,3 +266,44 @@ def test_the_pil_backend_reads_s3_in_the_block_order_batch_by_batch(small_spec: 
     backend, partition, pil = _threads(shuffled, url, shuffle=True, backend="pil", num_workers=2)
     assert (backend, partition) == ("pil", "block")
     assert [b[:2] for b in pil] == [b[:2] for b in threads]  # the same samples and labels, batch for batch
+
+
+def test_s3_bytes_come_over_signed_urls_and_fsspec_reads_them_where_signing_declines(local: list[str], s3: Any,
+                                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    url, data = "s3://bucket/train-0000.tar", Path(local[0]).read_bytes()
+    transport = transport_for(url, FAST)
+    with monkeypatch.context() as m:  # feedfast's http client on a URL botocore signed: fsspec is not asked
+        m.setattr(objectstore, "read_range", lambda *a: pytest.fail("read through fsspec"))
+        m.setattr(objectstore, "read", lambda *a: pytest.fail("read through fsspec"))
+        assert transport.read_range(url, 512, 1000) == data[512:1512]
+        assert transport.stream(url, lambda f: f.read()) == data
+        with pytest.raises(RemoteError, match=r"shard not found: 's3://bucket/missing\.tar' \(S3: NoSuchKey") as err:
+            transport.read_range("s3://bucket/missing.tar", 0, 10)
+        assert err.value.status == 404 and "X-Amz-Signature" not in str(err.value)
+    read: list[str] = []
+    real = objectstore.read_range
+    monkeypatch.setattr(s3sign, "signer", lambda: None)  # s3fs configured through fsspec, or no credentials
+    monkeypatch.setattr(objectstore, "read_range", lambda *a: read.append(a[0]) or real(*a))
+    assert transport.read_range(url, 512, 1000) == data[512:1512] and read == [url]
+
+
+def test_neighbouring_s3_windows_wanted_at_once_are_one_request_and_the_epoch_is_the_same(
+        small_spec: dict, s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    url, shuffled = f"s3://indexed/{SHARDS}", {**small_spec, "shuffle": {"buffer": 8, "shards": True, "block": 8,
+                                                                        "window": 2}}
+    requests: list[int] = []
+    real = s3http.read_range
+    monkeypatch.setattr(s3http, "read_range", lambda signer, u, offset, size, transfer:
+                        requests.append(size) or real(signer, u, offset, size, transfer))
+
+    def epoch() -> tuple[Batches, int]:
+        loader = feedfast.DataLoader(shuffled, shards=url, shuffle=True, num_workers=1)
+        requests.clear()  # the index checks are behind us: what follows reads samples
+        return _batches(loader), len(requests)
+
+    merged, merged_requests = epoch()
+    monkeypatch.setattr(feeder, "MERGE_BYTES", 0)  # a window a request
+    single, single_requests = epoch()
+    assert single_requests >= 14  # the 23 samples' windows of 2 (3 in each shard of 5, 2 in the last), each once
+    # (the next epoch's, read ahead as this one ends, may follow)
+    assert merged_requests < single_requests and _same(merged, single)

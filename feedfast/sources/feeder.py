@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -38,6 +38,10 @@ from feedfast.sources.transport import Transport, transport_for
 
 MAX_GAP = 256 * 1024
 LOCAL_GAP = 16 * 1024  # a local read is a syscall and a copy, not a request: merge only near neighbours
+MERGE_BYTES = 16 << 20
+"""Neighbouring windows of a shard wanted at once are read in one request of at most this many bytes (more
+when one window alone is larger): on loopback moto's S3 server costs about 4 ms of CPU a request whatever
+its size, and a request to a real object store costs a round trip and a fee."""
 Span = tuple[int, int, int, int]  # (offset, size, row, component)
 
 
@@ -68,7 +72,7 @@ class BatchFeeder:
         self.ahead = ahead
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="feedfast-stream")
         self._pending: dict[int, Future[list[list[np.ndarray]]]] = {}
-        self._windows = WindowCache(rows.window if windows else None, self._fetch_samples)
+        self._windows = WindowCache(rows.window if windows else None, self._fetch_samples, nbytes=self._bytes)
         self._transports: dict[int, Transport] = {}
         self.files = ShardFiles(names)  # local shards stay open: a shuffled epoch reads sample by sample
         weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
@@ -106,6 +110,12 @@ class BatchFeeder:
 
         return [TensorListCPU(arrays) for arrays in self.batch(step)]
 
+    def want(self, rows: list[int]) -> None:
+        """Start reading the windows of ``rows`` not read yet (a read-ahead's whole steps: neighbouring windows
+        wanted at once become one request), without waiting; nothing to do outside a windowed or block order."""
+        if self._windows.active:
+            self._windows.want(self.rows.samples(rows).tolist())
+
     def batch(self, step: int) -> list[list[np.ndarray]]:
         """The samples of step ``step``, read now (in the calling thread)."""
         return self.members(self.step_rows(step))
@@ -123,6 +133,11 @@ class BatchFeeder:
     def _fetch(self, rows: list[int]) -> dict[tuple[int, int], np.ndarray]:
         """The members of ``rows``, by (row, component)."""
         return self._fetch_where(rows, self.rows.take(rows))
+
+    def _bytes(self, samples: list[int]) -> int:
+        """The member bytes of ``samples`` (canonical numbers)."""
+        sizes = self.rows.index.take(samples).sizes
+        return int(sizes[sizes > 0].sum())
 
     def _fetch_samples(self, samples: list[int]) -> dict[tuple[int, int], np.ndarray]:
         """The members of ``samples`` (canonical numbers: a window's), by (sample, component)."""
@@ -209,25 +224,52 @@ class WindowCache:
     consecutive samples of one shard; reading a window at once turns ``window`` small
     requests into one. The windows a step lacks are read concurrently, ``requests`` at a
     time (a block shuffle's first step needs hundreds; on a remote store each one costs a
-    round trip). A window is dropped as soon as each of its samples this rank reads has been
-    served once, so a block shuffle holds about ``block`` samples and nothing is kept per
-    sample of the epoch. Thread-safe: one reader per window, others wait for it. A window asked
-    for after it was dropped (a step read again, a padded repeat) is read again.
+    round trip); given ``nbytes`` (the member bytes of samples), windows wanted at once that
+    follow each other in a shard are read together, up to :data:`MERGE_BYTES` a request
+    (:meth:`want` lets a read-ahead ask for whole steps before they are read). A window is
+    dropped as soon as each of its samples this rank reads has been served once, so a block
+    shuffle holds about ``block`` samples and nothing is kept per sample of the epoch (the
+    bytes of one request stay until its last window is dropped). Thread-safe: one reader per
+    window, others wait for it. A window asked for after it was dropped (a step read again, a
+    padded repeat) is read again.
     """
 
-    def __init__(self, windows: Windows | None, fetch: Any, *, requests: int = 8) -> None:
+    def __init__(self, windows: Windows | None, fetch: Any, *, requests: int = 8,
+                 nbytes: Callable[[list[int]], int] | None = None) -> None:
         self.active = windows is not None
-        self._windows, self._fetch = windows, fetch
+        self._windows, self._fetch, self._nbytes = windows, fetch, nbytes
         self._cache: dict[int, Future[dict[tuple[int, int], np.ndarray]]] = {}
         self._served: dict[int, set[int]] = {}
         self._sizes: dict[int, int] = {}
         self._lock = threading.Lock()
         self._io = ThreadPoolExecutor(max_workers=requests, thread_name_prefix="feedfast-window") if self.active else None
 
+    def want(self, samples: list[int]) -> None:
+        """Start reading the windows of ``samples`` that are not held or being read, without waiting."""
+        assert self._windows is not None
+        _, missing = self._claim(self._windows.window_of(np.asarray(samples, dtype=np.int64)).tolist())
+        for group in self._groups(missing):
+            self._start(group)
+
     def rows(self, samples: list[int]) -> "_WindowRows":
         """The arrays of ``samples`` by (sample, component), from their windows (read first if need be)."""
         assert self._windows is not None
         of = self._windows.window_of(np.asarray(samples, dtype=np.int64)).tolist()
+        wanted, missing = self._claim(of)
+        groups = self._groups(missing)
+        if len(groups) == 1 or self._io is None:
+            for group in groups:
+                self._fill(group)
+        else:
+            for group in groups:
+                self._start(group)
+        got = _WindowRows({w: fut.result() for w, fut in wanted.items()}, dict(zip(samples, of)))
+        self._count(samples, of)
+        return got
+
+    def _claim(self, of: list[int]) -> tuple[dict[int, Future[dict[tuple[int, int], np.ndarray]]],
+                                             list[tuple[int, Future[dict[tuple[int, int], np.ndarray]]]]]:
+        """The future of each of the windows ``of``, and those (sorted) that no one reads yet: this caller reads them."""
         wanted: dict[int, Future[dict[tuple[int, int], np.ndarray]]] = {}
         missing = []
         with self._lock:
@@ -235,20 +277,35 @@ class WindowCache:
                 fut = self._cache.get(w)
                 if fut is None:
                     fut = self._cache[w] = Future()
-                    missing.append(w)
+                    missing.append((w, fut))
                 wanted[w] = fut
-        if len(missing) == 1 or self._io is None:
-            for w in missing:
-                self._fill(w, wanted[w])
-        else:
-            for w in missing:
-                try:
-                    self._io.submit(self._fill, w, wanted[w])
-                except RuntimeError:  # closed meanwhile: read it here, so no waiter is left hanging
-                    self._fill(w, wanted[w])
-        got = _WindowRows({w: fut.result() for w, fut in wanted.items()}, dict(zip(samples, of)))
-        self._count(samples, of)
-        return got
+        return wanted, missing
+
+    def _groups(self, missing: list[tuple[int, Future[Any]]]) -> list[list[tuple[int, Future[Any], list[int]]]]:
+        """``missing`` (sorted windows) with their members, in reads: runs of windows that follow each other in a
+        shard, up to :data:`MERGE_BYTES` a read, when ``nbytes`` is known; else one window a read."""
+        assert self._windows is not None
+        groups: list[list[tuple[int, Future[Any], list[int]]]] = []
+        held = 0
+        for w, fut in missing:
+            members = self._windows.members(w).tolist()
+            size = self._nbytes(members) if self._nbytes is not None else 0
+            last = groups[-1][-1] if groups else None
+            if (self._nbytes is not None and last is not None and last[0] + 1 == w and last[2] and members
+                    and last[2][-1] + 1 == members[0] and held + size <= MERGE_BYTES):
+                groups[-1].append((w, fut, members))
+                held += size
+            else:
+                groups.append([(w, fut, members)])
+                held = size
+        return groups
+
+    def _start(self, group: list[tuple[int, Future[Any], list[int]]]) -> None:
+        assert self._io is not None
+        try:
+            self._io.submit(self._fill, group)
+        except RuntimeError:  # closed meanwhile: read it here, so no waiter is left hanging
+            self._fill(group)
 
     def _count(self, samples: list[int], of: list[int]) -> None:
         """Count ``samples`` served; drop the windows each of whose samples has been."""
@@ -272,18 +329,23 @@ class WindowCache:
             self._served.clear()
             self._sizes.clear()
 
-    def _fill(self, w: int, fut: Future[dict[tuple[int, int], np.ndarray]]) -> None:
-        assert self._windows is not None
+    def _fill(self, group: list[tuple[int, Future[Any], list[int]]]) -> None:
+        """Read the windows of ``group`` in one fetch: each window's future gets the fetch's arrays."""
         try:
-            members = self._windows.members(w).tolist()
             with self._lock:
-                self._sizes[w] = len(members)
-            fut.set_result(self._fetch(members))
+                for w, _, members in group:
+                    self._sizes[w] = len(members)
+            got = self._fetch([s for _, _, members in group for s in members])
         except BaseException as exc:
-            fut.set_exception(exc)
             with self._lock:
-                if self._cache.get(w) is fut:
-                    del self._cache[w]  # read again by the next step that asks
+                for w, fut, _ in group:
+                    if self._cache.get(w) is fut:
+                        del self._cache[w]  # read again by the next step that asks
+            for _, fut, _ in group:
+                fut.set_exception(exc)
+            return
+        for _, fut, _ in group:
+            fut.set_result(got)
 
 
 class _WindowRows:

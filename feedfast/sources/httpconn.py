@@ -5,7 +5,8 @@ sample, so a TCP (and TLS) handshake per sample would cost more than the bytes. 
 reader thread keeps one connection per host. A request that fails on a reused connection
 (the server closed it while idle) is sent once more on a fresh one at once; other
 failures are left to the caller's retries. Responses that are not 200 or 206 raise
-``urllib.error.HTTPError``, as urllib would. Redirects and proxies (``HTTP(S)_PROXY``)
+``urllib.error.HTTPError``, as urllib would, with the start of their body (an S3 error's XML
+says why). Redirects and proxies (``HTTP(S)_PROXY``)
 are left to urllib: :func:`usable` says when this path applies.
 
 Every request runs under a :class:`~feedfast.sources.deadline.Deadline` (its socket is cut
@@ -17,6 +18,8 @@ instead of kept.
 from __future__ import annotations
 
 import http.client
+import io
+import ssl
 import threading
 import urllib.error
 import urllib.parse
@@ -26,12 +29,23 @@ from email.message import Message
 from feedfast.sources.deadline import Deadline
 
 _local = threading.local()
+_ERROR_BODY = 4096  # bytes of an error answer read for its message (an S3 error's XML is a few hundred)
 _USABLE: dict[tuple[str, str], bool] = {}
 """Per (scheme, host), whether no proxy applies: the proxy settings are read once per host and process.
 
 ``urllib.request.getproxies`` walks the whole environment each call (0.35 ms a request here, half
 a sample-sized request's CPU on 127.0.0.1); the environment is the process's configuration, read once.
 """
+
+
+_TRUSTED: dict[str, ssl.SSLContext] = {}
+"""Per host (``netloc``), the TLS context of a CA bundle its client was told to trust (:func:`trust`)."""
+
+
+def trust(netloc: str, cafile: str) -> None:
+    """Verify https connections to ``netloc`` against ``cafile`` (a client's own CA bundle: ``AWS_CA_BUNDLE``)."""
+    if netloc not in _TRUSTED:
+        _TRUSTED[netloc] = ssl.create_default_context(cafile=cafile)
 
 
 def usable(url: str) -> bool:
@@ -74,7 +88,8 @@ def get(url: str, headers: dict[str, str], timeout: float, deadline: Deadline, *
             resp = _send(conn, parts, headers, deadline, method)
             if resp.status == 200 and full_seconds is not None:
                 deadline.extend(full_seconds)
-            body = resp.read(limit if resp.status == 206 else full_limit or limit)
+            wanted = limit if resp.status == 206 else (full_limit or limit) if resp.status == 200 else _ERROR_BODY
+            body = resp.read(wanted)
             deadline.check()  # a body cut by the watchdog reads as short: say why
         except (http.client.HTTPException, OSError):
             conn.close()
@@ -87,7 +102,7 @@ def get(url: str, headers: dict[str, str], timeout: float, deadline: Deadline, *
         else:
             conn.close()
         if resp.status not in (200, 206):
-            raise urllib.error.HTTPError(url, resp.status, resp.reason, resp.headers, None)
+            raise urllib.error.HTTPError(url, resp.status, resp.reason, resp.headers, io.BytesIO(body))
         return resp.status, resp.headers, body
     raise AssertionError("unreachable")
 
@@ -115,8 +130,9 @@ def open_stream(url: str, headers: dict[str, str], timeout: float,
 
 
 def _connection(parts: urllib.parse.SplitResult, timeout: float) -> http.client.HTTPConnection:
-    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    return cls(parts.netloc, timeout=timeout)
+    if parts.scheme == "https":
+        return http.client.HTTPSConnection(parts.netloc, timeout=timeout, context=_TRUSTED.get(parts.netloc))
+    return http.client.HTTPConnection(parts.netloc, timeout=timeout)
 
 
 def _send(conn: http.client.HTTPConnection, parts: urllib.parse.SplitResult, headers: dict[str, str],

@@ -1,9 +1,10 @@
 """s3:// and gs:// shards read from Python through fsspec (s3fs, gcsfs): metadata, streams, byte ranges.
 
 Unshuffled, DALI's webdataset reader reads these shards itself (its own AWS and GCS
-clients); feedfast reads their metadata and indexes (fetched beside the shard or built by
-one scan) and, through :mod:`.transport`, the byte ranges of a block-shuffled epoch and
-whole shards to cache under ``on_error: skip``. fsspec and its backends are optional: without
+clients); feedfast reads their metadata here and, through :mod:`.transport`, the byte ranges
+of a block-shuffled epoch and whole shards to cache under ``on_error: skip``: an s3 shard's
+bytes over feedfast's http client on URLs botocore signs (:mod:`.s3http`), a gs shard's, and an
+s3 shard's where signing there declines (:mod:`.s3sign`), here. fsspec and its backends are optional: without
 them, reading fails with a ShardError saying what to install. Endpoints and credentials
 are the clients' own settings (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
 """

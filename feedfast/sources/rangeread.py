@@ -27,7 +27,10 @@ microseconds for a photo), which is what the planned C path takes from memory in
 take the same one-call path as local ones.
 
 Read-ahead (:class:`StepReads`): a step's rows are read in parts of :data:`PART` rows on
-:data:`READERS` threads of their own (the requests wait on sockets without the GIL). A step's
+:data:`READERS` threads of their own (the requests wait on sockets without the GIL); under the
+block shuffle the windows of the steps queued at once are asked for together first, so that
+neighbouring windows of a shard become one request (up to 16 MB,
+:data:`~feedfast.sources.feeder.MERGE_BYTES`). A step's
 reads are queued when its batch is queued for decoding and :data:`AHEAD` steps further, so the
 reads are ``prefetch + 1 + AHEAD`` batches ahead of the consumer and a batch's decoding starts
 on bytes that are already there while the network keeps up. What is held is bounded by the
@@ -111,6 +114,12 @@ class RangeSource:
                                            transfer=self.transfer, workers=1, ahead=0, windows=self.windows)
             return self._feeder
 
+    def want(self, rows: list[int]) -> None:
+        """Start reading the windows of ``rows`` (whole steps of a read-ahead), without waiting: under the block
+        shuffle, neighbouring windows of a shard wanted at once are read in one request
+        (:class:`~feedfast.sources.feeder.WindowCache`); a failure is raised by the :meth:`read` that needs them."""
+        self._reader().want(rows)
+
     def read(self, rows: list[int]) -> Columns:
         """Per component, the members of ``rows`` (row numbers of the rank's epoch), read now.
 
@@ -178,11 +187,13 @@ class StepReads:
         with self._lock:
             if self._closed:
                 return
-            for s in range(step, min(self.steps, step + self.ahead + 1)):
-                if s not in self._parts:
-                    rows = self.step_rows(s)
-                    self._parts[s] = [self._pool.submit(self.source.read, rows[lo: lo + PART])
-                                      for lo in range(0, len(rows), PART)]
+            queued = {s: self.step_rows(s) for s in range(step, min(self.steps, step + self.ahead + 1))
+                      if s not in self._parts}
+            if queued:
+                self.source.want([r for rows in queued.values() for r in rows])
+            for s, rows in queued.items():
+                self._parts[s] = [self._pool.submit(self.source.read, rows[lo: lo + PART])
+                                  for lo in range(0, len(rows), PART)]
 
     def chunk(self, step: int, a: int, b: int) -> Columns:
         """Per component, the bytes of rows ``a .. b`` of step ``step``'s batch (waits for their reads).

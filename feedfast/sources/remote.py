@@ -130,13 +130,16 @@ def _socket_of(resp: Any) -> Any:
     return getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
 
 
-def fetch_range(url: str, offset: int, size: int, transfer: Transfer = DEFAULT_TRANSFER) -> bytes:
+def fetch_range(url: str, offset: int, size: int, transfer: Transfer = DEFAULT_TRANSFER, *,
+                name: str | None = None) -> bytes:
     """``size`` bytes of an http(s) shard at ``offset``, by a ``Range`` request (retried).
 
     Requests go over this thread's kept-alive connection (:mod:`.httpconn`), or through
     urllib when a proxy is configured or the server redirects. Each one ends within
     ``transfer.budget(size)`` seconds, and reads at most ``size`` bytes of the answer (of a
-    200 answer, which ignored ``Range``, the bytes up to the range's end).
+    200 answer, which ignored ``Range``, the bytes up to the range's end). ``name`` is the
+    shard's name in messages when it is not ``url`` (an ``s3://`` URL read through a signed one,
+    which must not be logged).
 
     Raises:
         RemoteError: the bytes cannot be read (after the retries), the server answered
@@ -146,15 +149,16 @@ def fetch_range(url: str, offset: int, size: int, transfer: Transfer = DEFAULT_T
         return b""
     end = offset + size - 1
     headers = {"User-Agent": "feedfast", "Range": f"bytes={offset}-{end}"}
+    name = name or url
 
     def once() -> bytes:
-        with Deadline(transfer.budget(size), f"GET of bytes {offset}-{end} of {url}") as deadline:
+        with Deadline(transfer.budget(size), f"GET of bytes {offset}-{end} of {name}") as deadline:
             if httpconn.usable(url):
                 try:
                     status, got, body = httpconn.get(url, headers, transfer.timeout, deadline, limit=size,
                                                      full_limit=offset + size,
                                                      full_seconds=transfer.budget(offset + size))
-                    return _cut(url, status, got.get("Content-Range", ""), body, offset, size)
+                    return _cut(name, status, got.get("Content-Range", ""), body, offset, size)
                 except urllib.error.HTTPError as exc:
                     if exc.code not in _REDIRECTS:
                         raise
@@ -163,14 +167,14 @@ def fetch_range(url: str, offset: int, size: int, transfer: Transfer = DEFAULT_T
                 if resp.status == 206:
                     body = resp.read(size)
                     deadline.check()
-                    return _cut(url, 206, resp.headers.get("Content-Range", ""), body, offset, size)
+                    return _cut(name, 206, resp.headers.get("Content-Range", ""), body, offset, size)
                 deadline.extend(transfer.budget(offset + size))
                 _skip(resp, offset)  # the server ignored Range: read through to the wanted bytes
                 body = resp.read(size)
                 deadline.check()
-                return _cut(url, resp.status, "", body, 0, size)
+                return _cut(name, resp.status, "", body, 0, size)
 
-    return retrying(url, transfer, once, where=f" at bytes {offset}-{end}")
+    return retrying(name, transfer, once, where=f" at bytes {offset}-{end}")
 
 
 def _cut(url: str, status: int, content_range: str, body: bytes, offset: int, size: int) -> bytes:
@@ -255,19 +259,22 @@ class Body(io.RawIOBase):
         return n
 
 
-def http_stream(url: str, consume: Callable[[IO[bytes]], T], transfer: Transfer = DEFAULT_TRANSFER) -> T:
+def http_stream(url: str, consume: Callable[[IO[bytes]], T], transfer: Transfer = DEFAULT_TRANSFER, *,
+                name: str | None = None) -> T:
     """GET an http(s) shard and hand the body (a :class:`Body`) to ``consume``; the whole read is retried.
 
     A failure mid-stream (a dropped connection, a body shorter than its ``Content-Length``,
     the deadline) retries from the start, so ``consume`` must not keep state between calls.
+    ``name``: the shard's name in messages, as for :func:`fetch_range`.
 
     Raises:
         RemoteError: the shard cannot be read; names the URL and the HTTP status.
     """
     headers = {"User-Agent": "feedfast"}
+    name = name or url
 
     def once() -> T:
-        with Deadline(transfer.budget(0), f"GET of {url}") as deadline:
+        with Deadline(transfer.budget(0), f"GET of {name}") as deadline:
             if httpconn.usable(url):
                 try:
                     conn, resp = httpconn.open_stream(url, headers, transfer.timeout, deadline)
@@ -281,7 +288,7 @@ def http_stream(url: str, consume: Callable[[IO[bytes]], T], transfer: Transfer 
                 deadline.bind(_socket_of(resp))
                 return consume(cast(IO[bytes], Body(resp, transfer, deadline)))
 
-    return retrying(url, transfer, once)
+    return retrying(name, transfer, once)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ kind       names                 ranged  samples  native  rescue  read
 =========  ====================  ======  =======  ======  ======  ====================================
 ``file``   paths, ``file://``    yes     yes      yes     yes     ``pread`` (:mod:`.transport`)
 ``http``   ``http(s)://``        yes     no       no      yes     feedfast's ranged reader (:mod:`.remote`)
-``s3``     ``s3://``             yes     no       yes     yes     fsspec; DALI's own client when native
+``s3``     ``s3://``             yes     no       yes     yes     signed GETs (:mod:`.s3http`); DALI's own client when native
 ``gs``     ``gs://``             yes     no       yes     yes     fsspec; DALI's own client when native
 ``pipe``   ``pipe:CMD``          no      no       no      no      the command's stdout, into the cache
 ``cache``  (a read kind)         yes     yes      no      yes     the shard cache (:mod:`.cache`)
