@@ -400,6 +400,24 @@ def test_settings_from_spec() -> None:
         settings_from_spec(load_spec(spec))
 
 
+def test_settings_from_a_recipe_spec_run_its_augmentations_and_mix() -> None:
+    """`feedfast bench imagenet-train-recipe --compare torch` runs torchvision's TrivialAugmentWide, RandomErasing and
+    the reference's MixUp/CutMix collate, not the plain crop; ops the baseline has no form for are named."""
+    from feedfast.cli.common import find_spec
+    from feedfast.spec import load_spec
+
+    recipe = settings_from_spec(load_spec(find_spec("imagenet-train-recipe")))
+    assert recipe.recipe.trivial_augment and recipe.recipe.random_erasing == 0.1 and recipe.recipe.size == 176
+    assert recipe.mix is not None and (recipe.mix.mixup_alpha, recipe.mix.cutmix) == (0.2, 1.0)
+    assert recipe.left_out == ()
+    names = [type(t).__name__ for t in recipe.recipe.compose().transforms]
+    assert "TrivialAugmentWide" in names and names[-1] == "RandomErasing"
+    spec = copy.deepcopy(SMALL_SPEC)
+    spec["pipeline"]["image"] = ["decode", {"random_resized_crop": {"size": 32}}, {"rand_augment": {}}, "normalize"]
+    other = settings_from_spec(load_spec(spec))
+    assert other.left_out == ("rand_augment",) and not other.recipe.trivial_augment and other.mix is None
+
+
 # --- alternating rounds ---------------------------------------------------------------------
 
 

@@ -163,3 +163,24 @@ def test_compare_rows_print_the_median_ratio_and_its_spread(capsys: pytest.Captu
     # 16 samples each, in 2 CPU seconds for feedfast and 1 for torch: half torch's samples per CPU second
     assert c["samples_per_cpu_s"] == {"feedfast": 8.0, "torch": 16.0}
     assert c["ratio_per_cpu_s"] == pytest.approx(0.5) and rows["ratio per CPU second"].startswith("0.50x (feedfast 8,")
+
+
+@pytest.mark.parametrize("aug,named", [({"trivial_augment_wide": {}}, "TrivialAugmentWide("),
+                                       ({"rand_augment": {}}, "NOT in this baseline (the ratio is not like for like): "
+                                                              "rand_augment")])
+def test_compare_torch_runs_the_spec_s_recipe_or_names_what_it_leaves_out(shards: list[str], tmp_path: Path, aug: dict,
+                                                                          named: str) -> None:
+    """The torch baseline of a recipe spec runs torchvision's own TrivialAugmentWide, RandomErasing and the reference's
+    MixUp/CutMix collate (the same work); an op it has no form for is named in its description."""
+    spec = {"version": 1, "name": "small-recipe", "seed": 3, "outputs": ["image", "label"],
+            "pipeline": {"image": ["decode", {"random_resized_crop": {"size": 32}}, {"flip": {"horizontal": 0.5}}, aug,
+                                   "normalize", {"random_erasing": {"probability": 0.5}}], "label": ["label"]},
+            "batch": {"size": 4, "mix": {"mixup_alpha": 0.2, "cutmix_alpha": 1.0, "num_classes": 10,
+                                         "convention": "torchvision"}}}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(json.dumps(spec))
+    out = tmp_path / "b.json"
+    assert main(["bench", str(path), "--shards", ",".join(shards), "--batches", "2", "--rounds", "2", "--warmup", "1",
+                 "--threads", "1", "--json", str(out), "--quiet", "--compare", "torch"]) == 0
+    recipe = json.loads(out.read_text())["compare"]["recipe"]
+    assert named in recipe and "RandomErasing(p=0.5" in recipe and "MixUp(0.2), CutMix(1)" in recipe

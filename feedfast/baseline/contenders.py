@@ -103,14 +103,16 @@ def make_baseline(name: str, loader: Any) -> Contender:
 
 
 def _torch(loader: Any, settings: BaselineSettings) -> Contender:
-    from feedfast.baseline.torch_recipe import make_torch_loader
+    from feedfast.baseline.torch_recipe import MixupCutmixCollate, make_torch_loader
 
-    r = settings.recipe
+    r, m = settings.recipe, settings.mix
+    mix = MixupCutmixCollate(m.mixup_alpha, m.cutmix, num_classes=m.num_classes) if m is not None else None
     torch_loader = make_torch_loader(
         list(loader.shards.paths), index_paths=list(loader.shards.index_paths), batch_size=loader.spec.batch_size,
         num_workers=loader.threads, train=r.train, size=r.size, resize=r.resize, scale=r.scale, ratio=r.ratio,
         flip_p=r.flip_p, mean=r.mean, std=r.std, seed=settings.seed, shuffle=settings.shuffle,
-        image_ext=settings.image_ext, label_ext=settings.label_ext)
+        image_ext=settings.image_ext, label_ext=settings.label_ext, trivial_augment=r.trivial_augment,
+        random_erasing=r.random_erasing, mixup_cutmix=mix)
     batches = forever(torch_loader)
     import torchvision  # imported by make_torch_loader, through feedfast.baseline.vision
 
@@ -122,8 +124,20 @@ def _torch(loader: Any, settings: BaselineSettings) -> Contender:
         torch_loader.dataset.close()  # type: ignore[attr-defined]  # a ShardSamples
 
     recipe = (f"torchvision {torchvision.__version__} transforms: {', '.join(r.describe())}; {_pil()} decode from a "
-              f"map-style dataset over the shards' indexes; torch DataLoader, {loader.threads} persistent workers")
+              f"map-style dataset over the shards' indexes; torch DataLoader, {loader.threads} persistent workers"
+              + (f"; collate_fn RandomChoice([MixUp({m.mixup_alpha:g}), CutMix({m.cutmix:g})]) as torchvision's "
+                 "reference" if m is not None else "") + _left_out(settings.left_out))
     return Contender("torch", batches, close, recipe=recipe)
+
+
+def _left_out(ops: tuple[str, ...]) -> str:
+    """The spec's ops a baseline does not run, said in its description (its ratio is then not like for like)."""
+    return f"; NOT in this baseline (the ratio is not like for like): {', '.join(ops)}" if ops else ""
+
+
+def _runs(recipe: Any, op: str) -> bool:
+    """Whether the spec's recipe has ``op`` (the hand-written DALI baseline runs neither of these)."""
+    return recipe.trivial_augment if op == "trivial_augment_wide" else recipe.random_erasing > 0
 
 
 def _pil() -> str:
@@ -151,5 +165,7 @@ def _dali(loader: Any, settings: BaselineSettings) -> Contender:
     ops = ("decoders.image_random_crop, resize" if r.train else "decoders.image, resize(resize_shorter)")
     where = "mixed decode, GPU ops" if device_id is not None else "CPU"
     recipe = (f"hand-written DALI ({where}, {loader.threads} threads): readers.webdataset with feedfast's indexes, "
-              f"{ops}, crop_mirror_normalize; DALIGenericIterator (PARTIAL last batch)")
+              f"{ops}, crop_mirror_normalize; DALIGenericIterator (PARTIAL last batch)"
+              + _left_out(tuple(o for o in ("trivial_augment_wide", "random_erasing") if _runs(r, o))
+                          + (("batch.mix",) if settings.mix is not None else ()) + settings.left_out))
     return Contender("dali", batches, batches.close, recipe=recipe)
