@@ -59,3 +59,18 @@ def test_mixup_enabled_false_mixes_nothing_as_timms() -> None:
     mixed, soft = mixup(x.clone(), y)
     assert torch.equal(mixed, x)
     assert torch.allclose(soft, torch.nn.functional.one_hot(y, 5).float() * 0.9 + 0.02)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.uint8])
+def test_call_leaves_the_callers_tensor_and_equals_the_torch_mix(dtype: torch.dtype) -> None:
+    """On the CPU the mix runs on a copy in place (the C extension where built); the pixels are the torch
+    operations' and the tensor given stays as it was."""
+    mixup = feedfast.Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=5, mode="elem")
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(6, 3, 9, 9, generator=g) if dtype == torch.float32
+         else torch.randint(0, 256, (6, 3, 9, 9), generator=g, dtype=torch.uint8))
+    given = x.clone()
+    for _ in range(4):
+        params = draw_params(mixup.settings, batch_generator("mixup", mixup.seed, mixup.calls), 6, 9, 9)
+        mixed, _ = mixup(x, torch.arange(6) % 5)
+        assert torch.equal(x, given) and torch.equal(mixed, mix_images(x, params))

@@ -79,7 +79,7 @@ class Mixup:
             soft = soft_targets(target, params, self.settings.num_classes, self.settings.label_smoothing)
         except ValueError as exc:
             raise UserError(f"Mixup: {exc}") from exc
-        return mix_images(x, params, self.layout), soft
+        return mix_images(_own_copy(x), params, self.layout, inplace=True), soft
 
     def state_dict(self) -> dict[str, int]:
         """The batches mixed so far (with ``seed``, what the next draws depend on)."""
@@ -93,3 +93,12 @@ class Mixup:
         fields = ", ".join(f"{f.name}={getattr(self.settings, f.name)!r}" for f in dataclasses.fields(self.settings)
                            if f.name not in ("image", "label"))
         return f"Mixup({fields}, layout={self.layout!r}, seed={self.seed})"
+
+
+def _own_copy(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` to mix in place (the caller's tensor stays as it was). On the CPU a NumPy copy in this
+    thread, so that neither the copy nor the mix (:func:`feedfast.ops.batchmix.mix_images` in place: the C
+    extension) runs on torch's thread pool, against the loader's decoding threads when this is its batch hook."""
+    if x.device.type == "cpu" and x.is_contiguous() and not x.requires_grad:
+        return torch.from_numpy(x.numpy().copy())
+    return x.clone()
