@@ -278,3 +278,13 @@ def test_a_dali_checkpoint_this_pipeline_cannot_restore_is_refused_naming_the_fi
     loader.load_state_dict(state)  # the genuine one resumes
     assert len(list(loader)) == 4
     loader.close()
+
+
+@pytest.mark.parametrize("key", ["shards", "spec"])
+def test_a_digest_with_a_line_break_is_refused_on_one_line(shards: list[str], key: str) -> None:
+    """A state's digest is shown as the string it is (hypothesis found ``"shards": "\\n"`` broke the message's line)."""
+    state = _mid_state(shards, steps=1)
+    state[key] = "\n"
+    with pytest.raises(UserError, match="cannot resume") as err:
+        _loader(shards).load_state_dict(state)
+    assert "\n" not in str(err.value) and "'\\n'" in str(err.value)

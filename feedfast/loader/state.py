@@ -129,10 +129,10 @@ class LoaderState:
             differs.append(f"batch size {i.batch_size} in the state vs {batch_size} here "
                            "(its step would point at other samples)")
         if shards is not None and i.shards is not None and i.shards != shards:
-            differs.append(f"another shard set (digest {i.shards} in the state vs {shards} here: shards added, "
+            differs.append(f"another shard set (digest {i.shards!r} in the state vs {shards!r} here: shards added, "
                            "removed, reordered, or their checks now keep other samples)")
         if spec is not None and i.spec is not None and i.spec != spec:
-            differs.append(f"another spec (digest {i.spec} in the state vs {spec} here)")
+            differs.append(f"another spec (digest {i.spec!r} in the state vs {spec!r} here)")
         if differs:
             raise UserError("cannot resume from this state: " + "; ".join(differs) +
                             "; resume with the settings it was saved with, or start the epoch afresh")
