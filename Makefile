@@ -10,6 +10,21 @@ PYTHON ?= python3
 # aarch64: torch 2.9.1, a CPU build (0.7 GB). Override with TORCH_SPEC=...; torchvision follows the torch installed.
 TORCH_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),torch,$(if $(filter aarch64 arm64,$(shell uname -m)),torch==2.9.1,torch==2.14.1))
 EXTRAS ?= cuda12,simd,dev,test,plot,compare
+# Disk: that set takes 6.8 GB in the venv on x86_64 (torch and its CUDA libraries 6 GB, DALI 1 GB), and pip fails
+# half-way with "No space left on device" where less is free. Where the venv's disk has under SMALL_BELOW_GB free
+# (and TORCH_SPEC and EXTRAS were not given), the set that fits is installed instead, and said so: torch 2.13.0, the
+# CPU build (0.9 GB; these machines hold it on disk), without the extras that need torchvision beside it (compare:
+# torchvision; test: timm, Accelerate), whose tests then skip naming the missing package. Only a new venv is sized
+# (one already holding torch keeps its set); SMALL=1 forces the small set, SMALL=0 the full one.
+SMALL_BELOW_GB ?= 9
+FREE_GB := $(shell df -Pk $(dir $(abspath $(VENV))) 2>/dev/null | awk 'NR == 2 {print int($$4 / 1048576)}')
+ifeq ($(origin TORCH_SPEC)$(origin EXTRAS),filefile)
+SMALL ?= $(shell [ ! -x $(PY) ] && [ -n "$(FREE_GB)" ] && [ "$(FREE_GB)" -lt "$(SMALL_BELOW_GB)" ] && echo 1)
+endif
+ifeq ($(SMALL),1)
+TORCH_SPEC := torch==2.13.0
+EXTRAS := cuda12,simd,dev,plot
+endif
 STAMP  := $(VENV)/.feedfast-installed
 
 .PHONY: setup demo test bench soak gpu-check lint clean
@@ -17,6 +32,9 @@ STAMP  := $(VENV)/.feedfast-installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	@if [ "$(SMALL)" = 1 ]; then echo "feedfast setup, the small set: torch 2.13.0 (CPU build) and extras $(EXTRAS), \
+	without torchvision, timm and Accelerate, whose tests skip ($(FREE_GB) GB free where $(VENV) goes; the full set \
+	wants $(SMALL_BELOW_GB) GB, or SMALL=0)"; fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"

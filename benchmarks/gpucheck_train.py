@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from gpucheck_common import SPEC, CheckFailed, Context, Section, one_line
+from gpucheck_common import SPEC, CheckFailed, Context, Section, Skip, one_line
 from gpucheck_sections import forever, need_shards, synchronizer
 from torch import nn
 
@@ -221,7 +221,13 @@ def train_torch_section(ctx: Context, sec: Section) -> None:
     """(c) the torchvision recipe (webdataset, PIL, 16 DataLoader workers where there are 16 cores)."""
     from feedfast._env import usable_cores
     from feedfast.baseline.torch_recipe import make_torch_loader
+    from feedfast.baseline.vision import transforms
+    from feedfast.errors import UserError
 
+    try:
+        transforms()
+    except UserError as exc:  # a machine without torchvision (the small set) has no torchvision row to measure
+        raise Skip(str(exc)) from exc
     need_shards(ctx)
     workers = min(16, usable_cores())
     trainee = prepare(ctx)

@@ -239,3 +239,33 @@ def spawn_ranks(target: Callable[..., None], world: int, out: Path, args: Callab
                 p.kill()
                 p.join(5)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+
+EXTRA_OF = {"torchvision": "compare", "timm": "test", "accelerate": "test"}
+"""The extra that installs each optional peer the tests compare against."""
+
+
+def _absent(top: str) -> str:
+    return (f"{top} is not installed: the `{EXTRA_OF.get(top, 'test')}` extra (make setup's small set, for a disk "
+            "under 9 GB free, leaves it out)")
+
+
+def extra(module: str) -> Any:
+    """Import ``module`` of an optional peer (torchvision, timm, Accelerate), or skip the test naming its extra.
+
+    ``make setup`` installs them all where the disk holds the full set; its small set (under 9 GB free: torch's CPU
+    build, no torchvision beside it) leaves them out, and what they check is then skipped, said as such.
+    """
+    import pytest
+
+    return pytest.importorskip(module, reason=_absent(module.split(".")[0]))
+
+
+def needs(top: str) -> Any:
+    """Mark a test whose code path imports the optional peer ``top`` inside feedfast: skipped, named, without it."""
+    import importlib.util
+
+    import pytest
+
+    return pytest.mark.skipif(importlib.util.find_spec(top) is None, reason=_absent(top))

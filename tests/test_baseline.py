@@ -27,7 +27,7 @@ from feedfast.errors import UserError
 from feedfast.ops import pil_ops
 from feedfast.sources.index import load_index
 from feedfast.sources.synth import synth_shards
-from tests.helpers import SMALL_SPEC
+from tests.helpers import SMALL_SPEC, needs
 
 TINY = {"min_side": 40, "max_side": 64, "num_classes": 10**9}
 
@@ -200,6 +200,7 @@ def test_normalize_in_place() -> None:
 # --- the torchvision baseline ----------------------------------------------------------------
 
 
+@needs("torchvision")
 def test_recipe_is_torchvisions_own_transforms() -> None:
     tv = transforms()
     train = TorchRecipe(size=32).compose().transforms
@@ -245,6 +246,7 @@ def shard_sets(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[pathl
     }
 
 
+@needs("torchvision")
 @pytest.mark.parametrize("num_shards", [1, 3])
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("train", [True, False])
@@ -267,6 +269,7 @@ def test_every_sample_exactly_once_in_full_batches(
     assert sizes == [3] * (len(expected) // 3) + ([len(expected) % 3] if len(expected) % 3 else [])
 
 
+@needs("torchvision")
 def test_train_batches_equal_torchvision_applied_directly(shard_sets: dict[int, list[pathlib.Path]]) -> None:
     """In-process, the baseline's crops and flips are torchvision's draws from a generator seeded with ``seed``.
 
@@ -288,6 +291,7 @@ def test_train_batches_equal_torchvision_applied_directly(shard_sets: dict[int, 
     assert not torch.allclose(ours, expected, atol=0.1)
 
 
+@needs("torchvision")
 def test_val_batches_equal_torchvision_in_workers(shard_sets: dict[int, list[pathlib.Path]]) -> None:
     paths = shard_sets[3]
     loader = make_torch_loader(paths, batch_size=4, num_workers=2, train=False, size=24, resize=28)
@@ -300,6 +304,7 @@ def test_val_batches_equal_torchvision_in_workers(shard_sets: dict[int, list[pat
     assert torch.all(per_channel.min(dim=1).values >= low - 1e-5) and per_channel.std() > 0.1
 
 
+@needs("torchvision")
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_train_augmentation_reproducible_for_seed(shard_sets: dict[int, list[pathlib.Path]], num_workers: int) -> None:
     def run(seed: int) -> torch.Tensor:
@@ -311,6 +316,7 @@ def test_train_augmentation_reproducible_for_seed(shard_sets: dict[int, list[pat
     assert not torch.equal(first, run(1))
 
 
+@needs("torchvision")
 def test_in_process_loader_leaves_the_global_rng_alone(shard_sets: dict[int, list[pathlib.Path]]) -> None:
     loader = make_torch_loader(shard_sets[1], batch_size=4, num_workers=0, size=16)
     torch.manual_seed(9)
@@ -321,6 +327,7 @@ def test_in_process_loader_leaves_the_global_rng_alone(shard_sets: dict[int, lis
     assert torch.equal(torch.rand(3), expected)
 
 
+@needs("torchvision")
 def test_persistent_workers_serve_every_epoch(shard_sets: dict[int, list[pathlib.Path]]) -> None:
     loader = make_torch_loader(shard_sets[3], batch_size=4, num_workers=2, size=16, shuffle=True)
     epochs = [sorted(int(v) for _, labels in loader for v in labels) for _ in range(2)]
@@ -352,7 +359,7 @@ def test_dataset_reads_given_indexes_and_counts_incomplete_samples(
     "override,name",
     [({"shards": []}, "shards"), ({"shards": "a.tar"}, "shards"), ({"batch_size": 0}, "batch_size"),
      ({"num_workers": -1}, "num_workers"), ({"size": 0}, "size"), ({"seed": -2}, "seed"),
-     ({"shards": ["/nope/a.tar"]}, "local tar files")],
+     pytest.param({"shards": ["/nope/a.tar"]}, "local tar files", marks=needs("torchvision"))],
 )
 def test_make_torch_loader_rejects_bad_arguments(override: dict, name: str) -> None:
     args = {"shards": ["a.tar"], "batch_size": 2, "num_workers": 0, **override}
@@ -400,6 +407,7 @@ def test_settings_from_spec() -> None:
         settings_from_spec(load_spec(spec))
 
 
+@needs("torchvision")
 def test_settings_from_a_recipe_spec_run_its_augmentations_and_mix() -> None:
     """`feedfast bench imagenet-train-recipe --compare torch` runs torchvision's TrivialAugmentWide, RandomErasing and
     the reference's MixUp/CutMix collate, not the plain crop; ops the baseline has no form for are named."""
@@ -442,6 +450,7 @@ def test_ratio_spread_is_the_median_of_per_round_ratios() -> None:
         ratio_spread([1.0], [0.0])
 
 
+@needs("torchvision")
 def test_the_reference_batch_mix_collate_gives_soft_targets_in_workers(tmp_path: pathlib.Path) -> None:
     """torchvision's reference collate under --mixup-alpha 0.2 --cutmix-alpha 1.0, as the recipe row runs it."""
     from feedfast.baseline.torch_recipe import MixupCutmixCollate

@@ -9,10 +9,10 @@ import math
 
 import numpy as np
 import pytest
-import timm.data.mixup as timm_mixup
 import torch
 
 from feedfast.ops.batchmix import MixParams, MixSettings, draw_params, mix_images, problem, soft_targets
+from tests.helpers import extra
 
 
 class Legacy:
@@ -50,6 +50,7 @@ KNOBS = [
 @pytest.mark.parametrize("knobs", KNOBS, ids=lambda k: "-".join(f"{a}={b}" for a, b in k.items()))
 def test_pixels_and_targets_equal_timms_from_timms_own_stream(knobs: dict) -> None:
     """Seeded as timm's global np.random, the draws, mixed pixels and soft targets are timm's exactly."""
+    timm_mixup = extra("timm.data.mixup")
     settings = MixSettings(num_classes=7, label_smoothing=0.1, **knobs)
     timm = timm_mixup.Mixup(num_classes=7, label_smoothing=0.1, **knobs)
     for seed in range(12):
@@ -82,6 +83,7 @@ def test_uint8_blends_round_as_timms_fast_collate() -> None:
 
 def test_lambda_distribution_matches_timms() -> None:
     """The loader's counter-based draws (Philox) against timm's np.random: the lambdas, KS at alpha 0.001."""
+    timm_mixup = extra("timm.data.mixup")
     from feedfast.loader.draws import batch_generator
 
     knobs = dict(num_classes=10, mixup_alpha=0.8, cutmix_alpha=1.0, mode="elem", prob=0.8, correct_lam=False)
@@ -97,6 +99,7 @@ def test_lambda_distribution_matches_timms() -> None:
 
 
 def test_box_area_distribution_matches_timms() -> None:
+    timm_mixup = extra("timm.data.mixup")
     from feedfast.loader.draws import batch_generator
 
     settings = MixSettings(num_classes=10, mixup_alpha=0.0, cutmix_alpha=1.0, mode="elem")
@@ -129,7 +132,7 @@ def _torchvision_draws(transform, seed: int, h: int, w: int) -> tuple[float, tup
 def test_torchvision_recipe_pixels_and_targets(kind: str) -> None:
     """convention torchvision: for torchvision's lambda and box, its pixels exactly, and its targets once its loss
     smooths them (CrossEntropyLoss(label_smoothing=0.1)) equal ours with label_smoothing 0.1."""
-    from torchvision.transforms import v2
+    v2 = extra("torchvision.transforms.v2")
 
     transform = getattr(v2, kind)(alpha=1.0 if kind == "CutMix" else 0.2, num_classes=10)
     for seed in range(10):
@@ -151,7 +154,7 @@ def test_torchvision_recipe_pixels_and_targets(kind: str) -> None:
 
 
 def test_torchvision_box_area_distribution() -> None:
-    from torchvision.transforms import v2
+    v2 = extra("torchvision.transforms.v2")
 
     from feedfast.loader.draws import batch_generator
 
@@ -221,7 +224,7 @@ def test_in_place_reads_every_source_before_writing(mode: str, in_place_path: st
 
 
 def test_lambda_distribution_matches_torchvisions_mixup() -> None:
-    from torchvision.transforms import v2
+    v2 = extra("torchvision.transforms.v2")
 
     from feedfast.loader.draws import batch_generator
 

@@ -10,11 +10,13 @@ from typing import Any
 import pytest
 
 from feedfast.cli.main import main
+from tests.helpers import needs
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--batch-size", "4", "--threads", "1", "--set", "pipeline.image[1].size=32", "--quiet"]
 
 
+@needs("torchvision")
 def test_bench_writes_figures(shards: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "b.json"
     code = main(["bench", str(ROOT / "pipelines/imagenet-train.yaml"), "--shards", ",".join(shards), "--batch-size", "4",
@@ -42,7 +44,8 @@ def test_bench_writes_figures(shards: list[str], tmp_path: Path, capsys: pytest.
     assert "ratio per CPU second" in text
 
 
-@pytest.mark.parametrize("compare", [["--compare", "torch", "--rounds", "3"], []])
+@pytest.mark.parametrize("compare", [pytest.param(["--compare", "torch", "--rounds", "3"], marks=needs("torchvision")),
+                                     []])
 def test_each_round_builds_a_new_loader_and_closes_it_before_the_next(
         shards: list[str], monkeypatch: pytest.MonkeyPatch, compare: list[str]) -> None:
     from feedfast.cli import bench
@@ -165,6 +168,7 @@ def test_compare_rows_print_the_median_ratio_and_its_spread(capsys: pytest.Captu
     assert c["ratio_per_cpu_s"] == pytest.approx(0.5) and rows["ratio per CPU second"].startswith("0.50x (feedfast 8,")
 
 
+@needs("torchvision")
 @pytest.mark.parametrize("aug,named", [({"trivial_augment_wide": {}}, "TrivialAugmentWide("),
                                        ({"rand_augment": {}}, "NOT in this baseline (the ratio is not like for like): "
                                                               "rand_augment")])

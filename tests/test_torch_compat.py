@@ -22,7 +22,7 @@ from torch.utils.data import default_collate
 import feedfast
 from feedfast.errors import FeedfastError, UserError
 from feedfast.loader.torchcompat import BatchCollate, LoaderBatchSampler, LoaderSampler
-from tests.helpers import FakeGpu, keys_of_epoch
+from tests.helpers import FakeGpu, extra, keys_of_epoch
 
 
 def _loader(spec: dict, shards: list[str], **kw: Any) -> feedfast.DataLoader:
@@ -267,8 +267,8 @@ def test_timm_mixup_in_its_training_loop_over_feedfast_batches(small_spec: dict,
     soft targets for ``SoftTargetCrossEntropy``; with the prefetcher timm would mix in its collate
     function instead (``FastCollateMixup``, a per-sample collate), which a feedfast loader cannot take.
     """
-    from timm.data.mixup import Mixup  # the `test` extra
-    from timm.loss import SoftTargetCrossEntropy
+    Mixup = extra("timm.data.mixup").Mixup  # the `test` extra
+    SoftTargetCrossEntropy = extra("timm.loss").SoftTargetCrossEntropy
 
     mixup_fn = Mixup(mixup_alpha=0.2, cutmix_alpha=1.0, prob=1.0, switch_prob=0.5, mode="batch",
                                 label_smoothing=0.1, num_classes=10)
@@ -318,7 +318,7 @@ def test_torchvision_train_sampler_of_the_swap_moves_the_loader_to_each_epoch(sm
 def test_torchvision_v2_mixup_cutmix_as_the_batch_hook(small_spec: dict, shards: list[str]) -> None:
     """torchvision's current get_mixup_cutmix (v2 MixUp / CutMix in a RandomChoice), given the finished batch
     as the README's swap does: ``collate_fn=lambda batch: mixup_cutmix(*batch)``."""
-    from torchvision.transforms import v2
+    v2 = extra("torchvision.transforms.v2")
     mixup_cutmix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=10), v2.CutMix(alpha=1.0, num_classes=10)])
     data_loader = _loader(small_spec, shards, shuffle=True,
                           collate_fn=(lambda batch: mixup_cutmix(*batch)) if mixup_cutmix is not None else None)
