@@ -44,10 +44,11 @@ class BuildPyWithPipelines(build_py):
 
 NATIVE = Extension("feedfast._native", sources=["feedfast/_native.c", "feedfast/_resample.c",
                                                  "feedfast/_resample_simd.c", "feedfast/_mix.c"],
-                   depends=["feedfast/_resample.h", "feedfast/_resample_simd.h", "feedfast/_mix.h"], libraries=["jpeg"],
+                   depends=["feedfast/_resample.h", "feedfast/_resample_simd.h", "feedfast/_mix.h", "feedfast/_raws.h"],
+                   libraries=["jpeg"],
                    extra_compile_args=["-O3", "-ffp-contract=off"], optional=True)
 
-PLAN = Extension("feedfast._plan", sources=["feedfast/_plan.c"], libraries=["jpeg"],
+PLAN = Extension("feedfast._plan", sources=["feedfast/_plan.c"], depends=["feedfast/_raws.h"], libraries=["jpeg"],
                  extra_compile_args=["-O3", "-ffp-contract=off"], optional=True)
 
 AUGMENT = Extension("feedfast._augment", sources=["feedfast/_augment.c"],

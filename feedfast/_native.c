@@ -50,6 +50,7 @@
 #include <jpeglib.h>
 
 #include "_mix.h"
+#include "_raws.h"
 #include "_resample.h"
 #include "_resample_simd.h"
 
@@ -684,8 +685,7 @@ sample_batch(PyObject *self, PyObject *args)
     PyObject *result = NULL;
     Output o;
     Py_buffer out;
-    const unsigned char **data = NULL;
-    Py_ssize_t *lens = NULL;
+    Raws raw = {0, NULL, NULL, NULL};
     int have_o = 0, have_out = 0;
     if (plans.len != n * P_COLS * (Py_ssize_t)sizeof(double) || done.len != n) {
         PyErr_SetString(PyExc_ValueError, "sample_batch: plans or done do not match raws");
@@ -701,34 +701,24 @@ sample_batch(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "sample_batch: the batch holds a slot per raw, each the template's size");
         goto finish;
     }
-    data = PyMem_Calloc((size_t)n + 1, sizeof *data);
-    lens = PyMem_Calloc((size_t)n + 1, sizeof *lens);
-    if (data == NULL || lens == NULL) {
-        PyErr_NoMemory();
+    if (raws_open(raws, "sample_batch", &raw) < 0)
         goto finish;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(raws, i);
-        if (PyBytes_Check(item))
-            data[i] = (const unsigned char *)PyBytes_AS_STRING(item), lens[i] = PyBytes_GET_SIZE(item);
-    }
-    Py_BEGIN_ALLOW_THREADS /* the list keeps the bytes alive */
+    Py_BEGIN_ALLOW_THREADS /* the list keeps the bytes alive, raw holds the other buffers */
     for (Py_ssize_t i = 0; i < n; i++) {
         const double *row = (const double *)plans.buf + i * P_COLS;
         char *flag = (char *)done.buf + i;
         *flag = 0;
-        if (data[i] == NULL || row[P_STATUS] != 0.0)
+        if (raw.data[i] == NULL || row[P_STATUS] != 0.0)
             continue;
         Output slot = o;
         slot.buffer.buf = (char *)out.buf + i * o.buffer.len;
-        *flag = (char)planned_sample(data[i], lens[i], row, gray, margin, gap, flavour, &slot);
+        *flag = (char)planned_sample(raw.data[i], raw.lens[i], row, gray, margin, gap, flavour, &slot);
     }
     Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);
 finish:
-    PyMem_Free(data);
-    PyMem_Free(lens);
+    raws_close(&raw);
     if (have_out)
         PyBuffer_Release(&out);
     if (have_o)
@@ -752,7 +742,8 @@ resample_isa(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"sample_batch", sample_batch, METH_VARARGS,
      "sample_batch(raws, plans, done, template, batch, mean, inv, gray, chw, margin, flavour, reducing_gap)\n\n"
-     "sample_into over a chunk of planned samples (feedfast.loader.batchplan), one GIL release: each sample "
+     "sample_into over a chunk of planned samples (feedfast.loader.batchplan), one GIL release: `raws` holds each "
+     "sample's JPEG as bytes, any contiguous buffer (a memoryview or NumPy slice of a fetched window) or None; each sample "
      "whose plan row is OK is written into its slot of `batch` (shaped as `template`, one slot "
      "per raw) and its `done` byte set to 1; 0 where it was not (the caller makes it another way)."},
     {"decode_region", decode_region, METH_VARARGS,

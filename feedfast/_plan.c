@@ -18,7 +18,8 @@
  *   slots of the writable buffer `out`, the GIL released; False when a read fails or comes short.
  *
  * plan_batch(raws, samples, key, program, max_pixels, out)
- *   raws: a list of the samples' JPEG bytes (None: no such sample data, status NOT_JPEG).
+ *   raws: a list of the samples' JPEG bytes: bytes or any contiguous buffer (a memoryview or NumPy slice of a
+ *   fetched window, feedfast/_raws.h), None: no such sample data, status NOT_JPEG.
  *   samples: int64 canonical sample numbers (the draws are keyed by them); key: the draws key.
  *   program: float64, OP_SLOTS values per op (see the OP_ codes): the image chain after decode.
  *   max_pixels: Pillow's Image.MAX_IMAGE_PIXELS (0: no limit).
@@ -34,6 +35,8 @@
 #include <unistd.h>
 
 #include <jpeglib.h>
+
+#include "_raws.h"
 
 enum { OP_SLOTS = 12 };
 enum { OP_DECODE = 1, OP_RRC = 2, OP_RESIZE_SHORT = 3, OP_RESIZE_HW = 4, OP_CENTER_CROP = 5, OP_FLIP = 6 };
@@ -339,37 +342,24 @@ plan_batch(PyObject *self, PyObject *args)
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(raws);
     PyObject *result = NULL;
-    const unsigned char **data = NULL;
-    size_t *lens = NULL;
+    Raws raw = {0, NULL, NULL, NULL};
     if (samples.len != n * (Py_ssize_t)sizeof(int64_t) || out.len != n * PLAN_COLS * (Py_ssize_t)sizeof(double) ||
         program.len % (OP_SLOTS * sizeof(double)) != 0) {
         PyErr_SetString(PyExc_ValueError, "plan_batch: samples, program or out has the wrong size");
         goto done;
     }
-    data = PyMem_Calloc((size_t)n + 1, sizeof *data);
-    lens = PyMem_Calloc((size_t)n + 1, sizeof *lens);
-    if (data == NULL || lens == NULL) {
-        PyErr_NoMemory();
+    if (raws_open(raws, "plan_batch", &raw) < 0)
         goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(raws, i);
-        if (PyBytes_Check(item)) {
-            data[i] = (const unsigned char *)PyBytes_AS_STRING(item);
-            lens[i] = (size_t)PyBytes_GET_SIZE(item);
-        }
-    }
     Py_ssize_t ops = program.len / (Py_ssize_t)(OP_SLOTS * sizeof(double));
-    Py_BEGIN_ALLOW_THREADS /* the list holds the bytes alive; nothing else touches Python objects */
+    Py_BEGIN_ALLOW_THREADS /* the list holds the bytes alive, raw the other buffers; nothing else touches Python objects */
     for (Py_ssize_t i = 0; i < n; i++)
-        plan_one(data[i], lens[i], (uint64_t)((const int64_t *)samples.buf)[i], (uint64_t)key,
+        plan_one(raw.data[i], (size_t)raw.lens[i], (uint64_t)((const int64_t *)samples.buf)[i], (uint64_t)key,
                  (const double *)program.buf, ops, max_pixels, (double *)out.buf + i * PLAN_COLS);
     Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);
 done:
-    PyMem_Free(data);
-    PyMem_Free(lens);
+    raws_close(&raw);
     PyBuffer_Release(&samples);
     PyBuffer_Release(&program);
     PyBuffer_Release(&out);

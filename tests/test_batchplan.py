@@ -207,3 +207,77 @@ def test_planned_batches_equal_the_python_walk(shards: list[str], chain: list[An
             assert a.origins == b.origins
             assert torch.equal(a.fields["label"], b.fields["label"])
             assert torch.equal(a.fields["image"], b.fields["image"]), name
+
+
+# --- the C consumers take any contiguous buffer: a remote window's slices, without a copy each -----------
+
+
+def _buffers(raws: list[bytes]) -> dict[str, list[Any]]:
+    """``raws`` as each kind of buffer a caller may hand over, the JPEGs inside a larger block as a fetched
+    window holds them (memoryview and NumPy slices of one bytes object, bytearrays)."""
+    window = b"".join(raws)
+    starts = np.cumsum([0] + [len(r) for r in raws]).tolist()
+    array = np.frombuffer(window, dtype=np.uint8)
+    return {"bytes": list(raws),
+            "memoryview": [memoryview(window)[a:b] for a, b in zip(starts, starts[1:])],
+            "numpy": [array[a:b] for a, b in zip(starts, starts[1:])],
+            "bytearray": [bytearray(r) for r in raws]}
+
+
+SMALL = ["decode", {"random_resized_crop": {"size": [12, 16]}}, {"flip": {"horizontal": 0.5}}]
+
+
+def test_plan_batch_reads_any_contiguous_buffer_as_it_reads_bytes() -> None:
+    plan_chain = batchplan.chain_of(compile_pil(_spec(SMALL)))
+    assert plan_chain is not None
+    raws = [_jpeg(64 + 9 * i, 48 + 5 * i, seed=i) for i in range(5)]
+    got = {kind: batchplan.plan(plan_chain, [*items, None], np.arange(len(raws) + 1), draws_key(1, 0), None)
+           for kind, items in _buffers(raws).items()}
+    assert (got["bytes"][:-1, batchplan.STATUS] == batchplan.OK).all()
+    assert got["bytes"][-1, batchplan.STATUS] != batchplan.OK  # None: no such member, the Python way says so
+    for kind, rows in got.items():
+        np.testing.assert_array_equal(rows, got["bytes"], err_msg=kind)
+
+
+def test_sample_batch_makes_the_same_pixels_from_any_contiguous_buffer() -> None:
+    from feedfast.loader import native
+    from feedfast.loader.pil_fast import REGION_MARGIN
+    from feedfast.loader.thread_sample import REDUCING_GAP
+
+    flavour = native.resample_flavour()
+    if native.ext is None or flavour is None:
+        pytest.skip("feedfast._native is not built here")
+    plan_chain = batchplan.chain_of(compile_pil(_spec(SMALL)))
+    assert plan_chain is not None
+    raws = [_jpeg(64 + 9 * i, 48 + 5 * i, seed=i) for i in range(5)]
+    plans = batchplan.plan(plan_chain, raws, np.arange(len(raws)), draws_key(1, 0), None)
+    made = {}
+    for kind, items in _buffers(raws).items():
+        batch = np.zeros((len(items), 12, 16, 3), dtype=np.uint8)
+        done = np.zeros(len(items), dtype=np.int8)
+        native.ext.sample_batch(items, plans, done, batch[0], batch, None, None, False, False, REGION_MARGIN,
+                                flavour, REDUCING_GAP)
+        assert done.all(), kind
+        made[kind] = batch
+    assert made["bytes"].any()
+    for kind, batch in made.items():
+        np.testing.assert_array_equal(batch, made["bytes"], err_msg=kind)
+
+
+def test_a_buffer_that_is_not_contiguous_or_not_a_buffer_is_a_type_error_naming_its_place() -> None:
+    from feedfast.loader import native
+
+    plan_chain = batchplan.chain_of(compile_pil(_spec(SMALL)))
+    assert plan_chain is not None
+    raw = _jpeg(64, 48)
+    strided = np.frombuffer(raw + raw, dtype=np.uint8)[::2]
+    for bad, why in [(strided, "not a contiguous buffer"), (memoryview(raw)[::2], "not a contiguous buffer"),
+                     ("a str", "must be bytes, a contiguous buffer or None, not str")]:
+        with pytest.raises(TypeError, match=rf"plan_batch: raws\[1\] .*{why}"):
+            batchplan.plan(plan_chain, [raw, bad], np.arange(2), 0, None)
+        if native.ext is not None:
+            plans = batchplan.plan(plan_chain, [raw, raw], np.arange(2), 0, None)
+            batch = np.zeros((2, 12, 16, 3), dtype=np.uint8)
+            with pytest.raises(TypeError, match=rf"sample_batch: raws\[1\] .*{why}"):
+                native.ext.sample_batch([raw, bad], plans, np.zeros(2, dtype=np.int8), batch[0], batch, None, None,
+                                        False, False, 4, 0, 3.0)

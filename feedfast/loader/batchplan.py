@@ -146,8 +146,14 @@ def one_call() -> bool:
     return flavour == native.FLAVOURS["pillow"] or int(native.ext.resample_isa()) >= 1
 
 
-def plan(chain: Chain, raws: Sequence[bytes | None], samples: np.ndarray, key: int, max_pixels: int | None) -> np.ndarray:
-    """The plan rows of a batch: float64 [len(raws), COLS] (the columns above)."""
+def plan(chain: Chain, raws: Sequence[bytes | memoryview | None], samples: np.ndarray, key: int,
+         max_pixels: int | None) -> np.ndarray:
+    """The plan rows of a batch: float64 [len(raws), COLS] (the columns above); ``raws``: each sample's JPEG as
+    bytes or any contiguous buffer (a remote window's memoryview slice), None where it has none.
+
+    Raises:
+        TypeError: an item is not a buffer or not contiguous; names its place.
+    """
     out = np.empty((len(raws), COLS), dtype=np.float64)
     assert ext is not None
     ext.plan_batch(list(raws), np.ascontiguousarray(samples, dtype=np.int64), key, chain.ops,

@@ -104,7 +104,8 @@ def jpeg_header(raw: bytes) -> JpegHeader | None:
     return JpegHeader((width, height), mode)
 
 
-def decode_region(img: Any, raw: bytes, denom: int, box: tuple[int, int, int, int]) -> tuple[Any, int, int] | None:
+def decode_region(img: Any, raw: bytes | memoryview, denom: int,
+                  box: tuple[int, int, int, int]) -> tuple[Any, int, int] | None:
     """The pixels of ``box`` (left, top, right, bottom, in the image scaled by ``1 / denom``) of the JPEG ``raw``.
 
     ``img`` is Pillow's opened image or the :class:`JpegHeader` of ``raw``.

@@ -21,10 +21,12 @@ so the rules are the ones DALI's feed already keeps:
   downloaded and checked when the dataset was opened (:func:`~feedfast.sources.dataset.open_shards`),
   so their damage was counted there, as a local shard's is.
 
-The bytes are handed over as ``bytes`` objects (a copy out of the request's body, a few
-microseconds for a photo), which is what the planned C path takes from memory in place of its
-``pread``s (``_plan.c``'s ``plan_batch``, ``_native.c``'s ``sample_batch``), so remote samples
-take the same one-call path as local ones.
+The bytes are handed over as ``memoryview`` slices of the request's body, not copied: the planned
+C path takes any contiguous buffer from memory in place of its ``pread``s (``_plan.c``'s
+``plan_batch``, ``_native.c``'s ``sample_batch``, through ``_raws.h``), so remote samples take the
+same one-call path as local ones; code that needs ``bytes`` (a label's digits, Pillow's fallback,
+the ``pil`` backend) makes them from the slice (:func:`as_bytes`). A slice keeps its request's body
+alive until its step is handed over, a few steps past the moment the window cache drops it.
 
 Read-ahead (:class:`StepReads`): a step's rows are read in parts of :data:`PART` rows on
 :data:`READERS` threads of their own (the requests wait on sockets without the GIL); under the
@@ -64,8 +66,15 @@ log = logging.getLogger("feedfast.rangeread")
 _NAMED = re.compile(r"sample '([^']*)'")
 """A sample an error's message already names (the index check names the sample whose member is misplaced)."""
 
-Columns = list[list["bytes | None"]]
-"""Per component, each row's member bytes (None: the sample has no such member)."""
+Columns = list[list["memoryview | None"]]
+"""Per component, each row's member bytes, a slice of the request that read them (None: no such member)."""
+
+
+def as_bytes(member: "bytes | memoryview | None") -> bytes:
+    """A member's bytes as ``bytes`` (``b""`` for None): for code that parses them in Python."""
+    if member is None:
+        return b""
+    return member if isinstance(member, bytes) else bytes(member)
 
 
 def remote(kinds: Sequence[str]) -> bool:
@@ -133,7 +142,7 @@ class RangeSource:
         except ShardError as exc:
             raise self._named(exc, where) from exc
         sizes = where.sizes.T.tolist()
-        return [[None if size < 0 else array.tobytes() for array, size in zip(column, sizes[c])]
+        return [[None if size < 0 else memoryview(array) for array, size in zip(column, sizes[c])]
                 for c, column in enumerate(arrays)]
 
     def _named(self, exc: ShardError, where: Any) -> RemoteError:

@@ -61,7 +61,7 @@ from feedfast.ops.base import Signature
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.rangeread import RangeSource, remote
+from feedfast.sources.rangeread import RangeSource, as_bytes, remote
 from feedfast.sources.rows import Rows
 from feedfast.sources.shardfiles import ShardFiles
 from feedfast.spec.model import CHECK_SECONDS
@@ -115,7 +115,7 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
             return _Failure("shard", str(exc))
         per_sample = []
         for i in range(len(rows)):
-            raw = None if columns is None else [column[i] or b"" for column in columns]
+            raw = None if columns is None else [as_bytes(column[i]) for column in columns]
             out = self._sample(batch, i, origins, draws[i], raw)
             if isinstance(out, _Failure):
                 return out

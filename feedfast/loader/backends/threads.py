@@ -78,7 +78,7 @@ from feedfast.ops.registry import OPS
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.rangeread import StepReads, epoch_reads
+from feedfast.sources.rangeread import StepReads, as_bytes, epoch_reads
 from feedfast.sources.rows import Rows
 from feedfast.sources.shardfiles import ShardFiles
 
@@ -357,7 +357,7 @@ class _Epoch:
             out[a + j] = values
         return out
 
-    def _one_call(self, chain: batchplan.Chain, images: list[bytes | None], plans: np.ndarray,
+    def _one_call(self, chain: batchplan.Chain, images: list[bytes | memoryview | None], plans: np.ndarray,
                   arrays: dict[str, np.ndarray], a: int, b: int) -> tuple[list[bool], np.ndarray | None] | None:
         """The planned samples' pixels made by the extension in one call, where
         :func:`~feedfast.loader.batchplan.one_call` said so for this epoch: which were (None: none was tried),
@@ -387,7 +387,8 @@ class _Epoch:
             buf = self._local.pixels = np.empty(shape, dtype=np.uint8)
         return buf[:shape[0]]
 
-    def _pillow_pixels(self, chain: batchplan.Chain, raw: bytes | None, row: list[float]) -> np.ndarray | None:
+    def _pillow_pixels(self, chain: batchplan.Chain, raw: bytes | memoryview | None,
+                       row: list[float]) -> np.ndarray | None:
         """A planned sample's pixels made by Pillow from its planned region (None: the region did not decode)."""
         assert raw is not None  # planned: read, and a JPEG
         header = JpegHeader((int(row[batchplan.WIDTH]), int(row[batchplan.HEIGHT])), "L" if chain.gray else "RGB")
@@ -462,7 +463,7 @@ class _Epoch:
     def _raw(self, job: _Job, i: int) -> list[bytes]:
         """Row ``i``'s member bytes per component (``b""`` where it has no such member)."""
         if self.reads is not None:
-            return [column[0] or b"" for column in self.reads.chunk(job.step, i, i + 1)]
+            return [as_bytes(column[0]) for column in self.reads.chunk(job.step, i, i + 1)]
         return [b"" if m is None else self.files.read(int(job.rows.shard[i]), *m) for m in members_of(job.rows, i)]
 
     def close(self) -> None:
@@ -491,14 +492,15 @@ def _host_chains(program: PilProgram) -> dict[str, list[PilStep]]:
     return chains
 
 
-def _host_column(steps: list[PilStep], raws: list[list[bytes | None]]) -> list[Any]:
+def _host_column(steps: list[PilStep], raws: list[list[bytes | memoryview | None]]) -> list[Any]:
     """A host field's values over a chunk: its steps (ops that draw nothing) from the component's bytes.
 
     A ``label`` read straight from its component takes a batch fast path where every label is
     plain ASCII digits (what ``label`` accepts, without its checks); any sample that fails is
-    :data:`_FAILED`.
+    :data:`_FAILED`. A remote shard's members (memoryview slices of their request) are made
+    ``bytes`` first: host ops parse them in Python.
     """
-    column: list[Any] = raws[steps[0].inputs[0]]
+    column: list[Any] = [r if r is None or isinstance(r, bytes) else bytes(r) for r in raws[steps[0].inputs[0]]]
     if len(steps) == 1 and steps[0].op == "label":
         offset = steps[0].params["offset"]
         if all(r is not None and r.isdigit() and len(r) <= 18 for r in column):
