@@ -7,6 +7,7 @@ network, and the deadlines are fractions of a second.
 from __future__ import annotations
 
 import os
+import re
 import time
 import tracemalloc
 from pathlib import Path
@@ -19,6 +20,7 @@ from feedfast.errors import ShardError, UserError
 from feedfast.loader import rescue
 from feedfast.sources import dataset, schemes, shardlist
 from feedfast.sources.cache import ShardCache
+from feedfast.sources.index import left_out
 from feedfast.sources.remote import RemoteError, Transfer, fetch_range, http_stream, http_validators
 from feedfast.sources.transport import transport_for
 from tests.rangeserver import RangeServer
@@ -158,3 +160,57 @@ def test_a_dropped_stream_is_an_error_for_any_reader(server: RangeServer) -> Non
     with pytest.raises(RemoteError, match="ShortBody"):
         http_stream(_url(server), lambda f: b"".join(iter(lambda: f.read(4096), b"")), QUICK)
     assert http_validators(_url(server), QUICK)["content-length"] == str(len(DATA))
+
+
+# -- pipe: commands have http's deadline ------------------------------------------------------------------------
+
+PIPE_DEADLINE = Transfer(retries=0, deadline=1.0, min_rate=1 << 20)
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (exited, or a zombie no one has reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_hanging_pipe_command_is_killed_with_its_children_at_the_deadline_and_nothing_is_cached(
+        tmp_path: Path) -> None:
+    url = f"pipe:sleep 60 & echo $! > {tmp_path / 'child'}; printf abc; wait"  # writes a little, then hangs
+    cache = ShardCache(str(tmp_path / "cache"), transfer=PIPE_DEADLINE)
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match=rf"{re.escape(repr(url))}.*deadline of 1 s.*3 bytes.*group was killed"):
+        cache.ensure(url)
+    assert time.monotonic() - start < 2.5
+    child = int((tmp_path / "child").read_text())
+    for _ in range(100):  # SIGKILL is sent; the child's end is seen at once or within a few ms
+        if _gone(child):
+            break
+        time.sleep(0.01)
+    assert _gone(child), "the command's child outlived its deadline"
+    assert not list((tmp_path / "cache").glob("*.tar")) and not list((tmp_path / "cache").glob(".*part"))
+
+
+def test_a_pipe_command_that_closes_stdout_and_hangs_is_killed_at_the_deadline(tmp_path: Path) -> None:
+    url = "pipe:printf abc; exec >&-; sleep 60"
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match="deadline of 1 s"):
+        transport_for(url, PIPE_DEADLINE).stream(url, lambda f: f.read())
+    assert time.monotonic() - start < 2.5
+
+
+def test_a_pipe_command_within_its_deadline_is_read_whole(tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(DATA)
+    url = f"pipe:sleep 0.3; cat {tmp_path / 'a.bin'}"
+    assert transport_for(url, PIPE_DEADLINE).stream(url, lambda f: f.read()) == DATA
+
+
+def test_a_pipe_command_past_its_deadline_is_named_under_raise_and_counted_under_skip(tmp_path: Path) -> None:
+    url = "pipe:sleep 60"
+    cache = ShardCache(str(tmp_path / "shards"), transfer=PIPE_DEADLINE)
+    with pytest.raises(RemoteError, match=rf"'pipe:sleep 60'.*deadline"):
+        dataset.locate(url, tmp_path, cache, check_locally=False)
+    found = dataset.locate(url, tmp_path, cache, check_locally=True)  # on_error: skip
+    [(key, reason)] = left_out(found.index)
+    assert found.samples == [] and key == "?" and re.search(r"'pipe:sleep 60'.*deadline.*cannot be fetched", reason)

@@ -6,7 +6,9 @@ seconds answers every read in time and can hold a request for days. Each request
 process, started with the first, shuts down the bound socket when the time has passed, so
 the blocked read returns at once, and the request sees :attr:`Deadline.expired` and raises
 ``TimeoutError`` (:meth:`Deadline.check`). A request whose body grows can push its deadline
-back (:meth:`Deadline.extend`: a minimum transfer rate over a long download).
+back (:meth:`Deadline.extend`: a minimum transfer rate over a long download). What is not a
+socket takes its own way to be stopped (:meth:`Deadline.bind_stop`: a ``pipe:`` command's
+process group is killed, so its stdout ends and the blocked read returns).
 
 Cost per request: two dictionary updates under a lock; the watchdog wakes at the earliest
 deadline (about once per deadline while requests come and go), not once per request.
@@ -18,7 +20,8 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 
 class Deadline:
@@ -28,7 +31,7 @@ class Deadline:
         self.seconds, self.what = seconds, what
         self.at = time.monotonic() + seconds
         self.expired = False
-        self._sock: socket.socket | None = None
+        self._stop: Callable[[], None] | None = None
 
     def __enter__(self) -> "Deadline":
         _WATCHDOG.add(self)
@@ -39,8 +42,13 @@ class Deadline:
 
     def bind(self, sock: Any) -> None:
         """The socket to shut down when the deadline passes (at once, if it has passed)."""
+        self.bind_stop(partial(_shut, sock) if isinstance(sock, socket.socket) else None)
+
+    def bind_stop(self, stop: Callable[[], None] | None) -> None:
+        """What stops the request when the deadline passes (at once, if it has passed): it must make the
+        blocked read return, and be quick (it runs on the watchdog thread)."""
         with _WATCHDOG.cond:
-            self._sock = sock if isinstance(sock, socket.socket) else None
+            self._stop = stop
             if self.expired:
                 self._cut()
 
@@ -61,11 +69,15 @@ class Deadline:
         self._cut()
 
     def _cut(self) -> None:
-        if self._sock is not None:
-            try:  # socket.socket's own shutdown, also for an SSL socket: its reader sees the end of the stream
-                socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed: nothing left to stop
+        if self._stop is not None:
+            self._stop()
+
+
+def _shut(sock: socket.socket) -> None:
+    try:  # socket.socket's own shutdown, also for an SSL socket: its reader sees the end of the stream
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed: nothing left to stop
 
 
 class _Watchdog:

@@ -180,13 +180,16 @@ class S3Transport(ObjectStoreTransport):
         return s3http.read_range(signer, url, offset, size, self.transfer)
 
 
+@dataclass(frozen=True)
 class PipeTransport(Transport):
-    """``pipe:CMD`` shards: the command's stdout, once, in order; not retried (a command may not be repeatable)."""
+    """``pipe:CMD`` shards: the command's stdout, once, in order, under http's deadline (killed past it: see
+    :func:`~feedfast.sources.remote.open_pipe`); not retried (a command may not be repeatable)."""
 
-    kind = schemes.PIPE
+    transfer: Transfer = DEFAULT_TRANSFER
+    kind: schemes.Kind = field(default=schemes.PIPE, init=False, repr=False)
 
     def stream(self, url: str, consume: Callable[[IO[bytes]], T]) -> T:
-        with open_pipe(url) as out:
+        with open_pipe(url, self.transfer) as out:
             return consume(out)
 
     def read_range(self, url: str, offset: int, size: int) -> bytes:
@@ -198,7 +201,7 @@ _BY_KIND: dict[str, Callable[[Transfer], Transport]] = {
     schemes.HTTP.name: HttpTransport,
     schemes.S3.name: S3Transport,
     schemes.GS.name: lambda transfer: ObjectStoreTransport(transfer, schemes.GS),
-    schemes.PIPE.name: lambda transfer: PipeTransport(),
+    schemes.PIPE.name: PipeTransport,
 }
 
 
