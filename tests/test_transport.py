@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 import feedfast
 from feedfast.errors import ShardError, UserError
 from feedfast.loader import rescue
-from feedfast.sources import dataset, schemes, shardlist
+from feedfast.sources import dataset, objectstore, schemes, shardlist
 from feedfast.sources.cache import ShardCache
 from feedfast.sources.index import left_out
 from feedfast.sources.remote import RemoteError, Transfer, fetch_range, http_stream, http_validators
@@ -214,3 +215,72 @@ def test_a_pipe_command_past_its_deadline_is_named_under_raise_and_counted_under
     found = dataset.locate(url, tmp_path, cache, check_locally=True)  # on_error: skip
     [(key, reason)] = left_out(found.index)
     assert found.samples == [] and key == "?" and re.search(r"'pipe:sleep 60'.*deadline.*cannot be fetched", reason)
+
+
+# -- fsspec reads: the same deadline on each call, a late call abandoned ------------------------------------------
+
+
+class _StuckFile:
+    """An fsspec file whose reads wait until ``release`` is set (a server that never answers), then answer."""
+
+    size = 10
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release, self.closed, self.reading, self.at = release, False, False, 0
+
+    def read(self, n: int) -> bytes:
+        self.reading = True
+        self.release.wait()
+        assert not self.closed, "closed under a read"
+        self.reading = False
+        data = b"x" * max(0, min(n, self.size - self.at))
+        self.at += len(data)
+        return data
+
+    def close(self) -> None:
+        assert not self.reading, "closed under a read"
+        self.closed = True
+
+
+class _StuckFS:
+    """An fsspec filesystem whose calls hang until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.files: list[_StuckFile] = []
+
+    def open(self, path: str, mode: str) -> _StuckFile:
+        self.files.append(_StuckFile(self.release))
+        return self.files[-1]
+
+    def cat_file(self, path: str, start: int, end: int) -> bytes:
+        self.release.wait()
+        return b"x" * (end - start)
+
+    def info(self, path: str) -> dict[str, object]:
+        self.release.wait()
+        return {"size": 10}
+
+
+def test_a_stuck_fsspec_read_fails_at_the_deadline_and_the_abandoned_call_closes_its_file(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fs = _StuckFS()
+    monkeypatch.setattr(objectstore, "_filesystem", lambda url: (fs, url))
+    gs = transport_for("gs://bucket/a.tar", Transfer(retries=0, deadline=0.5, min_rate=1 << 20))
+    for name, read in (("read_range", lambda: gs.read_range("gs://bucket/a.tar", 0, 10)),
+                       ("stream", lambda: gs.stream("gs://bucket/a.tar", lambda f: f.read())),
+                       ("validators", lambda: gs.validators("gs://bucket/a.tar"))):
+        start = time.monotonic()
+        late = r"'gs://bucket/a\.tar'.*TimeoutError.*deadline \(0\.[45]\d* s were left.*abandoned"
+        with pytest.raises(RemoteError, match=late):
+            read()
+        assert time.monotonic() - start < 1.5, name
+    [stuck] = fs.files
+    assert not stuck.closed  # the abandoned read still holds it
+    fs.release.set()
+    for _ in range(100):
+        if stuck.closed:
+            break
+        time.sleep(0.01)
+    assert stuck.closed  # closed by the abandoned read once it returned, never under it
+    assert gs.stream("gs://bucket/a.tar", lambda f: f.read()) == b"x" * 10 and fs.files[-1].closed

@@ -9,7 +9,11 @@ whether it reads ranges, is read by DALI natively, can be rescued, is cached), a
 :func:`transport_for` picks by that registry: a scheme no transport declares is an error.
 Every stream ends only at the shard's end (a short body is an error, retried), and every
 http request (s3's too) has an overall deadline and reads at most the bytes asked for
-(:mod:`.remote`); gs, and s3 where it is read through fsspec, rely on fsspec's own timeouts.
+(:mod:`.remote`), and so does every ``pipe:`` command (killed with its process group past it).
+gs, and s3 where it is read through fsspec, have the same deadline on each call into fsspec
+(open, each read, ``cat_file``, ``info``: :func:`~feedfast.sources.deadline.call_within`), but a
+late call cannot be stopped, only abandoned: its thread runs on until fsspec's own timeouts
+(aiohttp's, botocore's) end it, its answer dropped; a read of at most ``size`` bytes is fsspec's.
 
 ==========  ===========================  ============================  ==========================
 scheme      ``stream`` (whole, retried)  ``read_range``                ``validators``
@@ -44,6 +48,7 @@ from typing import IO, Callable, TypeVar
 
 from feedfast.errors import ShardError
 from feedfast.sources import objectstore, s3http, s3sign, schemes
+from feedfast.sources.deadline import call_within
 from feedfast.sources.remote import (
     DEFAULT_TRANSFER,
     Transfer,
@@ -149,13 +154,16 @@ class ObjectStoreTransport(Transport):
     kind: schemes.Kind = schemes.S3  # or schemes.GS
 
     def stream(self, url: str, consume: Callable[[IO[bytes]], T]) -> T:
-        return retrying(url, self.transfer, lambda: objectstore.read(url, consume))
+        return retrying(url, self.transfer, lambda: objectstore.read(url, consume, self.transfer))
 
     def read_range(self, url: str, offset: int, size: int) -> bytes:
-        return retrying(url, self.transfer, lambda: objectstore.read_range(url, offset, size))
+        return retrying(url, self.transfer, lambda: call_within(
+            self.transfer.budget(size), f"read of bytes {offset}-{offset + size - 1} of {url}",
+            lambda: objectstore.read_range(url, offset, size)))
 
     def validators(self, url: str) -> dict[str, str]:
-        found = retrying(url, self.transfer, lambda: objectstore.info(url))
+        found = retrying(url, self.transfer, lambda: call_within(self.transfer.budget(0), f"metadata of {url}",
+                                                                 lambda: objectstore.info(url)))
         return {k: str(found[k]) for k in ("ETag", "etag", "LastModified", "mtime", "size") if found.get(k)}
 
 
