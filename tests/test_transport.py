@@ -210,7 +210,7 @@ def test_a_pipe_command_within_its_deadline_is_read_whole(tmp_path: Path) -> Non
 def test_a_pipe_command_past_its_deadline_is_named_under_raise_and_counted_under_skip(tmp_path: Path) -> None:
     url = "pipe:sleep 60"
     cache = ShardCache(str(tmp_path / "shards"), transfer=PIPE_DEADLINE)
-    with pytest.raises(RemoteError, match=rf"'pipe:sleep 60'.*deadline"):
+    with pytest.raises(RemoteError, match=r"'pipe:sleep 60'.*deadline"):
         dataset.locate(url, tmp_path, cache, check_locally=False)
     found = dataset.locate(url, tmp_path, cache, check_locally=True)  # on_error: skip
     [(key, reason)] = left_out(found.index)
