@@ -120,7 +120,7 @@ def test_a_5xx_is_retried_and_a_persistent_404_names_the_url(small_spec: dict, l
 def test_a_failing_pipe_command_is_an_error_naming_it(small_spec: dict, tmp_path: Path) -> None:
     with pytest.raises(ShardError, match=r"exit 1.*cat /nonexistent/x\.tar.*No such file"):
         feedfast.DataLoader(small_spec, shards="pipe:cat /nonexistent/x.tar", cache_dir=tmp_path)
-    with pytest.raises(ShardError, match=r"pipe:true.*not a readable tar"):
+    with pytest.raises(ShardError, match=r"not a readable tar.*'pipe:true'"):
         feedfast.DataLoader(small_spec, shards="pipe:true", cache_dir=tmp_path)
 
 
@@ -305,6 +305,25 @@ def test_a_remote_tar_cut_at_a_member_boundary_is_named_under_raise_and_costs_it
         assert sum(len(keys) for keys, _, _ in _epoch(loader)) == 3
         assert [(s["shard"], s["key"]) for s in loader.skipped_samples()] == [(url, "?")]  # those after the cut
         loader.close()
+
+
+@pytest.mark.parametrize("scheme", ["http", "pipe"])
+def test_a_cached_remote_shards_damage_is_reported_against_its_url_not_the_cache_file(
+        small_spec: dict, local: list[str], tmp_path: Path, scheme: str) -> None:
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "cut.tar").write_bytes(_cut_after(local[0], 3))
+    with RangeServer(tmp_path / "served") as srv:
+        url = f"{srv.url}/cut.tar" if scheme == "http" else f"pipe:cat {tmp_path / 'served' / 'cut.tar'}"
+        with pytest.warns(UserWarning, match=rf"{re.escape(repr(url))}.*no end-of-archive block"):
+            loader = feedfast.DataLoader(small_spec, shards=url, on_error="skip", cache_dir=tmp_path / "c")
+        cached = str(loader.shards.cache.path_for(url))  # type: ignore[union-attr]
+        [lost] = loader.skipped_samples()
+        assert lost["shard"] == url and lost["key"] == "?"
+        assert repr(url) in lost["reason"] and cached not in lost["reason"], lost["reason"]
+        loader.close()
+        cached_too = r".*cached as" if scheme == "pipe" else ""  # under raise http is read by range, uncached
+        with pytest.raises(ShardError, match=rf"{re.escape(repr(url))}.*no end-of-archive block{cached_too}"):
+            feedfast.DataLoader(small_spec, shards=url, cache_dir=tmp_path / "c")
 
 
 def _shifted_labels(path: str, among: range | None = None) -> str:

@@ -7,6 +7,8 @@ network, and the deadlines are fractions of a second.
 from __future__ import annotations
 
 import os
+import re
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -17,8 +19,9 @@ import pytest
 import feedfast
 from feedfast.errors import ShardError, UserError
 from feedfast.loader import rescue
-from feedfast.sources import dataset, schemes, shardlist
+from feedfast.sources import dataset, objectstore, schemes, shardlist
 from feedfast.sources.cache import ShardCache
+from feedfast.sources.index import left_out
 from feedfast.sources.remote import RemoteError, Transfer, fetch_range, http_stream, http_validators
 from feedfast.sources.transport import transport_for
 from tests.rangeserver import RangeServer
@@ -158,3 +161,126 @@ def test_a_dropped_stream_is_an_error_for_any_reader(server: RangeServer) -> Non
     with pytest.raises(RemoteError, match="ShortBody"):
         http_stream(_url(server), lambda f: b"".join(iter(lambda: f.read(4096), b"")), QUICK)
     assert http_validators(_url(server), QUICK)["content-length"] == str(len(DATA))
+
+
+# -- pipe: commands have http's deadline ------------------------------------------------------------------------
+
+PIPE_DEADLINE = Transfer(retries=0, deadline=1.0, min_rate=1 << 20)
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (exited, or a zombie no one has reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_hanging_pipe_command_is_killed_with_its_children_at_the_deadline_and_nothing_is_cached(
+        tmp_path: Path) -> None:
+    url = f"pipe:sleep 60 & echo $! > {tmp_path / 'child'}; printf abc; wait"  # writes a little, then hangs
+    cache = ShardCache(str(tmp_path / "cache"), transfer=PIPE_DEADLINE)
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match=rf"{re.escape(repr(url))}.*deadline of 1 s.*3 bytes.*group was killed"):
+        cache.ensure(url)
+    assert time.monotonic() - start < 2.5
+    child = int((tmp_path / "child").read_text())
+    for _ in range(100):  # SIGKILL is sent; the child's end is seen at once or within a few ms
+        if _gone(child):
+            break
+        time.sleep(0.01)
+    assert _gone(child), "the command's child outlived its deadline"
+    assert not list((tmp_path / "cache").glob("*.tar")) and not list((tmp_path / "cache").glob(".*part"))
+
+
+def test_a_pipe_command_that_closes_stdout_and_hangs_is_killed_at_the_deadline(tmp_path: Path) -> None:
+    url = "pipe:printf abc; exec >&-; sleep 60"
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match="deadline of 1 s"):
+        transport_for(url, PIPE_DEADLINE).stream(url, lambda f: f.read())
+    assert time.monotonic() - start < 2.5
+
+
+def test_a_pipe_command_within_its_deadline_is_read_whole(tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(DATA)
+    url = f"pipe:sleep 0.3; cat {tmp_path / 'a.bin'}"
+    assert transport_for(url, PIPE_DEADLINE).stream(url, lambda f: f.read()) == DATA
+
+
+def test_a_pipe_command_past_its_deadline_is_named_under_raise_and_counted_under_skip(tmp_path: Path) -> None:
+    url = "pipe:sleep 60"
+    cache = ShardCache(str(tmp_path / "shards"), transfer=PIPE_DEADLINE)
+    with pytest.raises(RemoteError, match=r"'pipe:sleep 60'.*deadline"):
+        dataset.locate(url, tmp_path, cache, check_locally=False)
+    found = dataset.locate(url, tmp_path, cache, check_locally=True)  # on_error: skip
+    [(key, reason)] = left_out(found.index)
+    assert found.samples == [] and key == "?" and re.search(r"'pipe:sleep 60'.*deadline.*cannot be fetched", reason)
+
+
+# -- fsspec reads: the same deadline on each call, a late call abandoned ------------------------------------------
+
+
+class _StuckFile:
+    """An fsspec file whose reads wait until ``release`` is set (a server that never answers), then answer."""
+
+    size = 10
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release, self.closed, self.reading, self.at = release, False, False, 0
+
+    def read(self, n: int) -> bytes:
+        self.reading = True
+        self.release.wait()
+        assert not self.closed, "closed under a read"
+        self.reading = False
+        data = b"x" * max(0, min(n, self.size - self.at))
+        self.at += len(data)
+        return data
+
+    def close(self) -> None:
+        assert not self.reading, "closed under a read"
+        self.closed = True
+
+
+class _StuckFS:
+    """An fsspec filesystem whose calls hang until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.files: list[_StuckFile] = []
+
+    def open(self, path: str, mode: str) -> _StuckFile:
+        self.files.append(_StuckFile(self.release))
+        return self.files[-1]
+
+    def cat_file(self, path: str, start: int, end: int) -> bytes:
+        self.release.wait()
+        return b"x" * (end - start)
+
+    def info(self, path: str) -> dict[str, object]:
+        self.release.wait()
+        return {"size": 10}
+
+
+def test_a_stuck_fsspec_read_fails_at_the_deadline_and_the_abandoned_call_closes_its_file(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fs = _StuckFS()
+    monkeypatch.setattr(objectstore, "_filesystem", lambda url: (fs, url))
+    gs = transport_for("gs://bucket/a.tar", Transfer(retries=0, deadline=0.5, min_rate=1 << 20))
+    for name, read in (("read_range", lambda: gs.read_range("gs://bucket/a.tar", 0, 10)),
+                       ("stream", lambda: gs.stream("gs://bucket/a.tar", lambda f: f.read())),
+                       ("validators", lambda: gs.validators("gs://bucket/a.tar"))):
+        start = time.monotonic()
+        late = r"'gs://bucket/a\.tar'.*TimeoutError.*deadline \(0\.[45]\d* s were left.*abandoned"
+        with pytest.raises(RemoteError, match=late):
+            read()
+        assert time.monotonic() - start < 1.5, name
+    [stuck] = fs.files
+    assert not stuck.closed  # the abandoned read still holds it
+    fs.release.set()
+    for _ in range(100):
+        if stuck.closed:
+            break
+        time.sleep(0.01)
+    assert stuck.closed  # closed by the abandoned read once it returned, never under it
+    assert gs.stream("gs://bucket/a.tar", lambda f: f.read()) == b"x" * 10 and fs.files[-1].closed

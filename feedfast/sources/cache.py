@@ -14,7 +14,9 @@ access time, and after each download the least recently used shards are deleted 
 the folder holds at most ``limit`` bytes (``None``: no limit, the default). The shard just
 downloaded is never deleted, so one shard larger than the limit still works. A shard
 deleted while a reader needs it is downloaded again; a reader that already opened it keeps
-reading the deleted file. Concurrent downloads of one URL are serialized with a lock file.
+reading the deleted file. A shard evicted that cannot be downloaded again (its source is gone)
+is a RemoteError saying so, naming the URL: the read that needed it fails, under either policy
+(no mid-epoch skip exists yet: a batch's rows cannot go missing). Concurrent downloads of one URL are serialized with a lock file.
 
 The cache is itself a :class:`~feedfast.sources.transport.Transport` that wraps whichever
 transport reads the URL: its reads (``stream``, ``read_range``) are of the cached copy.
@@ -37,7 +39,7 @@ from typing import IO, Any, Callable, TypeVar
 
 from feedfast.errors import ShardError
 from feedfast.sources import schemes
-from feedfast.sources.remote import DEFAULT_TRANSFER, Transfer
+from feedfast.sources.remote import DEFAULT_TRANSFER, RemoteError, Transfer
 from feedfast.sources.transport import Transport, transport_for
 
 T = TypeVar("T")
@@ -76,12 +78,20 @@ class ShardCache(Transport):
         path = self.path_for(url)
         if _touch(path):
             return path
+        evicted = path.with_suffix(".lock").exists()  # left behind when a copy is evicted: cached before
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path.with_suffix(".lock"), "a+b") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 if not _touch(path):  # another process may have finished it meanwhile
                     self._download(url, path)
+        except RemoteError as exc:
+            if not evicted:
+                raise
+            raise RemoteError(f"shard {url!r} was evicted from the shard cache ({self.root}, limit "
+                              f"{self.limit} bytes) and cannot be fetched again: {exc}; its samples cannot be read "
+                              "(raise cache_limit so the shards fit, or make the source serve it again)",
+                              url=url, status=exc.status) from exc
         except OSError as exc:
             raise ShardError(f"cannot cache shard {url!r} in {path.parent}: {exc}") from exc
         self.evict(keep=path)

@@ -153,10 +153,11 @@ def locate(name: str, cache_dir: Path, cache: ShardCache, *, check_locally: bool
             if not check_locally or exc.status in NOT_THERE:  # unless the shard is not there at all
                 raise
             return Located("cache", unfetched_index(name, cache_dir, exc), [], None, 0)
-        try:  # under skip, a damaged download's samples before the damage are read, as a local shard's
-            idx, samples = load_index(path, cache_dir, salvage=check_locally)
+        try:  # under skip, a damaged download's samples before the damage are read, as a local shard's; the
+            # damage's reason, and every message, names the URL the user gave (the cached copy named beside it)
+            idx, samples = load_index(path, cache_dir, salvage=check_locally, name=name)
         except ShardError as exc:
-            raise ShardError(f"shard {name!r} (cached as {str(path)!r}): {exc}") from exc
+            raise ShardError(f"{exc} (shard cached as {str(path)!r})") from exc
         return Located("cache", idx, samples, str(path), path.stat().st_size)
     idx, samples, size = remote_index(name, cache_dir, cache.transfer)
     return Located(kind, idx, samples, None, size)

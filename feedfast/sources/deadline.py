@@ -6,7 +6,9 @@ seconds answers every read in time and can hold a request for days. Each request
 process, started with the first, shuts down the bound socket when the time has passed, so
 the blocked read returns at once, and the request sees :attr:`Deadline.expired` and raises
 ``TimeoutError`` (:meth:`Deadline.check`). A request whose body grows can push its deadline
-back (:meth:`Deadline.extend`: a minimum transfer rate over a long download).
+back (:meth:`Deadline.extend`: a minimum transfer rate over a long download). What is not a
+socket takes its own way to be stopped (:meth:`Deadline.bind_stop`: a ``pipe:`` command's
+process group is killed, so its stdout ends and the blocked read returns).
 
 Cost per request: two dictionary updates under a lock; the watchdog wakes at the earliest
 deadline (about once per deadline while requests come and go), not once per request.
@@ -18,7 +20,10 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from functools import partial
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 
 class Deadline:
@@ -28,7 +33,7 @@ class Deadline:
         self.seconds, self.what = seconds, what
         self.at = time.monotonic() + seconds
         self.expired = False
-        self._sock: socket.socket | None = None
+        self._stop: Callable[[], None] | None = None
 
     def __enter__(self) -> "Deadline":
         _WATCHDOG.add(self)
@@ -39,8 +44,13 @@ class Deadline:
 
     def bind(self, sock: Any) -> None:
         """The socket to shut down when the deadline passes (at once, if it has passed)."""
+        self.bind_stop(partial(_shut, sock) if isinstance(sock, socket.socket) else None)
+
+    def bind_stop(self, stop: Callable[[], None] | None) -> None:
+        """What stops the request when the deadline passes (at once, if it has passed): it must make the
+        blocked read return, and be quick (it runs on the watchdog thread)."""
         with _WATCHDOG.cond:
-            self._sock = sock if isinstance(sock, socket.socket) else None
+            self._stop = stop
             if self.expired:
                 self._cut()
 
@@ -61,11 +71,51 @@ class Deadline:
         self._cut()
 
     def _cut(self) -> None:
-        if self._sock is not None:
-            try:  # socket.socket's own shutdown, also for an SSL socket: its reader sees the end of the stream
-                socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed: nothing left to stop
+        if self._stop is not None:
+            self._stop()
+
+
+def _shut(sock: socket.socket) -> None:
+    try:  # socket.socket's own shutdown, also for an SSL socket: its reader sees the end of the stream
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed: nothing left to stop
+
+
+def call_within(seconds: float, what: str, call: Callable[[], T], *, late: Callable[[T], None] | None = None) -> T:
+    """``call()`` run on a thread of its own and waited for at most ``seconds``: for a client whose socket
+    cannot be reached (fsspec's s3fs and gcsfs), the deadline a cut socket gives elsewhere.
+
+    Past ``seconds`` it raises ``TimeoutError`` and the call is abandoned, not stopped: its thread
+    (a daemon) runs on until the client's own timeouts end it, and what it returns then is dropped,
+    handed to ``late`` first if given (to close a file the caller no longer holds). So ``call`` must
+    touch nothing the caller uses after a timeout. Cost: one thread a call (about 0.1 ms).
+    """
+    finished = threading.Event()
+    lock = threading.Lock()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, or dropped with the call
+            box["error"] = exc
+        with lock:
+            finished.set()
+            dropped = box.get("abandoned", False)
+        if dropped and late is not None and "value" in box:
+            late(box["value"])
+
+    threading.Thread(target=run, name="feedfast-deadline-call", daemon=True).start()
+    finished.wait(max(0.0, seconds))
+    with lock:
+        if not finished.is_set():
+            box["abandoned"] = True
+            raise TimeoutError(f"no complete answer to the {what} within its deadline ({max(0.0, seconds):.3g} s "
+                               "were left; the call was abandoned to the client's own timeouts)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
 
 
 class _Watchdog:

@@ -208,7 +208,8 @@ def write_index(shard: str | os.PathLike[str], index: Path, samples: list[Sample
     notes = IndexNotes(len(samples), shard_fingerprint(shard), notes.repeated, notes.damaged, notes.lost)
     return write_atomic(index, format_index(samples, notes))
 
-def load_index(shard: str | os.PathLike[str], cache_dir: Path, *, salvage: bool = False) -> tuple[Path, list[Sample]]:
+def load_index(shard: str | os.PathLike[str], cache_dir: Path, *, salvage: bool = False,
+               name: str | None = None) -> tuple[Path, list[Sample]]:
     """Return a checked index of a local shard and its samples, building it if needed.
 
     Looks next to the shard, then in ``cache_dir`` (:func:`checked_index`; an index found
@@ -221,15 +222,19 @@ def load_index(shard: str | os.PathLike[str], cache_dir: Path, *, salvage: bool 
         salvage: index a damaged tar's complete samples before the damage instead of raising
             (``on_error: skip``): the index goes to ``cache_dir`` and its notes say what was lost
             (:func:`left_out`).
+        name: the shard's name in messages, warnings and the damage recorded in the index's notes, when
+            it is not ``shard``: a cached copy of a remote shard is named by its URL, so that a sample its
+            damage cut is reported against the URL the user gave, not the cache file.
 
     Raises:
         ShardError: the shard is missing, unreadable, compressed, empty, or (without ``salvage``)
             damaged: truncated, cut, corrupt; names the shard and the byte offset. An index made
             with ``salvage`` raises the same error when read without it.
     """
+    shown = os.fspath(shard) if name is None else name
     if not os.path.isfile(shard):
         what = "is not a file" if os.path.exists(shard) else "not found"
-        raise ShardError(f"shard {what}: {os.fspath(shard)!r}")
+        raise ShardError(f"shard {what}: {shown!r}")
     for candidate in index_candidates(shard, cache_dir):
         found = checked_index(shard, candidate)
         if isinstance(found, tuple):
@@ -237,14 +242,14 @@ def load_index(shard: str | os.PathLike[str], cache_dir: Path, *, salvage: bool 
             if notes.damaged and not salvage:
                 raise ShardError(notes.damaged)
             if notes.repeated:
-                warn_once(repeated_message(os.fspath(shard), list(notes.repeated)), RepeatedKeyWarning, stacklevel=2)
+                warn_once(repeated_message(shown, list(notes.repeated)), RepeatedKeyWarning, stacklevel=2)
             return candidate, samples
         if found is not None:
-            warnings.warn(f"the index {str(candidate)!r} does not describe shard {os.fspath(shard)!r} ({found}); "
+            warnings.warn(f"the index {str(candidate)!r} does not describe shard {shown!r} ({found}); "
                           "indexing the shard again", stacklevel=2)
-    scanned = salvage_tar(shard) if salvage else None
+    scanned = salvage_tar(shard, name=name) if salvage else None
     if scanned is None or scanned.damage is None:
-        samples, repeated = split_duplicates(scan_tar(shard, keep_duplicates=True))
+        samples, repeated = split_duplicates(scan_tar(shard, keep_duplicates=True, name=name))
         notes = IndexNotes(len(samples), repeated=tuple(s.key for s in repeated))
     else:
         samples = scanned.samples
@@ -253,7 +258,7 @@ def load_index(shard: str | os.PathLike[str], cache_dir: Path, *, salvage: bool 
                       "and skipping the rest (on_error: skip)", stacklevel=2)
         return write_index(shard, cached_index_path(shard, cache_dir), samples, notes), samples
     if notes.repeated:
-        warn_once(repeated_message(os.fspath(shard), list(notes.repeated)), RepeatedKeyWarning, stacklevel=2)
+        warn_once(repeated_message(shown, list(notes.repeated)), RepeatedKeyWarning, stacklevel=2)
     beside = default_index_path(shard)
     if os.access(beside.parent, os.W_OK):
         try:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import http.client
 import io
+import time
 from typing import IO, Any, Callable, TypeVar, cast
 
 from feedfast.errors import ShardError
-from feedfast.sources.remote import RemoteError
+from feedfast.sources.deadline import call_within
+from feedfast.sources.remote import DEFAULT_TRANSFER, RemoteError, Transfer
 
 T = TypeVar("T")
 
@@ -42,29 +44,57 @@ def _filesystem(url: str) -> tuple[Any, str]:
         raise ShardError(f"cannot read {url!r}: {exc}") from exc
 
 
-def read(url: str, consume: Callable[[IO[bytes]], T]) -> T:
+def read(url: str, consume: Callable[[IO[bytes]], T], transfer: Transfer = DEFAULT_TRANSFER) -> T:
     """Open ``url`` with fsspec and hand the stream to ``consume``; a stream that ends before the
-    object's size is an IncompleteRead (retried by the caller), never a shorter shard."""
+    object's size is an IncompleteRead (retried by the caller), never a shorter shard.
+
+    The open and every read run under http's deadline (``transfer.budget`` of the bytes so far,
+    :func:`~feedfast.sources.deadline.call_within`): past it a TimeoutError (retried), and the late
+    call is abandoned to fsspec's own timeouts; the file it holds is closed when that call returns,
+    never under it.
+    """
     fs, path = _filesystem(url)
+    started = time.monotonic()
     try:
-        with fs.open(path, "rb") as f:
-            return consume(cast(IO[bytes], _Whole(f, getattr(f, "size", None))))
+        f = call_within(transfer.budget(0), f"open of {url}", lambda: fs.open(path, "rb"), late=_close)
     except FileNotFoundError as exc:
         raise _not_found(url) from exc
+    stream = _Whole(f, getattr(f, "size", None), lambda got: started + transfer.budget(got) - time.monotonic(), url)
+    try:
+        return consume(cast(IO[bytes], stream))
+    except FileNotFoundError as exc:
+        raise _not_found(url) from exc
+    finally:
+        if not stream.abandoned:  # else the abandoned read closes it when it returns
+            f.close()
+
+
+def _close(f: Any) -> None:
+    f.close()
 
 
 class _Whole(io.RawIOBase):
-    """A file that must give ``size`` bytes before its end (None: not known)."""
+    """A file that must give ``size`` bytes before its end (None: not known), each read within ``left(got)``
+    seconds (the time left to the bytes so far)."""
 
-    def __init__(self, f: Any, size: int | None) -> None:
+    def __init__(self, f: Any, size: int | None, left: Callable[[int], float], url: str) -> None:
         super().__init__()
-        self._f, self._size, self._got = f, size, 0
+        self._f, self._size, self._got, self._left, self._url = f, size, 0, left, url
+        self.abandoned = False
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
-        data = self._f.read(len(buffer))
+        if self.abandoned:  # a read of it is still out: never two at once
+            raise TimeoutError(f"a read of {self._url} was abandoned at its deadline")
+        f, wanted = self._f, len(buffer)
+        try:
+            data = call_within(self._left(self._got), f"read of {self._url} after byte {self._got}",
+                               lambda: f.read(wanted), late=lambda _: f.close())
+        except TimeoutError:
+            self.abandoned = True
+            raise
         n = len(data)
         buffer[:n] = data
         self._got += n

@@ -11,7 +11,8 @@ Connection errors, timeouts, truncated bodies and HTTP 5xx and 429 answers are r
 ``Transfer.retries`` times, waiting ``backoff``, 2x, 4x ... seconds; any other status, and
 the last failure, raise :class:`RemoteError` (a ``ShardError``) naming the URL, the byte
 range and the status. A ``pipe:`` command that exits non-zero is not retried: the error
-names the command and the tail of its stderr. A server that ignores ``Range`` (answers
+names the command and the tail of its stderr; one that runs past http's deadline (of the
+bytes it has written so far) is killed with its process group (:func:`open_pipe`). A server that ignores ``Range`` (answers
 200) is read through up to the wanted bytes: correct, but slow for large shards.
 
 What a server cannot do to a read:
@@ -33,7 +34,8 @@ from __future__ import annotations
 import contextlib
 import http.client
 import io
-import shutil
+import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -41,6 +43,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from email.message import Message
+from functools import partial
 from typing import IO, Any, Callable, Iterator, TypeVar, cast
 
 from feedfast.errors import ShardError
@@ -292,31 +295,82 @@ def http_stream(url: str, consume: Callable[[IO[bytes]], T], transfer: Transfer 
 
 
 @contextlib.contextmanager
-def open_pipe(url: str) -> Iterator[IO[bytes]]:
-    """The stdout of a ``pipe:CMD`` shard; a non-zero exit is a ShardError with stderr's tail."""
+def open_pipe(url: str, transfer: Transfer = DEFAULT_TRANSFER) -> Iterator[IO[bytes]]:
+    """The stdout of a ``pipe:CMD`` shard, under http's deadline; a non-zero exit is a RemoteError with stderr's tail.
+
+    The command runs in a process group of its own, and the whole run (until it exits) must
+    end within ``transfer.budget`` of the bytes it has written so far (``deadline`` plus those
+    bytes at ``min_rate``), as an http download must: past it the group is killed (its
+    children too: ``sleep 1000 | cat``), the blocked read returns, and the run is a
+    RemoteError naming the shard and the deadline (not retried: a command may not be
+    repeatable). Leaving early (an error in ``consume``) kills the group as well.
+    """
     cmd = url[len(schemes.PIPE.prefixes[0]):]
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=err)  # noqa: S602 - the user's command
+    with tempfile.TemporaryFile() as err, Deadline(transfer.budget(0), f"shard command {cmd!r}") as deadline:
+        proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=err,  # noqa: S602 - the user's command
+                                start_new_session=True)  # its own process group: killed whole
         assert proc.stdout is not None
+        deadline.bind_stop(partial(_kill_group, proc))
+        out = PipeOut(proc.stdout, transfer, deadline)
         try:
-            yield proc.stdout
-            shutil.copyfileobj(proc.stdout, _Discard())  # let the command finish writing
-        except BaseException:
-            proc.kill()
+            try:
+                yield cast(IO[bytes], io.BufferedReader(out, _CHUNK))
+                out.drain()  # let the command finish writing
+            finally:
+                proc.stdout.close()
+            code = proc.wait()  # past the deadline the watchdog kills the group, so this returns
+            deadline.bind_stop(None)  # reaped: its number may be another's soon
+            deadline.check()
+        except BaseException as exc:
+            _kill_group(proc)
             proc.wait()
+            deadline.bind_stop(None)
+            if deadline.expired:
+                raise RemoteError(f"cannot read shard {url!r}: the command did not finish within its deadline of "
+                                  f"{deadline.seconds:.3g} s (Transfer.deadline {transfer.deadline:g} s plus "
+                                  f"{out.got} bytes written at min_rate {transfer.min_rate:g} B/s); its process "
+                                  "group was killed", url=url) from exc
             raise
-        finally:
-            proc.stdout.close()
-        code = proc.wait()
         if code != 0:
             err.seek(0)
             tail = err.read()[-2000:].decode("utf-8", "replace").strip()
             raise RemoteError(f"shard command failed (exit {code}): {cmd!r}: {tail or 'no stderr output'}", url=url)
 
 
-class _Discard:
-    def write(self, data: bytes) -> int:
-        return len(data)
+class PipeOut(io.RawIOBase):
+    """A ``pipe:`` command's stdout whose deadline moves with its bytes (as :class:`Body`'s): each read first
+    pushes it to ``transfer.budget`` of the bytes so far, and a read that returns past it raises TimeoutError."""
+
+    def __init__(self, stdout: IO[bytes], transfer: Transfer, deadline: Deadline) -> None:
+        super().__init__()
+        self._stdout, self._transfer, self._deadline = stdout, transfer, deadline
+        self.got = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self._deadline.extend(self._transfer.budget(self.got))
+        n = self._stdout.readinto1(buffer)  # type: ignore[attr-defined]  # what is there: the deadline moves on
+        self._deadline.check()
+        self.got += n
+        return n
+
+    def drain(self) -> None:
+        """Read to the end, under the deadline, dropping the bytes (also after a reader closed its wrapper)."""
+        buffer = bytearray(_CHUNK)
+        while self.readinto(buffer):
+            pass
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the process group of a command started in its own session (quick: the watchdog calls it)."""
+    if proc.returncode is not None:
+        return  # reaped: the number is no longer its
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already
 
 
 def http_validators(url: str, transfer: Transfer = DEFAULT_TRANSFER) -> dict[str, str]:

@@ -19,7 +19,7 @@ from feedfast.sources.tarscan import Damage, salvage_members, scan_members
 class RepeatedKeyWarning(UserWarning):
     """A shard holds a key more than once: only its first sample is read."""
 
-def scan_tar(path: str | os.PathLike[str], *, keep_duplicates: bool = False) -> list[Sample]:
+def scan_tar(path: str | os.PathLike[str], *, keep_duplicates: bool = False, name: str | None = None) -> list[Sample]:
     """Read a tar's headers and group its regular files into samples.
 
     The headers are read by :func:`feedfast.sources.tarscan.scan_members`: what :mod:`tarfile`
@@ -29,6 +29,8 @@ def scan_tar(path: str | os.PathLike[str], *, keep_duplicates: bool = False) -> 
         path: a local tar file.
         keep_duplicates: keep every sample of a repeated key (for inspection); by default
             only the first is kept and the rest are named in a warning.
+        name: the shard's name in messages when it is not ``path`` (a cached copy of a remote shard is
+            named by its URL).
 
     Returns:
         The samples in tar order.
@@ -39,12 +41,12 @@ def scan_tar(path: str | os.PathLike[str], *, keep_duplicates: bool = False) -> 
             GNU sparse member.
     """
     path = os.fspath(path)
-    samples = _grouped(scan_members(path))
+    samples = _grouped(scan_members(path, name=name))
     if keep_duplicates:
         return samples
     unique, repeated = split_duplicates(samples)
     if repeated:
-        warn_once(repeated_message(path, [s.key for s in repeated]), RepeatedKeyWarning, stacklevel=3)
+        warn_once(repeated_message(path if name is None else name, [s.key for s in repeated]), RepeatedKeyWarning, stacklevel=3)
     return unique
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class Scanned:
     damage: Damage | None = None
     lost: tuple[str, ...] = ()
 
-def salvage_tar(path: str | os.PathLike[str], *, keep_duplicates: bool = False) -> Scanned:
+def salvage_tar(path: str | os.PathLike[str], *, keep_duplicates: bool = False, name: str | None = None) -> Scanned:
     """The samples of a tar, or of a damaged tar those wholly before the damage, with what is lost.
 
     A sample is lost with the damage when the damaged member (whose header could be read) is
@@ -65,13 +67,13 @@ def salvage_tar(path: str | os.PathLike[str], *, keep_duplicates: bool = False) 
     have been cut off). The samples after the damage cannot be read at all.
 
     With ``keep_duplicates`` every sample of a repeated key is kept (for inspection), and
-    ``repeated`` is empty.
+    ``repeated`` is empty. ``name`` names the shard in messages, as for :func:`scan_tar`.
 
     Raises:
         ShardError: the file is missing, unreadable, compressed or holds a sparse member.
     """
     path = os.fspath(path)
-    found, damage = salvage_members(path)
+    found, damage = salvage_members(path, name=name)
     every = _grouped(found)
     samples, repeated = (every, []) if keep_duplicates else split_duplicates(every)
     lost: tuple[str, ...] = ()

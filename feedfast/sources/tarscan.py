@@ -71,26 +71,29 @@ class Damage:
     member: str | None = None
 
 
-def scan_members(path: str) -> list[Found]:
+def scan_members(path: str, *, name: str | None = None) -> list[Found]:
     """(name, data offset, size) of every regular file in the tar at ``path``, in tar order.
+
+    ``name``: the shard's name in messages when it is not ``path`` (a cached copy of a remote
+    shard is named by its URL).
 
     Raises:
         ShardError: the file is missing, unreadable, compressed, not a tar, truncated or corrupt,
             or holds a sparse member (see the module docstring); names the shard, and the offset
             where it is damaged.
     """
-    return _open_scan(path, salvage=False)[0]
+    return _open_scan(path, salvage=False, name=name)[0]
 
 
-def salvage_members(path: str) -> tuple[list[Found], Damage | None]:
+def salvage_members(path: str, *, name: str | None = None) -> tuple[list[Found], Damage | None]:
     """The members :func:`scan_members` gives, or, in a damaged tar, the members whose headers and
-    data lie wholly before the damage, and the damage.
+    data lie wholly before the damage, and the damage (``name`` as for :func:`scan_members`).
 
     Raises:
         ShardError: the file is missing, unreadable, compressed or holds a sparse member (no part
             of it is damaged: it cannot be read as it is).
     """
-    return _open_scan(path, salvage=True)
+    return _open_scan(path, salvage=True, name=name)
 
 
 def compression_of(head: bytes) -> tuple[str, str] | None:
@@ -112,27 +115,28 @@ def _compressed(path: str, head: bytes) -> ShardError | None:
                       f"the stream from its start); unpack it once: {command.format(path=path, stem=stem)}")
 
 
-def _open_scan(path: str, *, salvage: bool) -> tuple[list[Found], Damage | None]:
+def _open_scan(path: str, *, salvage: bool, name: str | None = None) -> tuple[list[Found], Damage | None]:
+    shown = path if name is None else name  # what messages call the shard
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size == 0:
-                error = ShardError(f"shard is not a readable tar file: {path!r} (empty file)")
+                error = ShardError(f"shard is not a readable tar file: {shown!r} (empty file)")
                 if salvage:
                     return [], Damage(0, str(error))
                 raise error
             head = os.pread(f.fileno(), BLOCK, 0)
-            refused = _compressed(path, head) if len(head) < BLOCK or first_bad_header([head]) is not None else None
+            refused = _compressed(shown, head) if len(head) < BLOCK or first_bad_header([head]) is not None else None
             if refused is not None:  # a valid tar header whose name starts like a magic number is a tar
                 raise refused
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                return _Scan(view, size, path).run(salvage=salvage)
+                return _Scan(view, size, shown).run(salvage=salvage)
     except FileNotFoundError as exc:
-        raise ShardError(f"shard not found: {path!r}") from exc
+        raise ShardError(f"shard not found: {shown!r}") from exc
     except PermissionError as exc:
-        raise ShardError(f"shard not readable: {path!r} ({exc.strerror})") from exc
+        raise ShardError(f"shard not readable: {shown!r} ({exc.strerror})") from exc
     except IsADirectoryError as exc:
-        raise ShardError(f"shard is a directory, not a tar file: {path!r}") from exc
+        raise ShardError(f"shard is a directory, not a tar file: {shown!r}") from exc
 
 
 def padded(size: int) -> int:

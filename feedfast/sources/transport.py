@@ -9,7 +9,11 @@ whether it reads ranges, is read by DALI natively, can be rescued, is cached), a
 :func:`transport_for` picks by that registry: a scheme no transport declares is an error.
 Every stream ends only at the shard's end (a short body is an error, retried), and every
 http request (s3's too) has an overall deadline and reads at most the bytes asked for
-(:mod:`.remote`); gs, and s3 where it is read through fsspec, rely on fsspec's own timeouts.
+(:mod:`.remote`), and so does every ``pipe:`` command (killed with its process group past it).
+gs, and s3 where it is read through fsspec, have the same deadline on each call into fsspec
+(open, each read, ``cat_file``, ``info``: :func:`~feedfast.sources.deadline.call_within`), but a
+late call cannot be stopped, only abandoned: its thread runs on until fsspec's own timeouts
+(aiohttp's, botocore's) end it, its answer dropped; a read of at most ``size`` bytes is fsspec's.
 
 ==========  ===========================  ============================  ==========================
 scheme      ``stream`` (whole, retried)  ``read_range``                ``validators``
@@ -44,6 +48,7 @@ from typing import IO, Callable, TypeVar
 
 from feedfast.errors import ShardError
 from feedfast.sources import objectstore, s3http, s3sign, schemes
+from feedfast.sources.deadline import call_within
 from feedfast.sources.remote import (
     DEFAULT_TRANSFER,
     Transfer,
@@ -149,13 +154,16 @@ class ObjectStoreTransport(Transport):
     kind: schemes.Kind = schemes.S3  # or schemes.GS
 
     def stream(self, url: str, consume: Callable[[IO[bytes]], T]) -> T:
-        return retrying(url, self.transfer, lambda: objectstore.read(url, consume))
+        return retrying(url, self.transfer, lambda: objectstore.read(url, consume, self.transfer))
 
     def read_range(self, url: str, offset: int, size: int) -> bytes:
-        return retrying(url, self.transfer, lambda: objectstore.read_range(url, offset, size))
+        return retrying(url, self.transfer, lambda: call_within(
+            self.transfer.budget(size), f"read of bytes {offset}-{offset + size - 1} of {url}",
+            lambda: objectstore.read_range(url, offset, size)))
 
     def validators(self, url: str) -> dict[str, str]:
-        found = retrying(url, self.transfer, lambda: objectstore.info(url))
+        found = retrying(url, self.transfer, lambda: call_within(self.transfer.budget(0), f"metadata of {url}",
+                                                                 lambda: objectstore.info(url)))
         return {k: str(found[k]) for k in ("ETag", "etag", "LastModified", "mtime", "size") if found.get(k)}
 
 
@@ -180,13 +188,16 @@ class S3Transport(ObjectStoreTransport):
         return s3http.read_range(signer, url, offset, size, self.transfer)
 
 
+@dataclass(frozen=True)
 class PipeTransport(Transport):
-    """``pipe:CMD`` shards: the command's stdout, once, in order; not retried (a command may not be repeatable)."""
+    """``pipe:CMD`` shards: the command's stdout, once, in order, under http's deadline (killed past it: see
+    :func:`~feedfast.sources.remote.open_pipe`); not retried (a command may not be repeatable)."""
 
-    kind = schemes.PIPE
+    transfer: Transfer = DEFAULT_TRANSFER
+    kind: schemes.Kind = field(default=schemes.PIPE, init=False, repr=False)
 
     def stream(self, url: str, consume: Callable[[IO[bytes]], T]) -> T:
-        with open_pipe(url) as out:
+        with open_pipe(url, self.transfer) as out:
             return consume(out)
 
     def read_range(self, url: str, offset: int, size: int) -> bytes:
@@ -198,7 +209,7 @@ _BY_KIND: dict[str, Callable[[Transfer], Transport]] = {
     schemes.HTTP.name: HttpTransport,
     schemes.S3.name: S3Transport,
     schemes.GS.name: lambda transfer: ObjectStoreTransport(transfer, schemes.GS),
-    schemes.PIPE.name: lambda transfer: PipeTransport(),
+    schemes.PIPE.name: PipeTransport,
 }
 
 
