@@ -69,7 +69,8 @@ def test_a_pipe_shard_evicted_mid_epoch_whose_command_fails_again_is_an_error_na
 
 
 @pytest.mark.xfail(strict=True, raises=RemoteError,
-                   reason="no mid-epoch skip exists: a batch's rows cannot go missing (see the report of branch damage)")
+                   reason="not built yet: no mid-epoch skip exists (a batch's rows cannot go missing once its "
+                          "epoch is planned), so under skip this is still the clear RemoteError above")
 def test_under_skip_an_evicted_http_shard_that_cannot_be_fetched_again_is_a_counted_skip(
         small_spec: dict, local: list[str], server: RangeServer, tmp_path: Path) -> None:
     urls = server.urls(local)

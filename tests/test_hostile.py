@@ -186,7 +186,7 @@ def test_a_slow_check_is_cut_off_and_reported() -> None:
     pool = CheckPool(1, seconds=0.05)
     try:
         t0 = time.monotonic()
-        slow, fine = list(pool.map([("check", noisy_png(1500, 0), 10**8, True), ("check", IMAGES["jpeg"][0], 10**8, True)]))
+        slow, fine = list(pool.map([("check", noisy_png(4000, 0), 10**8, True), ("check", IMAGES["jpeg"][0], 10**8, True)]))
         assert isinstance(slow, Failed) and "longer than 0.05 s" in slow.reason
         assert not isinstance(fine, Failed) or "longer" in fine.reason  # a fresh worker takes the next job
     finally:
