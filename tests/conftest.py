@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import SMALL_SPEC, make_shards
+from tests.helpers import SMALL_SPEC, make_shards, unindexed_shards
+from tests.rangeserver import RangeServer
 
 
 @pytest.fixture(autouse=True)
@@ -42,3 +44,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 os.environ.setdefault("DALI_DISABLE_NVML", "1")
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """23 samples in 5 shards (5, 5, 5, 5, 3), with no index files beside them (feedfast scans them once); one
+    folder a test module."""
+    return unindexed_shards(tmp_path_factory.mktemp("unindexed-shards"))
+
+
+@pytest.fixture()
+def server(local: list[str]) -> Iterator[RangeServer]:
+    """A loopback ranged http server over ``local``'s folder."""
+    with RangeServer(Path(local[0]).parent) as srv:
+        yield srv

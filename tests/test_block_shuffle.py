@@ -20,7 +20,7 @@ from feedfast.sources.order import BlockShuffle, block_order, shard_windows
 from feedfast.sources.remote import Transfer
 from feedfast.sources.rows import epoch_rows
 from feedfast.spec.load import load_spec
-from tests.helpers import SMALL_SPEC, keys_of_epoch, make_shards, unindexed_shards
+from tests.helpers import SMALL_SPEC, keys_of_epoch, make_shards
 from tests.rangeserver import RangeServer
 
 SIZES = [5, 3, 7, 1, 9, 4]
@@ -142,12 +142,6 @@ def test_the_feed_reads_each_window_once_and_holds_about_a_block(tmp_path: Path)
     windows = len(set(rows.window.window_of(samples).tolist()))
     assert windows == 24 and len(reads) <= windows  # 6 shards of 10 in windows of 3; neighbours wanted at once merged
     assert max(held) <= 12 // 3 + 4  # the block's windows and those of the steps read ahead
-
-
-@pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """23 samples in 5 shards (5, 5, 5, 5, 3), with no index files beside them."""
-    return unindexed_shards(tmp_path_factory.mktemp("block-shards"))
 
 
 def _block_keys(loader: feedfast.DataLoader, local: list[str], epoch: int) -> list[str]:

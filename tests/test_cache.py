@@ -5,29 +5,16 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 import feedfast
 from feedfast.sources.cache import ShardCache
 from feedfast.sources.remote import RemoteError, Transfer
-from tests.helpers import unindexed_shards
 from tests.rangeserver import RangeServer
 
 FAST = Transfer(timeout=5.0, retries=1, backoff=0.01)
-
-
-@pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """23 samples in 5 shards (5, 5, 5, 5, 3), in a folder with no index files."""
-    return unindexed_shards(tmp_path_factory.mktemp("cache-shards"))
-
-
-@pytest.fixture()
-def server(local: list[str]) -> Iterator[RangeServer]:
-    with RangeServer(Path(local[0]).parent) as srv:
-        yield srv
 
 
 def _stop_serving(server: RangeServer, url: str) -> None:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -27,22 +27,10 @@ from feedfast.sources import rangeread
 from feedfast.sources.index import format_index, scan_tar
 from feedfast.sources.rangeread import AHEAD, PART, StepReads
 from feedfast.sources.remote import RemoteError, Transfer
-from tests.helpers import make_shards, unindexed_shards
+from tests.helpers import make_shards
 from tests.rangeserver import RangeServer
 
 Batches = list[tuple[list[str], list[int], torch.Tensor]]
-
-
-@pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """23 samples in 5 shards (5, 5, 5, 5, 3), served without index files (feedfast scans them once)."""
-    return unindexed_shards(tmp_path_factory.mktemp("rangeread-shards"))
-
-
-@pytest.fixture()
-def server(local: list[str]) -> Iterator[RangeServer]:
-    with RangeServer(Path(local[0]).parent) as srv:
-        yield srv
 
 
 def _epoch(loader: feedfast.DataLoader, stop: int | None = None) -> Batches:

@@ -12,7 +12,7 @@ import shutil
 import tarfile
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -26,22 +26,10 @@ from feedfast.sources.remote import RemoteError, Transfer, fetch_range
 from feedfast.sources.remote_index import remote_index
 from feedfast.sources.shardlist import resolve_shards
 from feedfast.sources.transport import transport_for
-from tests.helpers import make_shards, unindexed_shards
+from tests.helpers import make_shards
 from tests.rangeserver import RangeServer
 
 FAST = Transfer(timeout=5.0, retries=3, backoff=0.01)
-
-
-@pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """23 samples in 5 shards (5, 5, 5, 5, 3), in a folder with no index files."""
-    return unindexed_shards(tmp_path_factory.mktemp("remote-shards"))
-
-
-@pytest.fixture()
-def server(local: list[str]) -> Iterator[RangeServer]:
-    with RangeServer(Path(local[0]).parent) as srv:
-        yield srv
 
 
 Batches = list[tuple[list[str], list[int], torch.Tensor]]

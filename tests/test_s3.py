@@ -30,7 +30,7 @@ from feedfast.sources.index import format_index, scan_tar
 from feedfast.sources.remote import RemoteError, Transfer
 from feedfast.sources.remote_index import remote_index
 from feedfast.sources.transport import transport_for
-from tests.helpers import keys_of_epoch, shard_with_bad_sample, unindexed_shards
+from tests.helpers import keys_of_epoch, shard_with_bad_sample
 from tests.s3server import moto_s3
 
 pytest.importorskip("moto", reason="the s3 tests need a local S3 server: pip install -e '.[dev]'")
@@ -38,12 +38,6 @@ pytest.importorskip("moto", reason="the s3 tests need a local S3 server: pip ins
 
 FAST = Transfer(timeout=5.0, retries=1, backoff=0.01)
 SHARDS = "train-{0000..0004}.tar"
-@pytest.fixture(scope="module")
-def local(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """23 samples in 5 shards (5, 5, 5, 5, 3), with no index files beside them."""
-    return unindexed_shards(tmp_path_factory.mktemp("s3-shards"))
-
-
 @pytest.fixture(scope="module")
 def s3(local: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A moto S3 server on 127.0.0.1 in a child process, the AWS variables pointing at it, and a boto3 client.
