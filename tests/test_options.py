@@ -124,3 +124,33 @@ def test_a_state_from_another_batch_size_is_refused_without_the_global_order(sma
     elastic = shuffled.state_dict()
     assert elastic["partition"] == "global" and elastic["consumed"] == 8
     _loader(small_spec, shards, shuffle=True, batch_size=8).load_state_dict(elastic)  # a cursor: any batch size
+
+
+@pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), "5", True])
+def test_remote_timeout_must_be_seconds_above_zero(small_spec: dict, shards: list[str], value: Any) -> None:
+    with pytest.raises(UserError, match=rf"remote_timeout must be a number of seconds > 0, got {value!r}"):
+        _loader(small_spec, shards, remote_timeout=value)
+
+
+def test_remote_timeout_and_retries_set_the_transfer_of_remote_reads(small_spec: dict, shards: list[str]) -> None:
+    default = _loader(small_spec, shards).settings.open_kw["transfer"]
+    assert (default.deadline, default.timeout, default.retries) == (60.0, 30.0, 3)
+    given = _loader(small_spec, shards, remote_timeout=2, remote_retries=0).settings.open_kw["transfer"]
+    assert (given.deadline, given.timeout, given.retries) == (2.0, 2.0, 0)  # a socket read waits no longer either
+    assert (given.backoff, given.min_rate) == (default.backoff, default.min_rate)
+
+
+def test_a_trickling_server_fails_within_the_loaders_remote_timeout(small_spec: dict, local: list[str],
+                                                                     server: Any) -> None:
+    from feedfast.sources.remote import RemoteError
+
+    urls = server.urls(local)
+    loader = _loader(small_spec, urls, remote_timeout=0.3, remote_retries=0, backend="threads")
+    server.trickle_every = 0.05
+    server.faults["/train-0000.tar"] = ["trickle"] * 100  # every request of the first shard, from now on
+    started = time.monotonic()
+    with pytest.raises(RemoteError, match=rf"shard '{urls[0]}'"):
+        for _ in loader:
+            pass
+    assert time.monotonic() - started < 10  # the default deadline would wait 60 s a request
+    loader.close()

@@ -104,6 +104,9 @@ class DataLoader(TorchAttributes):
             ones under ``on_error='skip'``) may hold; least recently used go first
             (default: no limit; see :mod:`feedfast.sources.cache`).
         remote_retries: retries of a failed remote read (default 3, backoff 0.5 s doubling).
+        remote_timeout: seconds one remote request (a ranged read, a shard's download, a ``pipe:``
+            command's run) may take, plus its bytes at 256 KB/s (default 60); past it the request is
+            cut (a ``pipe:`` command killed), retried, then a RemoteError naming the shard.
         sample_info: give each batch a :class:`~feedfast.loader.batch.BatchInfo` (its
             samples' shards and keys, the padding mask, the state to resume after it): the
             last element of a tuple batch, or ``batch["sample_info"]`` of a dict batch.
@@ -138,8 +141,8 @@ class DataLoader(TorchAttributes):
         rank: int | None = None, world_size: int | None = None, overrides: Sequence[str] = (),
         cache_dir: str | os.PathLike[str] | None = None, pin_memory_device: str | None = None,
         on_error: str | None = None, max_pixels: int | None = None, backend: str | None = None,
-        cache_limit: int | None = None, remote_retries: int | None = None, sample_info: bool = False,
-        tune: bool | None = None, collate_fn: Any = None, **torch_kwargs: Any,
+        cache_limit: int | None = None, remote_retries: int | None = None, remote_timeout: float | None = None,
+        sample_info: bool = False, tune: bool | None = None, collate_fn: Any = None, **torch_kwargs: Any,
     ) -> None:
         check_torch_kwargs(torch_kwargs)
         settings = loader_settings(
@@ -147,8 +150,8 @@ class DataLoader(TorchAttributes):
             num_workers=num_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor, device=device,
             placement=placement, rank=rank, world_size=world_size, cache_dir=cache_dir,
             pin_memory_device=pin_memory_device, on_error=on_error, max_pixels=max_pixels, backend=backend,
-            cache_limit=cache_limit, remote_retries=remote_retries, sample_info=sample_info, tune=tune,
-            collate_fn=collate_fn, timeout=torch_kwargs.get("timeout", 0))
+            cache_limit=cache_limit, remote_retries=remote_retries, remote_timeout=remote_timeout,
+            sample_info=sample_info, tune=tune, collate_fn=collate_fn, timeout=torch_kwargs.get("timeout", 0))
         self.settings = settings
         self.spec, self.threads, self.prefetch, self.knobs = settings.spec, settings.threads, settings.prefetch, \
             settings.knobs

@@ -69,6 +69,13 @@ def timeout_seconds(value: Any) -> float | None:
     return float(value) or None
 
 
+def seconds_above_zero(name: str, value: Any) -> float:
+    """``value`` as seconds if it is a finite number > 0, else a UserError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise UserError(f"{name} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
 def check_pin_memory_device(value: Any, device_type: str) -> None:
     """torch's ``pin_memory_device`` names the device pinned memory serves; feedfast pins for the delivery device."""
     if value in (None, ""):

@@ -24,6 +24,7 @@ from feedfast.loader.options import (
     at_least_zero,
     positive,
     rank_cores,
+    seconds_above_zero,
     threads_for,
     timeout_seconds,
 )
@@ -82,8 +83,8 @@ def loader_settings(spec: Spec, *, num_workers: int | None, pin_memory: bool, pr
                     device: str | torch.device | None, placement: str | None, rank: int | None,
                     world_size: int | None, cache_dir: str | os.PathLike[str] | None, pin_memory_device: str | None,
                     on_error: str | None, max_pixels: int | None, backend: str | None, cache_limit: int | None,
-                    remote_retries: int | None, sample_info: bool, tune: bool | None, collate_fn: Any,
-                    timeout: Any) -> LoaderSettings:
+                    remote_retries: int | None, remote_timeout: float | None, sample_info: bool, tune: bool | None,
+                    collate_fn: Any, timeout: Any) -> LoaderSettings:
     """The arguments checked (UserError naming the first that is wrong) and settled against the spec's defaults."""
     run = spec.loader
     given_workers = run.threads if num_workers is None else num_workers
@@ -103,7 +104,7 @@ def loader_settings(spec: Spec, *, num_workers: int | None, pin_memory: bool, pr
     open_kw: dict[str, Any] = dict(
         max_pixels=limit,
         cache_limit=positive("cache_limit", cache_limit) if cache_limit is not None else None,
-        transfer=Transfer(retries=3 if remote_retries is None else at_least_zero("remote_retries", remote_retries)),
+        transfer=remote_transfer(remote_retries, remote_timeout),
     )
     return LoaderSettings(
         spec=spec.replace(on_error=on_error) if on_error else spec, threads=threads,
@@ -114,3 +115,16 @@ def loader_settings(spec: Spec, *, num_workers: int | None, pin_memory: bool, pr
         max_pixels=limit, open_kw=open_kw, sample_info=bool(sample_info), hook=check_batch_hook(collate_fn),
         wait_s=timeout_seconds(timeout),
     )
+
+
+def remote_transfer(retries: int | None, timeout: float | None) -> Transfer:
+    """The remote reads' :class:`~feedfast.sources.remote.Transfer` for ``remote_retries`` and ``remote_timeout``.
+
+    ``remote_timeout`` is a request's deadline (its bytes at ``min_rate`` come on top); a socket read waits at
+    most 30 s or the deadline, the shorter.
+    """
+    base = Transfer()
+    deadline = base.deadline if timeout is None else seconds_above_zero("remote_timeout", timeout)
+    return Transfer(retries=base.retries if retries is None else at_least_zero("remote_retries", retries),
+                    deadline=deadline, timeout=min(base.timeout, deadline), backoff=base.backoff,
+                    min_rate=base.min_rate)
