@@ -16,7 +16,8 @@ downloaded is never deleted, so one shard larger than the limit still works. A s
 deleted while a reader needs it is downloaded again; a reader that already opened it keeps
 reading the deleted file. A shard evicted that cannot be downloaded again (its source is gone)
 is a RemoteError saying so, naming the URL: the read that needed it fails, under either policy
-(no mid-epoch skip exists yet: a batch's rows cannot go missing). Concurrent downloads of one URL are serialized with a lock file.
+(no mid-epoch skip exists yet: a batch's rows cannot go missing). Concurrent downloads of one
+URL are serialized with a lock file.
 
 The cache is itself a :class:`~feedfast.sources.transport.Transport` that wraps whichever
 transport reads the URL: its reads (``stream``, ``read_range``) are of the cached copy.

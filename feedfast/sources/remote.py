@@ -12,8 +12,9 @@ Connection errors, timeouts, truncated bodies and HTTP 5xx and 429 answers are r
 the last failure, raise :class:`RemoteError` (a ``ShardError``) naming the URL, the byte
 range and the status. A ``pipe:`` command that exits non-zero is not retried: the error
 names the command and the tail of its stderr; one that runs past http's deadline (of the
-bytes it has written so far) is killed with its process group (:func:`open_pipe`). A server that ignores ``Range`` (answers
-200) is read through up to the wanted bytes: correct, but slow for large shards.
+bytes it has written so far) is killed with its process group (:func:`open_pipe`). A server
+that ignores ``Range`` (answers 200) is read through up to the wanted bytes: correct, but slow
+for large shards.
 
 What a server cannot do to a read:
 

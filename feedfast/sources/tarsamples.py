@@ -46,7 +46,8 @@ def scan_tar(path: str | os.PathLike[str], *, keep_duplicates: bool = False, nam
         return samples
     unique, repeated = split_duplicates(samples)
     if repeated:
-        warn_once(repeated_message(path if name is None else name, [s.key for s in repeated]), RepeatedKeyWarning, stacklevel=3)
+        warn_once(repeated_message(path if name is None else name, [s.key for s in repeated]), RepeatedKeyWarning,
+                  stacklevel=3)
     return unique
 
 @dataclass(frozen=True)
