@@ -103,10 +103,16 @@ class _Whole(io.RawIOBase):
         return n
 
 
-def read_range(url: str, offset: int, size: int) -> bytes:
-    """``size`` bytes of ``url`` at ``offset`` (one ranged GET); a short answer is an IncompleteRead."""
+def read_range(url: str, offset: int, size: int, transfer: Transfer = DEFAULT_TRANSFER) -> bytes:
+    """``size`` bytes of ``url`` at ``offset`` (one ranged GET), within ``transfer.budget(size)`` (as :func:`read`'s
+    calls); a short answer is an IncompleteRead."""
     if size <= 0:
         return b""
+    return call_within(transfer.budget(size), f"read of bytes {offset}-{offset + size - 1} of {url}",
+                       lambda: _read_range(url, offset, size))
+
+
+def _read_range(url: str, offset: int, size: int) -> bytes:
     fs, path = _filesystem(url)
     try:
         data = fs.cat_file(path, start=offset, end=offset + size)
@@ -117,8 +123,12 @@ def read_range(url: str, offset: int, size: int) -> bytes:
     return bytes(data)
 
 
-def info(url: str) -> dict[str, Any]:
-    """fsspec's metadata of ``url`` (size, ETag, modification time)."""
+def info(url: str, transfer: Transfer = DEFAULT_TRANSFER) -> dict[str, Any]:
+    """fsspec's metadata of ``url`` (size, ETag, modification time), within ``transfer.budget(0)``."""
+    return call_within(transfer.budget(0), f"metadata of {url}", lambda: _info(url))
+
+
+def _info(url: str) -> dict[str, Any]:
     fs, path = _filesystem(url)
     try:
         return dict(fs.info(path))

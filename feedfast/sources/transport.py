@@ -48,7 +48,6 @@ from typing import IO, Callable, TypeVar
 
 from feedfast.errors import ShardError
 from feedfast.sources import objectstore, s3http, s3sign, schemes
-from feedfast.sources.deadline import call_within
 from feedfast.sources.remote import (
     DEFAULT_TRANSFER,
     Transfer,
@@ -157,13 +156,10 @@ class ObjectStoreTransport(Transport):
         return retrying(url, self.transfer, lambda: objectstore.read(url, consume, self.transfer))
 
     def read_range(self, url: str, offset: int, size: int) -> bytes:
-        return retrying(url, self.transfer, lambda: call_within(
-            self.transfer.budget(size), f"read of bytes {offset}-{offset + size - 1} of {url}",
-            lambda: objectstore.read_range(url, offset, size)))
+        return retrying(url, self.transfer, lambda: objectstore.read_range(url, offset, size, self.transfer))
 
     def validators(self, url: str) -> dict[str, str]:
-        found = retrying(url, self.transfer, lambda: call_within(self.transfer.budget(0), f"metadata of {url}",
-                                                                 lambda: objectstore.info(url)))
+        found = retrying(url, self.transfer, lambda: objectstore.info(url, self.transfer))
         return {k: str(found[k]) for k in ("ETag", "etag", "LastModified", "mtime", "size") if found.get(k)}
 
 
