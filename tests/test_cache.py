@@ -40,6 +40,9 @@ def test_an_evicted_shard_that_cannot_be_fetched_again_is_named_with_its_url(
     with pytest.raises(RemoteError, match=r"HTTP 404") as first:  # never cached: the plain failure
         cache.ensure(f"{server.url}/absent.tar")
     assert "evicted" not in str(first.value)
+    with pytest.raises(RemoteError) as again:  # a second failed first download (its lock file left): still plain
+        cache.ensure(f"{server.url}/absent.tar")
+    assert "evicted" not in str(again.value)
 
 
 def test_a_pipe_shard_evicted_mid_epoch_whose_command_fails_again_is_an_error_naming_it(

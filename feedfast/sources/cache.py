@@ -79,7 +79,7 @@ class ShardCache(Transport):
         path = self.path_for(url)
         if _touch(path):
             return path
-        evicted = path.with_suffix(".lock").exists()  # left behind when a copy is evicted: cached before
+        evicted = path.with_suffix(".evicted").exists()  # left by evict(); a failed first download leaves none
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path.with_suffix(".lock"), "a+b") as lock:
@@ -148,6 +148,7 @@ class ShardCache(Transport):
         try:
             transport_for(url, self.transfer).stream(url, copy)
             os.replace(tmp, path)
+            path.with_suffix(".evicted").unlink(missing_ok=True)
         finally:
             if tmp.exists():
                 tmp.unlink()
@@ -168,6 +169,7 @@ class ShardCache(Transport):
                 break
             if path == keep:
                 continue
+            path.with_suffix(".evicted").touch()  # what ensure() reads when it cannot be fetched again
             path.unlink(missing_ok=True)  # its index and lock file stay: small, and maybe in use
             total -= st.st_size
             removed.append(path)
