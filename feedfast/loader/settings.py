@@ -126,5 +126,4 @@ def remote_transfer(retries: int | None, timeout: float | None) -> Transfer:
     base = Transfer()
     deadline = base.deadline if timeout is None else seconds_above_zero("remote_timeout", timeout)
     return Transfer(retries=base.retries if retries is None else at_least_zero("remote_retries", retries),
-                    deadline=deadline, timeout=min(base.timeout, deadline), backoff=base.backoff,
-                    min_rate=base.min_rate)
+                    deadline=deadline, timeout=min(base.timeout, deadline))
