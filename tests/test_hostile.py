@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -248,30 +249,33 @@ def test_pixels_of_formats_one_decoder_lacks_match_the_source(tmp_path: Path, ba
     assert np.abs(got["jpeg"].numpy().astype(int) - source).mean() < 12  # lossy (the source is noisy)
 
 
-def _kill_once_busy(pid: int) -> None:
-    """SIGKILL ``pid`` once it has spent 50 ms of CPU on its job: mid-check however loaded the machine is
-    (a fixed delay could fire before the job reached the worker, or after it had answered)."""
+def _kill_once_busy(worker: Any) -> None:
+    """SIGKILL ``worker``'s process once its job is wholly sent and it has spent 50 ms of CPU on it: mid-check
+    however loaded the machine is (a fixed delay could fire before the job reached the worker, or after it had
+    answered; a kill while the pool still writes the job is a worker that died idle, and the job goes to the next)."""
     import os
     import signal
 
     import psutil
 
-    proc = psutil.Process(pid)
-    start = sum(proc.cpu_times()[:2])
     deadline = time.monotonic() + 60
+    while worker.job is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    proc = psutil.Process(worker.proc.pid)
+    start = sum(proc.cpu_times()[:2])
     while sum(proc.cpu_times()[:2]) - start < 0.05 and time.monotonic() < deadline:
         time.sleep(0.005)
-    os.kill(pid, signal.SIGKILL)
+    os.kill(worker.proc.pid, signal.SIGKILL)
 
 
 def test_a_decoder_crash_is_a_verdict_and_the_pool_runs_on() -> None:
     import threading
 
-    big = noisy_png(3000, 1)
+    big = noisy_png(3000, 1)  # about 0.3 s of CPU to check, 0.25 s of it after the job is sent
     pool = CheckPool(1, seconds=60)
     try:
         list(pool.map([("check", IMAGES["jpeg"][0], 10**8, True)]))  # started and warm
-        victim = pool._workers[0].proc.pid
+        victim = pool._workers[0]
         threading.Thread(target=_kill_once_busy, args=(victim,), daemon=True).start()  # as a segfaulting codec dies
         crashed, after = list(pool.map([("check", big, 10**8, True), ("check", IMAGES["jpeg"][0], 10**8, True)]))
         assert isinstance(crashed, Failed) and "crashed" in crashed.reason
