@@ -193,6 +193,20 @@ def test_a_hanging_pipe_command_is_killed_with_its_children_at_the_deadline_and_
     assert not list((tmp_path / "cache").glob("*.tar")) and not list((tmp_path / "cache").glob(".*part"))
 
 
+def test_a_pipe_commands_descendant_that_left_its_group_is_killed_too(tmp_path: Path) -> None:
+    url = f"pipe:setsid sleep 60 & echo $! > {tmp_path / 'child'}; printf abc; wait"  # a session of its own
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match="deadline of 1 s.*group was killed"):
+        transport_for(url, PIPE_DEADLINE).stream(url, lambda f: f.read())
+    assert time.monotonic() - start < 2.5
+    child = int((tmp_path / "child").read_text())
+    for _ in range(100):
+        if _gone(child):
+            break
+        time.sleep(0.01)
+    assert _gone(child), "the command's setsid child outlived its deadline"
+
+
 def test_a_pipe_command_that_closes_stdout_and_hangs_is_killed_at_the_deadline(tmp_path: Path) -> None:
     url = "pipe:printf abc; exec >&-; sleep 60"
     start = time.monotonic()

@@ -302,9 +302,9 @@ def open_pipe(url: str, transfer: Transfer = DEFAULT_TRANSFER) -> Iterator[IO[by
     The command runs in a process group of its own, and the whole run (until it exits) must
     end within ``transfer.budget`` of the bytes it has written so far (``deadline`` plus those
     bytes at ``min_rate``), as an http download must: past it the group is killed (its
-    children too: ``sleep 1000 | cat``), the blocked read returns, and the run is a
-    RemoteError naming the shard and the deadline (not retried: a command may not be
-    repeatable). Leaving early (an error in ``consume``) kills the group as well.
+    children too: ``sleep 1000 | cat``, and those that left it with ``setsid``), the blocked
+    read returns, and the run is a RemoteError naming the shard and the deadline (not retried:
+    a command may not be repeatable). Leaving early (an error in ``consume``) kills the group as well.
     """
     cmd = url[len(schemes.PIPE.prefixes[0]):]
     with tempfile.TemporaryFile() as err, Deadline(transfer.budget(0), f"shard command {cmd!r}") as deadline:
@@ -365,13 +365,33 @@ class PipeOut(io.RawIOBase):
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kill the process group of a command started in its own session (quick: the watchdog calls it)."""
+    """Kill a command started in its own session: its process group, and its descendants that left the group
+    (``setsid``, a daemonizing child) while their parents live. A descendant whose parent has exited is init's,
+    not the command's, and is not found (quick: the watchdog calls it)."""
     if proc.returncode is not None:
         return  # reaped: the number is no longer its
+    import psutil
+
+    try:
+        strays = [p for p in psutil.Process(proc.pid).children(recursive=True) if _group_of(p.pid) != proc.pid]
+    except psutil.Error:
+        strays = []  # the command is gone: its group's members, if any, are killed below
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass  # the group is gone already
+    for stray in strays:
+        try:
+            stray.kill()  # psutil checks it is still the process found above, not a reused number
+        except psutil.Error:
+            pass
+
+
+def _group_of(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return -1
 
 
 def http_validators(url: str, transfer: Transfer = DEFAULT_TRANSFER) -> dict[str, str]:
