@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import feedfast
 from feedfast.sources.cache import ShardCache
@@ -58,17 +59,46 @@ def test_a_pipe_shard_evicted_mid_epoch_whose_command_fails_again_is_an_error_na
     loader.close()
 
 
-@pytest.mark.xfail(strict=True, raises=RemoteError,
-                   reason="not built yet: no mid-epoch skip exists (a batch's rows cannot go missing once its "
-                          "epoch is planned), so under skip this is still the clear RemoteError above")
+def _keys(loader: feedfast.DataLoader) -> list[str]:
+    """The keys of the samples of one epoch (each batch's valid rows), in order."""
+    keys = []
+    for _ in loader:
+        keys += [key for _, key in loader.last_origins[:loader.last_valid]]
+    return keys
+
+
 def test_under_skip_an_evicted_http_shard_that_cannot_be_fetched_again_is_a_counted_skip(
         small_spec: dict, local: list[str], server: RangeServer, tmp_path: Path) -> None:
     urls = server.urls(local)
+    whole = _keys(feedfast.DataLoader(small_spec, shards=local, backend="threads"))
     loader = feedfast.DataLoader(small_spec, shards=urls, on_error="skip", cache_dir=tmp_path / "c",
                                  backend="threads", cache_limit=2 * os.path.getsize(local[0]), remote_retries=0)
     _stop_serving(server, urls[0])  # opened (downloaded, checked, evicted): now gone from the source
-    delivered = _epoch(loader)
+    keys = _keys(loader)
     skipped: list[dict[str, Any]] = loader.skipped_samples()
-    assert delivered == 18 and {s["shard"] for s in skipped} == {urls[0]}
-    assert loader.stats()["skipped"] == 5
+    lost = {s["key"] for s in skipped}
+    assert len(keys) == 18 and len(lost) == 5 and {s["shard"] for s in skipped} == {urls[0]}
+    assert sorted(keys) == sorted(set(whole) - lost)  # every other sample once
+    assert keys == [k for k in whole if k not in lost]  # in the epoch's own order, the lost ones taken out
+    assert all("was evicted from the shard cache" in s["reason"] for s in skipped)
+    stats = loader.stats()
+    assert stats["skipped"] == 5 and stats["delivered"] == 18 and stats["padded"] == 5  # the lost rows, filled
+    server.faults.clear()  # served again: the next epoch reads it
+    assert sorted(_keys(loader)) == sorted(whole) and loader.stats()["skipped"] == 5
+    loader.close()
+
+
+def test_a_batch_whose_every_row_is_lost_is_padding_and_later_ones_are_filled_from_their_samples(
+        small_spec: dict, local: list[str], server: RangeServer, tmp_path: Path) -> None:
+    urls = server.urls(local)
+    spec = {**small_spec, "shuffle": False}
+    loader = feedfast.DataLoader(spec, shards=urls, on_error="skip", cache_dir=tmp_path / "c", backend="threads",
+                                 cache_limit=2 * os.path.getsize(local[0]), remote_retries=0, sample_info=True)
+    _stop_serving(server, urls[0])
+    batches = list(loader)
+    first, second = batches[0], batches[1]  # shard 0's 5 samples: all of the first batch, one of the second
+    assert not first[2].valid.any() and not first[0].any() and first[1].tolist() == [0, 0, 0, 0]
+    assert second[2].valid.tolist() == [True, True, True, False]
+    assert torch.equal(second[0][3], second[0][0]) and second[1][3] == second[1][0]
+    assert loader.stats()["skipped"] == 5 and loader.stats()["delivered"] == 18
     loader.close()

@@ -51,12 +51,15 @@ class Batch:
         origins: each row's (shard, key): a list, or ``Origins`` read from the index when first asked for.
         valid: rows that are samples; the rest are padding (repeats of the rank's last sample).
         checkpoint: the backend's state after this batch when it took one (DALI's checkpoint), else None.
+        lost: samples of this batch's step skipped while it was made, as (shard, key, reason): under
+            ``on_error: skip``, those of a shard that could not be read mid-epoch (their rows are padding).
     """
 
     fields: dict[str, Any]
     origins: Sequence[tuple[str, str]]
     valid: int
     checkpoint: str | None = None
+    lost: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)

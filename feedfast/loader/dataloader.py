@@ -200,6 +200,7 @@ class DataLoader(TorchAttributes):
         self._stats = {"delivered": 0, "skipped": len(self.shards.skipped), "padded": 0, "dropped": 0, "batches": 0}
         self.last_origins: list[tuple[str, str]] = []
         self.last_valid = 0
+        self._lost: list[tuple[str, str, str]] = []  # samples skipped mid-epoch (a shard unreadable, under skip)
         self._step = 0
         # the backend's last checkpoint at or before the last batch handed to the caller: (its step, checkpoint)
         self._anchor: tuple[int, str | None] = (0, None)
@@ -358,6 +359,8 @@ class DataLoader(TorchAttributes):
         size = len(batch.origins)
         self._stats["delivered"] += batch.valid
         self._stats["padded"] += size - batch.valid
+        self._stats["skipped"] += len(batch.lost)
+        self._lost.extend(batch.lost)
         self._stats["batches"] += 1
         self.last_origins, self.last_valid = batch.origins, batch.valid
 
@@ -366,10 +369,12 @@ class DataLoader(TorchAttributes):
 
         ``skipped`` counts samples left out of the dataset once (missing components under
         ``missing: skip``; undecodable images, and labels, JSON or ``.npy`` components their
-        ops refuse, under ``on_error: skip``); ``converted``
+        ops refuse, under ``on_error: skip``), and those skipped mid-epoch, each time it happens (under
+        ``on_error: skip``, the samples of a remote shard that could not be read again after the shard cache
+        evicted it: their rows are filled and counted in ``padded``); ``converted``
         counts images re-encoded for DALI (they are delivered): found at construction, or
         when DALI's decoder failed a batch and PIL read them (:meth:`rescued_samples`).
-        Samples read per epoch = delivered + dropped, with padding counted apart.
+        Samples read per epoch = delivered + dropped (+ those skipped mid-epoch), with padding counted apart.
         """
         return {**self._stats, "converted": len(self.shards.converted) + len(self.rescued_samples())}
 
@@ -380,7 +385,7 @@ class DataLoader(TorchAttributes):
 
     def skipped_samples(self) -> list[dict[str, str]]:
         """Every sample left out, with its shard, key and reason."""
-        return [{"shard": s, "key": k, "reason": r} for s, k, r in self.shards.skipped]
+        return [{"shard": s, "key": k, "reason": r} for s, k, r in (*self.shards.skipped, *self._lost)]
 
     def tuning(self) -> dict[str, Any]:
         """The tuner's report: its trials (measured and predicted periods), model, decision and reason.

@@ -99,22 +99,28 @@ class RangeSource:
             served (one process reads every step: the threaded path); False reads only the rows asked
             for, merged where adjacent (a ``pil`` worker process sees only some of the steps, and would
             hold the windows it never finishes).
+        skip: ``on_error: skip`` (the threaded path): a shard that cannot be read (evicted from the shard
+            cache and not fetched again, or no longer matching its index) loses its rows instead of
+            failing the read: their members are None and :attr:`lost` gives each one's reason; the shard
+            is not asked for again this epoch (the next epoch's reader tries it again).
     """
 
     def __init__(self, names: tuple[str, ...], kinds: tuple[str, ...], rows: Any, *, cache: ShardCache | None,
-                 transfer: Transfer, windows: bool = True) -> None:
+                 transfer: Transfer, windows: bool = True, skip: bool = False) -> None:
         self.names, self.kinds, self.rows, self.cache, self.transfer = names, kinds, rows, cache, transfer
-        self.windows = windows
+        self.windows, self.skip = windows, skip
+        self.lost: dict[int, str] = {}  # row -> why its shard could not be read (under skip)
+        self._dead: dict[int, str] = {}  # shard -> the same reason: not asked for again
         self._feeder: BatchFeeder | None = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"names": self.names, "kinds": self.kinds, "rows": self.rows, "cache": self.cache,
-                "transfer": self.transfer, "windows": self.windows}
+                "transfer": self.transfer, "windows": self.windows, "skip": self.skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["names"], state["kinds"], state["rows"], cache=state["cache"],  # type: ignore[misc]
-                      transfer=state["transfer"], windows=state["windows"])
+                      transfer=state["transfer"], windows=state["windows"], skip=state["skip"])
 
     def _reader(self) -> BatchFeeder:
         with self._lock:
@@ -127,6 +133,9 @@ class RangeSource:
         """Start reading the windows of ``rows`` (whole steps of a read-ahead), without waiting: under the block
         shuffle, neighbouring windows of a shard wanted at once are read in one request
         (:class:`~feedfast.sources.feeder.WindowCache`); a failure is raised by the :meth:`read` that needs them."""
+        if self._dead:
+            shards = self.rows.take(rows).shard.tolist()
+            rows = [r for r, s in zip(rows, shards) if s not in self._dead]
         self._reader().want(rows)
 
     def read(self, rows: list[int]) -> Columns:
@@ -134,16 +143,48 @@ class RangeSource:
 
         Raises:
             RemoteError: a read failed or did not match the index; names the shard, the first sample of the
-                read and the reason.
+                read and the reason (not under ``skip``: see the class).
         """
         where = self.rows.take(rows)
-        try:
-            arrays = self._reader().members(rows)
-        except ShardError as exc:
-            raise self._named(exc, where) from exc
+        shards = where.shard.tolist()
+        if self._dead and not self._dead.keys().isdisjoint(shards):
+            arrays = self._read_around(rows, shards)
+        else:
+            try:
+                arrays = self._reader().members(rows)
+            except ShardError as exc:
+                if not self.skip:
+                    raise self._named(exc, where) from exc
+                arrays = self._read_around(rows, shards)
         sizes = where.sizes.T.tolist()
-        return [[None if size < 0 else memoryview(array) for array, size in zip(column, sizes[c])]
+        return [[None if size < 0 or array is None else memoryview(array) for array, size in zip(column, sizes[c])]
                 for c, column in enumerate(arrays)]
+
+    def _read_around(self, rows: list[int], shards: list[int]) -> list[list[Any]]:
+        """Under skip, ``rows`` read shard by shard: the rows of a shard that cannot be read are None and lost."""
+        out: list[list[Any]] = [[None] * len(rows) for _ in range(self.rows.index.components)]
+        for shard in sorted(set(shards)):
+            at = [i for i, s in enumerate(shards) if s == shard]
+            reason = self._dead.get(shard)
+            if reason is None:
+                try:
+                    part = self._reader().members([rows[i] for i in at])
+                except ShardError as exc:
+                    with self._lock:
+                        first = shard not in self._dead
+                        reason = self._dead.setdefault(shard, f"its shard could not be read mid-epoch: {exc}")
+                    if first:
+                        log.warning("on_error: skip: shard %r cannot be read; its samples are skipped for the rest "
+                                    "of the epoch: %s", self.names[shard], exc)
+                else:
+                    for c, column in enumerate(part):
+                        for i, array in zip(at, column):
+                            out[c][i] = array
+                    continue
+            with self._lock:
+                for i in at:
+                    self.lost[rows[i]] = reason
+        return out
 
     def _named(self, exc: ShardError, where: Any) -> RemoteError:
         """``exc`` as an error naming the shard and sample: the sample ``exc`` names (an index that does not match
@@ -239,6 +280,14 @@ class StepReads:
                     column.extend(more[lo:hi])
         return got
 
+    def lost(self, step: int, a: int, b: int) -> dict[int, str]:
+        """Rows ``a .. b`` of step ``step``'s batch whose shard could not be read (under skip; after
+        :meth:`chunk` of them), by batch row, with the reason."""
+        if not self.source.lost:
+            return {}
+        rows = self.step_rows(step)
+        return {i: self.source.lost[rows[i]] for i in range(a, b) if rows[i] in self.source.lost}
+
     def held(self) -> int:
         """Steps whose reads are queued or held."""
         with self._lock:
@@ -265,12 +314,14 @@ class StepReads:
                   self.waited)
 
 
-def epoch_reads(shards: Any, rows: Any, ep: Any, *, batch_size: int) -> StepReads | None:
-    """The read-ahead of a rank's epoch over ``shards`` (a ShardSet) when any shard is not local, else None."""
+def epoch_reads(shards: Any, rows: Any, ep: Any, *, batch_size: int, skip: bool = False) -> StepReads | None:
+    """The read-ahead of a rank's epoch over ``shards`` (a ShardSet) when any shard is not local, else None;
+    ``skip``: a shard that cannot be read loses its rows (:class:`RangeSource`)."""
     if not remote(shards.read_kinds):
         return None
     from feedfast.sources.assign import step_positions
 
-    source = RangeSource(shards.paths, shards.read_kinds, rows, cache=shards.cache, transfer=shards.transfer)
+    source = RangeSource(shards.paths, shards.read_kinds, rows, cache=shards.cache, transfer=shards.transfer,
+                         skip=skip)
     return StepReads(source, lambda step: step_positions(step, batch_size, ep.rank_samples, ep.batch_sizes[step]),
                      steps=ep.steps)

@@ -189,6 +189,7 @@ class _Job:
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     cancelled: bool = False
+    lost: dict[int, tuple[str, str, str]] = field(default_factory=dict)  # rows whose shard was unreadable (skip)
 
     def finish_chunk(self, error: BaseException | None) -> bool:
         """Count a chunk done; True for the batch's last."""
@@ -219,6 +220,8 @@ class _Epoch:
         self.buffers = _Buffers(limit=pixel_fields * (knobs.max_prefetch + 3))  # in flight, the consumer's, a spare
         self.files = ShardFiles(paths)
         self.reads = reads  # remote shards: each step's bytes read ahead by range (sources/rangeread.py)
+        self.skip = reads is not None and reads.source.skip  # a shard unreadable mid-epoch loses its rows
+        self.spare: dict[str, Any] | None = None
         self._local = threading.local()
         self.check_seconds, self.decodes = plan.spec.check_seconds, image_decodes(program)
         self.chain = batchplan.chain_of(program) if self.fast else None
@@ -261,6 +264,12 @@ class _Epoch:
             self.reads.release(job.step)
         if job.error is not None:
             raise job.error
+        if job.lost:
+            _move_lost_last(job, self.spare or {f.name: 0 if f.kind != "host" or f.host_kind == "label" else None
+                                                for f in self.fields})
+        elif self.skip and job.valid:
+            self.spare = {name: value[0].clone() if isinstance(value, torch.Tensor) else value[0]
+                          for name, value in job.outputs.items()}  # what fills a batch all of whose rows are lost
         fields: dict[str, Any] = {}
         for f in self.fields:
             value = job.outputs[f.name]
@@ -272,7 +281,7 @@ class _Epoch:
                 for i in range(len(value) if f.post else 0):
                     self._post(value[i].numpy(), f, job.draws[i])
             fields[f.name] = value
-        return Batch(fields, job.origins, job.valid)
+        return Batch(fields, job.origins, job.valid, lost=tuple(job.lost.values()))
 
     def _run_chunk(self, job: _Job, a: int, b: int) -> None:
         error: BaseException | None = None
@@ -286,10 +295,13 @@ class _Epoch:
 
     def _fill(self, job: _Job, a: int, b: int) -> None:
         arrays = {name: out.numpy() for name, out in job.outputs.items() if isinstance(out, torch.Tensor)}
+        lost = self._lost(job, a, b)
         planned = self._planned(job, a, b, arrays) if self.chain is not None else {}
         for i in range(a, b):
             if job.cancelled or job.error is not None:
                 return
+            if i in lost:
+                continue  # filled and moved past the samples by result()
             values = planned.get(i)
             if values is None:
                 values = self._sample(job, i)
@@ -305,6 +317,21 @@ class _Epoch:
                     self._normalize_into(arrays[f.name][i], value, f.name)
                 if f.post and f.name in arrays:
                     self._post(arrays[f.name][i], f, job.draws[i])
+
+    def _lost(self, job: _Job, a: int, b: int) -> dict[int, str]:
+        """Rows ``a .. b`` whose shard could not be read, under skip (remote shards), recorded in the job with
+        their (shard, key, reason)."""
+        if not self.skip:
+            return {}
+        assert self.reads is not None
+        self.reads.chunk(job.step, a, b)  # waits for the rows' reads
+        lost = self.reads.lost(job.step, a, b)
+        if lost:
+            with job.lock:
+                for i, reason in lost.items():
+                    shard, key = job.origins[i]
+                    job.lost[i] = (shard, key, reason)
+        return lost
 
     def _planned(self, job: _Job, a: int, b: int, arrays: dict[str, np.ndarray]) -> dict[int, dict[str, Any]]:
         """Rows ``a .. b`` of the batch whose image chain :mod:`.batchplan` planned, computed from the plan.
@@ -479,6 +506,31 @@ _FAILED = object()
 """A host value that could not be computed by :func:`_host_column` (the Python way says why)."""
 
 
+def _move_lost_last(job: _Job, spare: dict[str, Any]) -> None:
+    """A batch with rows lost (their shard could not be read, under skip), made whole: its samples first, then
+    the lost rows and the padding, so ``valid`` still counts the leading rows that are samples. A lost row is
+    a copy of the batch's first sample; in a batch with none left, of ``spare`` (each field's value of a
+    sample of an earlier batch, or zeros before there was one: a label 0). A lost padding row is filled the same way and not counted: the
+    sample it repeats is."""
+    n = len(job.origins)
+    kept = [i for i in range(job.valid) if i not in job.lost]
+    order = kept + [i for i in range(job.valid) if i in job.lost] + list(range(job.valid, n))
+    fill = kept[0] if kept else next((i for i in range(n) if i not in job.lost), None)
+    for name, value in job.outputs.items():
+        other = value[fill] if fill is not None else spare[name]
+        if isinstance(value, torch.Tensor):
+            for i in job.lost:
+                value[i] = other
+            job.outputs[name] = value[order]
+        else:
+            job.outputs[name] = [other if i in job.lost else value[i] for i in order]
+    origins = list(job.origins)
+    job.origins = [origins[i] for i in order]  # type: ignore[assignment]  # a lost row keeps its own name
+    job.draws = [job.draws[i] for i in order]
+    job.lost = {i: why for i, why in job.lost.items() if i < job.valid}
+    job.valid = len(kept)
+
+
 def _host_chains(program: PilProgram) -> dict[str, list[PilStep]]:
     """Each host output's steps, from the one after its component's read to the output."""
     chains = {}
@@ -552,7 +604,7 @@ def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, 
     program, rows = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
     knobs = knobs or Knobs(threads=workers or _env.usable_cores(), prefetch=max(1, prefetch_factor))
     work = _Epoch(plan, program, shards.paths, rows, ep, batch_size=batch_size, knobs=knobs, seed=seed, epoch=epoch,
-                  reads=epoch_reads(shards, rows, ep, batch_size=batch_size))
+                  reads=epoch_reads(shards, rows, ep, batch_size=batch_size, skip=plan.spec.on_error == "skip"))
     pool = LivePool(knobs, name="feedfast-cpu")
     jobs: deque[_Job] = deque()
     submitted = start
