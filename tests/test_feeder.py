@@ -114,6 +114,60 @@ def test_windows_wanted_at_once_that_follow_each_other_are_one_read_up_to_the_me
         cache.close()
 
 
+class _Placed(_Windows):
+    """Windows of 4 samples, 16 samples a shard, window ``w`` read around row ``spacing * w`` over ``horizon`` rows
+    (as the block shuffle's)."""
+
+    def __init__(self, samples: int, spacing: int, horizon: int) -> None:
+        super().__init__(samples)
+        self.spacing, self.horizon = spacing, horizon
+
+    def place(self, window: int) -> int:
+        return self.spacing * window if 4 * window < self.samples else -1
+
+
+def _recorded(calls: list[list[int]]):  # type: ignore[no-untyped-def]
+    def fetch(samples: list[int]) -> dict[tuple[int, int], np.ndarray]:
+        calls.append(samples)
+        return {(s, 0): np.array([s], dtype=np.uint8) for s in samples}
+    return fetch
+
+
+def test_a_read_is_widened_to_its_shards_next_windows_within_the_bytes_and_never_across_shards(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[int]] = []
+    monkeypatch.setattr(feeder, "MERGE_BYTES", 12)
+    cache = WindowCache(_Placed(32, spacing=0, horizon=100), _recorded(calls), nbytes=len, shard_of=lambda s: s // 16)
+    try:
+        cache.rows([0])  # window 0, widened to 1 and 2: 12 bytes
+        cache.rows([13])  # window 3, the shard's last: not widened into shard 1's window 4
+        assert sorted(cache.rows([1, 5, 9, 14])._windows) == [0, 1, 2, 3]
+        assert sorted(map(tuple, calls)) == [tuple(range(0, 12)), tuple(range(12, 16))]
+        assert cache.held() == 4
+    finally:
+        cache.close()
+
+
+def test_a_read_is_widened_only_to_windows_read_within_the_horizon_and_never_to_one_served_already(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[int]] = []
+    monkeypatch.setattr(feeder, "MERGE_BYTES", 64)
+    cache = WindowCache(_Placed(16, spacing=100, horizon=150), _recorded(calls), nbytes=len,
+                        shard_of=lambda s: s // 16)
+    try:
+        cache.rows([8])  # window 2 (row 200): windows 1 and 3 are within 150 rows, window 0 (row 0) is not
+        assert sorted(calls[0]) == list(range(4, 16))
+        cache.rows([0, 1, 2, 3])  # window 0 alone, then served whole: dropped
+        assert calls[1] == [0, 1, 2, 3] and cache.held() == 3
+        cache.rows(list(range(4, 16)))  # the others served: nothing is held
+        assert cache.held() == 0
+        calls.clear()
+        cache.rows([5])  # a padded repeat asks for window 1 again: read again, alone (its neighbours were served)
+        assert calls == [[4, 5, 6, 7]]
+    finally:
+        cache.close()
+
+
 def test_a_cached_shard_read_through_a_wrong_index_is_an_error_naming_the_sample(tmp_path: Path) -> None:
     (shard,) = make_shards(tmp_path / "shards", samples=8, per_shard=8)
     samples = scan_tar(shard)

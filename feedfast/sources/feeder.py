@@ -72,7 +72,8 @@ class BatchFeeder:
         self.ahead = ahead
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="feedfast-stream")
         self._pending: dict[int, Future[list[list[np.ndarray]]]] = {}
-        self._windows = WindowCache(rows.window if windows else None, self._fetch_samples, nbytes=self._bytes)
+        self._windows = WindowCache(rows.window if windows else None, self._fetch_samples, nbytes=self._bytes,
+                                    shard_of=self._shard_of)
         self._transports: dict[int, Transport] = {}
         self.files = ShardFiles(names)  # local shards stay open: a shuffled epoch reads sample by sample
         weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
@@ -138,6 +139,10 @@ class BatchFeeder:
         """The member bytes of ``samples`` (canonical numbers)."""
         sizes = self.rows.index.take(samples).sizes
         return int(sizes[sizes > 0].sum())
+
+    def _shard_of(self, sample: int) -> int:
+        """The shard of sample ``sample`` (a canonical number)."""
+        return int(self.rows.index.take([sample]).shard[0])
 
     def _fetch_samples(self, samples: list[int]) -> dict[tuple[int, int], np.ndarray]:
         """The members of ``samples`` (canonical numbers: a window's), by (sample, component)."""
@@ -209,7 +214,9 @@ class BatchFeeder:
 
 class Windows(Protocol):
     """The windows of an epoch's order: what :class:`WindowCache` asks of it (:class:`~feedfast.sources.order.BlockOrder`,
-    :class:`~feedfast.sources.rows.WindowShuffle`)."""
+    :class:`~feedfast.sources.rows.WindowShuffle`). An order whose windows are read spread over rows also has
+    ``place(window) -> int`` (where in the rank's order, -1: not this rank's) and ``horizon`` (over how many
+    rows): then :class:`WindowCache` widens reads to the neighbouring windows read within that horizon."""
 
     def window_of(self, samples: np.ndarray) -> np.ndarray: ...
 
@@ -226,7 +233,11 @@ class WindowCache:
     time (a block shuffle's first step needs hundreds; on a remote store each one costs a
     round trip); given ``nbytes`` (the member bytes of samples), windows wanted at once that
     follow each other in a shard are read together, up to :data:`MERGE_BYTES` a request
-    (:meth:`want` lets a read-ahead ask for whole steps before they are read). A window is
+    (:meth:`want` lets a read-ahead ask for whole steps before they are read); and where the
+    order says where its windows are read (the block shuffle's ``place``), a read is widened,
+    within the same bytes, to the neighbouring windows of its shard that this rank reads within
+    ``horizon`` rows of it, so a shard's windows wanted one step apart are one request, not
+    one each (:meth:`_widen`). A window is
     dropped as soon as each of its samples this rank reads has been served once, so a block
     shuffle holds about ``block`` samples and nothing is kept per sample of the epoch (the
     bytes of one request stay until its last window is dropped). Thread-safe: one reader per
@@ -235,12 +246,14 @@ class WindowCache:
     """
 
     def __init__(self, windows: Windows | None, fetch: Any, *, requests: int = 8,
-                 nbytes: Callable[[list[int]], int] | None = None) -> None:
+                 nbytes: Callable[[list[int]], int] | None = None, shard_of: Callable[[int], int] | None = None) -> None:
         self.active = windows is not None
-        self._windows, self._fetch, self._nbytes = windows, fetch, nbytes
+        self._windows, self._fetch, self._nbytes, self._shard_of = windows, fetch, nbytes, shard_of
+        self._place = getattr(windows, "place", None) if nbytes is not None and shard_of is not None else None
         self._cache: dict[int, Future[dict[tuple[int, int], np.ndarray]]] = {}
         self._served: dict[int, set[int]] = {}
         self._sizes: dict[int, int] = {}
+        self._done = bytearray()  # 1 at each window all of whose samples were served: never widened into again
         self._lock = threading.Lock()
         self._io = ThreadPoolExecutor(max_workers=requests, thread_name_prefix="feedfast-window") if self.active else None
 
@@ -283,22 +296,63 @@ class WindowCache:
 
     def _groups(self, missing: list[tuple[int, Future[Any]]]) -> list[list[tuple[int, Future[Any], list[int]]]]:
         """``missing`` (sorted windows) with their members, in reads: runs of windows that follow each other in a
-        shard, up to :data:`MERGE_BYTES` a read, when ``nbytes`` is known; else one window a read."""
+        shard, up to :data:`MERGE_BYTES` a read, when ``nbytes`` is known (a shard's bytes only: a run across
+        two shards is two requests), each widened where the order allows (:meth:`_widen`); else one window a read."""
         assert self._windows is not None
         groups: list[list[tuple[int, Future[Any], list[int]]]] = []
-        held = 0
+        sizes: list[int] = []
         for w, fut in missing:
             members = self._windows.members(w).tolist()
             size = self._nbytes(members) if self._nbytes is not None else 0
             last = groups[-1][-1] if groups else None
             if (self._nbytes is not None and last is not None and last[0] + 1 == w and last[2] and members
-                    and last[2][-1] + 1 == members[0] and held + size <= MERGE_BYTES):
+                    and last[2][-1] + 1 == members[0] and sizes[-1] + size <= MERGE_BYTES
+                    and (self._shard_of is None or self._shard_of(members[0]) == self._shard_of(last[2][0]))):
                 groups[-1].append((w, fut, members))
-                held += size
+                sizes[-1] += size
             else:
                 groups.append([(w, fut, members)])
-                held = size
+                sizes.append(size)
+        if self._place is not None:
+            for group, size in zip(groups, sizes):
+                self._widen(group, size)
         return groups
+
+    def _widen(self, group: list[tuple[int, Future[Any], list[int]]], size: int) -> None:
+        """Add to ``group`` (in place) the windows before and after it in its shard that no one reads yet and
+        that this rank reads within ``horizon`` rows of the group's first, while the read stays within
+        :data:`MERGE_BYTES`; they are claimed (held until served, as any window read)."""
+        assert self._windows is not None and self._place is not None and self._nbytes is not None
+        assert self._shard_of is not None
+        if not group[0][2]:
+            return
+        at, horizon = self._place(group[0][0]), int(getattr(self._windows, "horizon", 0))
+        shard = self._shard_of(group[0][2][0])
+        for step in (1, -1):
+            while True:
+                edge = group[-1] if step > 0 else group[0]
+                w = edge[0] + step
+                if w < 0:
+                    break
+                members = self._windows.members(w).tolist()
+                if not members or not edge[2] or (edge[2][-1] + 1 != members[0] if step > 0
+                                                  else members[-1] + 1 != edge[2][0]):
+                    break  # not this rank's, or not next to it
+                place = self._place(w)
+                extra = self._nbytes(members)
+                if place < 0 or abs(place - at) > horizon or size + extra > MERGE_BYTES \
+                        or self._shard_of(members[0]) != shard:
+                    break
+                with self._lock:
+                    if w in self._cache or (w < len(self._done) and self._done[w]):
+                        break  # being read or held, or served already
+                    fut: Future[dict[tuple[int, int], np.ndarray]] = Future()
+                    self._cache[w] = fut
+                if step > 0:
+                    group.append((w, fut, members))
+                else:
+                    group.insert(0, (w, fut, members))
+                size += extra
 
     def _start(self, group: list[tuple[int, Future[Any], list[int]]]) -> None:
         assert self._io is not None
@@ -315,6 +369,9 @@ class WindowCache:
                 served.add(sample)
                 if len(served) >= self._sizes.get(w, -1) and w in self._cache:
                     del self._cache[w], self._served[w], self._sizes[w]
+                    if w >= len(self._done):
+                        self._done.extend(bytes(w + 1 - len(self._done)))
+                    self._done[w] = 1
 
     def held(self) -> int:
         """How many windows are in memory (read or being read)."""
@@ -328,6 +385,7 @@ class WindowCache:
             self._cache.clear()
             self._served.clear()
             self._sizes.clear()
+            self._done = bytearray()
 
     def _fill(self, group: list[tuple[int, Future[Any], list[int]]]) -> None:
         """Read the windows of ``group`` in one fetch: each window's future gets the fetch's arrays."""

@@ -199,6 +199,19 @@ class BlockOrder:
         """Each sample's window number (into :func:`shard_windows`' list)."""
         return np.searchsorted(self.starts, np.asarray(samples, dtype=np.int64), side="right") - 1
 
+    def place(self, window: int) -> int:
+        """Where ``window``'s samples are read in this rank's order: its run's first row, around which they are
+        spread over about ``block`` rows (-1: not one of this rank's windows)."""
+        i = np.searchsorted(self.run_window, window, sorter=self._run_of)
+        if i >= len(self._run_of) or self.run_window[self._run_of[i]] != window:
+            return -1
+        return int(self.run_start[self._run_of[i]])
+
+    @property
+    def horizon(self) -> int:
+        """Rows over which a window's samples are read (``block``, and a margin)."""
+        return self.margin
+
     def members(self, window: int) -> np.ndarray:
         """The samples of ``window`` this rank reads (the whole window, or the part inside its range)."""
         i = np.searchsorted(self.run_window, window, sorter=self._run_of)
