@@ -329,3 +329,30 @@ def test_a_chunk_whose_bytes_are_not_read_yet_is_counted_as_a_wait(caplog: pytes
     with caplog.at_level("DEBUG", logger="feedfast.rangeread"):
         reads.close()
     assert "decoding waited on 1 of 2 chunks" in caplog.text
+
+
+
+def test_the_readers_and_window_requests_grow_with_the_decoding_threads(
+        small_spec: dict, local: list[str], server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from feedfast.sources import feeder, rangeread
+
+    seen: list[tuple[str, int]] = []
+    steps, windows = rangeread.StepReads.__init__, feeder.WindowCache.__init__
+
+    def step_reads(self: Any, *args: Any, readers: int = rangeread.READERS, **kw: Any) -> None:
+        seen.append(("readers", readers))
+        steps(self, *args, readers=readers, **kw)
+
+    def window_cache(self: Any, *args: Any, requests: int = 8, **kw: Any) -> None:
+        seen.append(("requests", requests))
+        windows(self, *args, requests=requests, **kw)
+
+    monkeypatch.setattr(rangeread.StepReads, "__init__", step_reads)
+    monkeypatch.setattr(feeder.WindowCache, "__init__", window_cache)
+    for workers, expect in ((2, 8), (12, 24)):
+        seen.clear()
+        loader = feedfast.DataLoader(small_spec, shards=server.urls(local), backend="threads", num_workers=workers,
+                                     cache_dir=tmp_path)
+        assert sum(loader.last_valid for _ in loader) == 23
+        loader.close()
+        assert set(seen) == {("readers", expect), ("requests", expect)}, workers

@@ -59,11 +59,12 @@ class BatchFeeder:
         windows: read a windowed or block order's samples a whole window at a time, held until served
             (False: only the samples asked for, merged where near: a reader that sees only some of the
             steps, such as one DataLoader worker process of several, would hold windows it never finishes).
+        requests: window reads at once (:class:`WindowCache`).
     """
 
     def __init__(self, names: tuple[str, ...], kinds: tuple[str, ...], rows: Any, step_rows: Any, *, steps: int,
                  cache: ShardCache | None, transfer: Transfer, workers: int = 2, ahead: int = 4,
-                 windows: bool = True) -> None:
+                 windows: bool = True, requests: int = 8) -> None:
         self.names, self.kinds = names, kinds
         self.rows = rows
         self.components = rows.index.components
@@ -72,8 +73,8 @@ class BatchFeeder:
         self.ahead = ahead
         self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="feedfast-stream")
         self._pending: dict[int, Future[list[list[np.ndarray]]]] = {}
-        self._windows = WindowCache(rows.window if windows else None, self._fetch_samples, nbytes=self._bytes,
-                                    shard_of=self._shard_of)
+        self._windows = WindowCache(rows.window if windows else None, self._fetch_samples, requests=requests,
+                                    nbytes=self._bytes, shard_of=self._shard_of)
         self._transports: dict[int, Transport] = {}
         self.files = ShardFiles(names)  # local shards stay open: a shuffled epoch reads sample by sample
         weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)

@@ -29,10 +29,11 @@ the ``pil`` backend) makes them from the slice (:func:`as_bytes`). A slice keeps
 alive until its step is handed over, a few steps past the moment the window cache drops it.
 
 Read-ahead (:class:`StepReads`): a step's rows are read in parts of :data:`PART` rows on
-:data:`READERS` threads of their own (the requests wait on sockets without the GIL); under the
-block shuffle the windows of the steps queued at once are asked for together first, so that
-neighbouring windows of a shard become one request (up to 16 MB,
-:data:`~feedfast.sources.feeder.MERGE_BYTES`). A step's
+threads of their own, two per decoding thread and at least :data:`READERS` (the requests wait on
+sockets without the GIL); under the block shuffle the windows of the steps queued at once are
+asked for together first, as many requests at once, so that neighbouring windows of a shard become
+one request (up to 16 MB, :data:`~feedfast.sources.feeder.MERGE_BYTES`), widened to the shard's next
+windows read within the block (:class:`~feedfast.sources.feeder.WindowCache`). A step's
 reads are queued when its batch is queued for decoding and :data:`AHEAD` steps further, so the
 reads are ``prefetch + 1 + AHEAD`` batches ahead of the consumer and a batch's decoding starts
 on bytes that are already there while the network keeps up. What is held is bounded by the
@@ -58,7 +59,16 @@ from feedfast.sources.remote import RemoteError, Transfer
 PART = 16
 """Rows read by one task: a step of 64 is read in 4 parts at once (per-sample requests of a global order overlap)."""
 READERS = 8
-"""Reader threads of an epoch (I/O: they wait on sockets without the GIL)."""
+"""Reader threads of an epoch at least (I/O: they wait on sockets without the GIL); and the window requests
+at once under the block shuffle. Both grow with the decoding threads (:func:`readers_for`)."""
+READERS_PER_THREAD = 2
+"""Requests in flight per decoding thread: one such thread decodes about 30 to 80 MB/s of photos, while a
+request to an object store waits tens of ms for its first byte and then reads 50 to 100 MB/s."""
+
+
+def readers_for(threads: int) -> int:
+    """Reader threads (and window requests at once) for ``threads`` decoding threads."""
+    return max(READERS, READERS_PER_THREAD * threads)
 AHEAD = 2
 """Steps read past the last step queued for decoding."""
 
@@ -106,9 +116,9 @@ class RangeSource:
     """
 
     def __init__(self, names: tuple[str, ...], kinds: tuple[str, ...], rows: Any, *, cache: ShardCache | None,
-                 transfer: Transfer, windows: bool = True, skip: bool = False) -> None:
+                 transfer: Transfer, windows: bool = True, skip: bool = False, requests: int = READERS) -> None:
         self.names, self.kinds, self.rows, self.cache, self.transfer = names, kinds, rows, cache, transfer
-        self.windows, self.skip = windows, skip
+        self.windows, self.skip, self.requests = windows, skip, requests
         self.lost: dict[int, str] = {}  # row -> why its shard could not be read (under skip)
         self._dead: dict[int, str] = {}  # shard -> the same reason: not asked for again
         self._feeder: BatchFeeder | None = None
@@ -116,17 +126,19 @@ class RangeSource:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"names": self.names, "kinds": self.kinds, "rows": self.rows, "cache": self.cache,
-                "transfer": self.transfer, "windows": self.windows, "skip": self.skip}
+                "transfer": self.transfer, "windows": self.windows, "skip": self.skip, "requests": self.requests}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["names"], state["kinds"], state["rows"], cache=state["cache"],  # type: ignore[misc]
-                      transfer=state["transfer"], windows=state["windows"], skip=state["skip"])
+                      transfer=state["transfer"], windows=state["windows"], skip=state["skip"],
+                      requests=state["requests"])
 
     def _reader(self) -> BatchFeeder:
         with self._lock:
             if self._feeder is None:
                 self._feeder = BatchFeeder(self.names, self.kinds, self.rows, None, steps=0, cache=self.cache,
-                                           transfer=self.transfer, workers=1, ahead=0, windows=self.windows)
+                                           transfer=self.transfer, workers=1, ahead=0, windows=self.windows,
+                                           requests=self.requests)
             return self._feeder
 
     def want(self, rows: list[int]) -> None:
@@ -314,14 +326,17 @@ class StepReads:
                   self.waited)
 
 
-def epoch_reads(shards: Any, rows: Any, ep: Any, *, batch_size: int, skip: bool = False) -> StepReads | None:
+def epoch_reads(shards: Any, rows: Any, ep: Any, *, batch_size: int, skip: bool = False,
+                threads: int = 1) -> StepReads | None:
     """The read-ahead of a rank's epoch over ``shards`` (a ShardSet) when any shard is not local, else None;
-    ``skip``: a shard that cannot be read loses its rows (:class:`RangeSource`)."""
+    ``skip``: a shard that cannot be read loses its rows (:class:`RangeSource`); ``threads``: the decoding
+    threads, which the readers grow with (:func:`readers_for`)."""
     if not remote(shards.read_kinds):
         return None
     from feedfast.sources.assign import step_positions
 
+    readers = readers_for(threads)
     source = RangeSource(shards.paths, shards.read_kinds, rows, cache=shards.cache, transfer=shards.transfer,
-                         skip=skip)
+                         skip=skip, requests=readers)
     return StepReads(source, lambda step: step_positions(step, batch_size, ep.rank_samples, ep.batch_sizes[step]),
-                     steps=ep.steps)
+                     steps=ep.steps, readers=readers)

@@ -44,7 +44,7 @@ import math
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -350,6 +350,7 @@ class _Epoch:
         chain = self.chain
         assert chain is not None
         rows = job.rows
+        raws: Sequence[Sequence[bytes | memoryview | None]]
         if self.reads is not None:  # remote shards: the bytes read ahead, from memory
             raws = self.reads.chunk(job.step, a, b)
         else:
@@ -384,7 +385,7 @@ class _Epoch:
             out[a + j] = values
         return out
 
-    def _one_call(self, chain: batchplan.Chain, images: list[bytes | memoryview | None], plans: np.ndarray,
+    def _one_call(self, chain: batchplan.Chain, images: Sequence[bytes | memoryview | None], plans: np.ndarray,
                   arrays: dict[str, np.ndarray], a: int, b: int) -> tuple[list[bool], np.ndarray | None] | None:
         """The planned samples' pixels made by the extension in one call, where
         :func:`~feedfast.loader.batchplan.one_call` said so for this epoch: which were (None: none was tried),
@@ -544,7 +545,7 @@ def _host_chains(program: PilProgram) -> dict[str, list[PilStep]]:
     return chains
 
 
-def _host_column(steps: list[PilStep], raws: list[list[bytes | memoryview | None]]) -> list[Any]:
+def _host_column(steps: list[PilStep], raws: Sequence[Sequence[bytes | memoryview | None]]) -> list[Any]:
     """A host field's values over a chunk: its steps (ops that draw nothing) from the component's bytes.
 
     A ``label`` read straight from its component takes a batch fast path where every label is
@@ -604,7 +605,8 @@ def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, 
     program, rows = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
     knobs = knobs or Knobs(threads=workers or _env.usable_cores(), prefetch=max(1, prefetch_factor))
     work = _Epoch(plan, program, shards.paths, rows, ep, batch_size=batch_size, knobs=knobs, seed=seed, epoch=epoch,
-                  reads=epoch_reads(shards, rows, ep, batch_size=batch_size, skip=plan.spec.on_error == "skip"))
+                  reads=epoch_reads(shards, rows, ep, batch_size=batch_size, skip=plan.spec.on_error == "skip",
+                                    threads=knobs.max_threads))
     pool = LivePool(knobs, name="feedfast-cpu")
     jobs: deque[_Job] = deque()
     submitted = start
