@@ -67,12 +67,15 @@ def _keys(loader: feedfast.DataLoader) -> list[str]:
     return keys
 
 
+@pytest.mark.parametrize("backend,workers", [("threads", None), ("pil", 0), ("pil", 2)])
 def test_under_skip_an_evicted_http_shard_that_cannot_be_fetched_again_is_a_counted_skip(
-        small_spec: dict, local: list[str], server: RangeServer, tmp_path: Path) -> None:
+        small_spec: dict, local: list[str], server: RangeServer, tmp_path: Path, backend: str,
+        workers: int | None) -> None:
     urls = server.urls(local)
-    whole = _keys(feedfast.DataLoader(small_spec, shards=local, backend="threads"))
+    whole = _keys(feedfast.DataLoader(small_spec, shards=local, backend=backend, num_workers=workers))
     loader = feedfast.DataLoader(small_spec, shards=urls, on_error="skip", cache_dir=tmp_path / "c",
-                                 backend="threads", cache_limit=2 * os.path.getsize(local[0]), remote_retries=0)
+                                 backend=backend, num_workers=workers, cache_limit=2 * os.path.getsize(local[0]),
+                                 remote_retries=0)
     _stop_serving(server, urls[0])  # opened (downloaded, checked, evicted): now gone from the source
     keys = _keys(loader)
     skipped: list[dict[str, Any]] = loader.skipped_samples()
@@ -88,11 +91,12 @@ def test_under_skip_an_evicted_http_shard_that_cannot_be_fetched_again_is_a_coun
     loader.close()
 
 
+@pytest.mark.parametrize("backend", ["threads", "pil"])
 def test_a_batch_whose_every_row_is_lost_is_padding_and_later_ones_are_filled_from_their_samples(
-        small_spec: dict, local: list[str], server: RangeServer, tmp_path: Path) -> None:
+        small_spec: dict, local: list[str], server: RangeServer, tmp_path: Path, backend: str) -> None:
     urls = server.urls(local)
     spec = {**small_spec, "shuffle": False}
-    loader = feedfast.DataLoader(spec, shards=urls, on_error="skip", cache_dir=tmp_path / "c", backend="threads",
+    loader = feedfast.DataLoader(spec, shards=urls, on_error="skip", cache_dir=tmp_path / "c", backend=backend,
                                  cache_limit=2 * os.path.getsize(local[0]), remote_retries=0, sample_info=True)
     _stop_serving(server, urls[0])
     batches = list(loader)

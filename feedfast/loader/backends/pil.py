@@ -53,7 +53,7 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, SampleError, ShardError
 from feedfast.loader import convert
 from feedfast.loader.backends.samples import epoch_samples, failure_reason, members_of
-from feedfast.loader.batch import Batch
+from feedfast.loader.batch import Batch, lost_last
 from feedfast.loader.draws import SampleDraws, batch_draws
 from feedfast.loader.pil_warnings import routed
 from feedfast.loader.second_run import image_decodes, second_raw
@@ -99,6 +99,7 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         self.decodes = image_decodes(program)
         self.files = ShardFiles(paths)  # pickled as paths: each worker process opens its own
         self.source = source  # remote shards: a batch's members read by range (sources/rangeread.py), per process
+        self.spare: dict[str, Any] | None = None  # a sample of this process's last batch: fills a batch all lost
 
     def __len__(self) -> int:
         return max(0, self.ep.steps - self.start)
@@ -113,15 +114,51 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
             columns = self.source.read(rows) if self.source is not None else None
         except ShardError as exc:
             return _Failure("shard", str(exc))
-        per_sample = []
+        lost = {i: self.source.lost[r] for i, r in enumerate(rows) if r in self.source.lost} \
+            if self.source is not None and self.source.lost else {}
+        per_sample: list[dict[str, Any] | None] = []
         for i in range(len(rows)):
+            if i in lost:
+                per_sample.append(None)
+                continue
             raw = None if columns is None else [as_bytes(column[i]) for column in columns]
             out = self._sample(batch, i, origins, draws[i], raw)
             if isinstance(out, _Failure):
                 return out
             per_sample.append(out)
-        fields = {name: _collate([s[name] for s in per_sample], sig) for name, sig in self.program.signatures.items()}
-        return Batch(fields, list(origins), self.ep.valid[step])  # read here: the batch goes to another process
+        names, valid = list(origins), self.ep.valid[step]  # read here: the batch goes to another process
+        skipped: tuple[tuple[str, str, str], ...] = ()
+        if lost:
+            order, fill, kept = lost_last(len(rows), valid, lost)
+            spare = per_sample[fill] if fill is not None else self.spare or self._zeros(names[order[0]], lost)
+            if isinstance(spare, _Failure):
+                return spare
+            skipped = tuple((*names[i], lost[i]) for i in range(valid) if i in lost)
+            per_sample = [spare if i in lost else per_sample[i] for i in order]
+            names, valid = [names[i] for i in order], kept
+        if valid:
+            self.spare = per_sample[0]
+        fields = {name: _collate([s[name] for s in per_sample], sig)  # type: ignore[index]
+                  for name, sig in self.program.signatures.items()}
+        return Batch(fields, names, valid, lost=skipped)
+
+    def _zeros(self, origin: tuple[str, str], lost: dict[int, str]) -> dict[str, Any] | _Failure:
+        """What fills a lost row when no sample of the epoch came before it in this process: each output's zeros
+        (a label 0), where the spec fixes its shape; else a failure naming the shard."""
+        out: dict[str, Any] = {}
+        for name, sig in self.program.signatures.items():
+            shape = tuple(d for d in sig.shape if d is not None)
+            if sig.kind in ("image", "tensor") and (not sig.shape or len(shape) != len(sig.shape)):
+                return _Failure("shard", f"shard {origin[0]!r} cannot be read ({next(iter(lost.values()))}), and "
+                                         f"output {name!r} has no fixed shape to fill its rows with before a sample "
+                                         "of the epoch was read")
+            if sig.kind == "image":
+                out[name] = np.zeros(shape, dtype=np.uint8)
+            elif sig.kind == "tensor":
+                out[name] = torch.zeros(shape, dtype=getattr(torch, sig.dtype))
+            else:
+                out[name] = 0 if sig.kind == "label" else None
+        return out
 
     def _sample(self, batch: RowBatch, i: int, origins: Origins, draws: SampleDraws,
                 raw: list[bytes] | None = None) -> dict[str, Any] | _Failure:
@@ -221,7 +258,8 @@ def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
     """
     program, rows = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
     source = RangeSource(shards.paths, shards.read_kinds, rows, cache=shards.cache, transfer=shards.transfer,
-                         windows=workers == 0) if remote(shards.read_kinds) else None  # a worker sees some steps
+                         windows=workers == 0,  # a worker process sees some of the steps
+                         skip=plan.spec.on_error == "skip") if remote(shards.read_kinds) else None
     data = EpochBatches(program, shards.paths, rows, ep, batch_size=batch_size, seed=seed, epoch=epoch, start=start,
                         check_seconds=plan.spec.check_seconds, source=source)
     loader = torch.utils.data.DataLoader(

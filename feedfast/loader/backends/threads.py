@@ -52,10 +52,10 @@ import torch
 from feedfast import _env
 from feedfast.compile.pil import PilProgram, PilStep, compile_pil, own_draws
 from feedfast.compile.plan import Plan
-from feedfast.errors import BackendError, FeedfastError, SampleError
+from feedfast.errors import BackendError, FeedfastError, SampleError, ShardError
 from feedfast.loader import batchplan, convert, native
 from feedfast.loader.backends.samples import epoch_samples, failure_reason, members_of
-from feedfast.loader.batch import Batch
+from feedfast.loader.batch import Batch, lost_last
 from feedfast.loader.draws import SampleDraws, batch_draws, draws_key
 from feedfast.loader.knobs import Knobs, LivePool
 from feedfast.loader.pil_fast import REGION_MARGIN, JpegHeader, decode_region
@@ -265,8 +265,7 @@ class _Epoch:
         if job.error is not None:
             raise job.error
         if job.lost:
-            _move_lost_last(job, self.spare or {f.name: 0 if f.kind != "host" or f.host_kind == "label" else None
-                                                for f in self.fields})
+            _move_lost_last(job, self.spare or self._zeros(job))
         elif self.skip and job.valid:
             self.spare = {name: value[0].clone() if isinstance(value, torch.Tensor) else value[0]
                           for name, value in job.outputs.items()}  # what fills a batch all of whose rows are lost
@@ -282,6 +281,22 @@ class _Epoch:
                     self._post(value[i].numpy(), f, job.draws[i])
             fields[f.name] = value
         return Batch(fields, job.origins, job.valid, lost=tuple(job.lost.values()))
+
+    def _zeros(self, job: _Job) -> dict[str, Any]:
+        """What fills a batch all of whose rows are lost before any sample of the epoch was made: zeros (a label
+        0; other host values None).
+
+        Raises:
+            ShardError: an output of varying size has no zeros to fill with; names the shard.
+        """
+        out: dict[str, Any] = {}
+        for f in self.fields:
+            if f.kind != "host" and not isinstance(job.outputs[f.name], torch.Tensor):
+                shard, _, why = next(iter(job.lost.values()))
+                raise ShardError(f"shard {shard!r} cannot be read ({why}), and output {f.name!r} has no fixed "
+                                 "size to fill its rows with before a sample of the epoch was made")
+            out[f.name] = 0 if f.kind != "host" or f.host_kind == "label" else None
+        return out
 
     def _run_chunk(self, job: _Job, a: int, b: int) -> None:
         error: BaseException | None = None
@@ -508,15 +523,12 @@ _FAILED = object()
 
 
 def _move_lost_last(job: _Job, spare: dict[str, Any]) -> None:
-    """A batch with rows lost (their shard could not be read, under skip), made whole: its samples first, then
-    the lost rows and the padding, so ``valid`` still counts the leading rows that are samples. A lost row is
-    a copy of the batch's first sample; in a batch with none left, of ``spare`` (each field's value of a
-    sample of an earlier batch, or zeros before there was one: a label 0). A lost padding row is filled the same way and not counted: the
-    sample it repeats is."""
-    n = len(job.origins)
-    kept = [i for i in range(job.valid) if i not in job.lost]
-    order = kept + [i for i in range(job.valid) if i in job.lost] + list(range(job.valid, n))
-    fill = kept[0] if kept else next((i for i in range(n) if i not in job.lost), None)
+    """A batch with rows lost (their shard could not be read, under skip), made whole (:func:`lost_last`): each
+    lost row a copy of the batch's first sample; in a batch with none left, of ``spare`` (each field's value of
+    a sample of an earlier batch, or zeros before there was one: a label 0). A lost padding row is filled the
+    same way and not counted: the sample it repeats is."""
+    samples = job.valid
+    order, fill, job.valid = lost_last(len(job.origins), samples, job.lost)
     for name, value in job.outputs.items():
         other = value[fill] if fill is not None else spare[name]
         if isinstance(value, torch.Tensor):
@@ -528,8 +540,7 @@ def _move_lost_last(job: _Job, spare: dict[str, Any]) -> None:
     origins = list(job.origins)
     job.origins = [origins[i] for i in order]  # type: ignore[assignment]  # a lost row keeps its own name
     job.draws = [job.draws[i] for i in order]
-    job.lost = {i: why for i, why in job.lost.items() if i < job.valid}
-    job.valid = len(kept)
+    job.lost = {i: why for i, why in job.lost.items() if i < samples}
 
 
 def _host_chains(program: PilProgram) -> dict[str, list[PilStep]]:
