@@ -148,6 +148,18 @@ def test_a_read_is_widened_to_its_shards_next_windows_within_the_bytes_and_never
         cache.close()
 
 
+def test_two_reads_of_a_shard_asked_for_at_once_become_one_across_the_gap_between_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[int]] = []
+    monkeypatch.setattr(feeder, "MERGE_BYTES", 64)
+    cache = WindowCache(_Placed(32, spacing=0, horizon=100), _recorded(calls), nbytes=len, shard_of=lambda s: s // 16)
+    try:
+        cache.rows([1, 13, 17])  # windows 0 and 3 of shard 0 (1 and 2 between, not asked for), window 4 of shard 1
+        assert sorted(map(tuple, calls)) == [tuple(range(0, 16)), tuple(range(16, 32))]
+    finally:
+        cache.close()
+
+
 def test_a_read_is_widened_only_to_windows_read_within_the_horizon_and_never_to_one_served_already(
         monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[int]] = []

@@ -315,14 +315,20 @@ class WindowCache:
                 groups.append([(w, fut, members)])
                 sizes.append(size)
         if self._place is not None:
+            later = {group[0][0]: (i, size) for i, (group, size) in enumerate(zip(groups, sizes))}
             for group, size in zip(groups, sizes):
-                self._widen(group, size)
+                if group:  # not merged into an earlier one
+                    self._widen(group, size, groups, later)
+            groups = [group for group in groups if group]
         return groups
 
-    def _widen(self, group: list[tuple[int, Future[Any], list[int]]], size: int) -> None:
+    def _widen(self, group: list[tuple[int, Future[Any], list[int]]], size: int,
+               groups: list[list[tuple[int, Future[Any], list[int]]]], later: dict[int, tuple[int, int]]) -> None:
         """Add to ``group`` (in place) the windows before and after it in its shard that no one reads yet and
         that this rank reads within ``horizon`` rows of the group's first, while the read stays within
-        :data:`MERGE_BYTES`; they are claimed (held until served, as any window read)."""
+        :data:`MERGE_BYTES`; they are claimed (held until served, as any window read). A window reached that
+        starts a later group of ``groups`` (``later``: its first window -> its number and bytes; the gap between
+        the two widened away) takes that group in, emptied there, and the widening goes on past it."""
         assert self._windows is not None and self._place is not None and self._nbytes is not None
         assert self._shard_of is not None
         if not group[0][2]:
@@ -339,6 +345,14 @@ class WindowCache:
                 if not members or not edge[2] or (edge[2][-1] + 1 != members[0] if step > 0
                                                   else members[-1] + 1 != edge[2][0]):
                     break  # not this rank's, or not next to it
+                if step > 0 and w in later and groups[later[w][0]]:  # the next group of this call: one read
+                    i, more = later[w]
+                    if size + more > MERGE_BYTES or self._shard_of(members[0]) != shard:
+                        break
+                    group.extend(groups[i])
+                    groups[i] = []
+                    size += more
+                    continue
                 place = self._place(w)
                 extra = self._nbytes(members)
                 if place < 0 or abs(place - at) > horizon or size + extra > MERGE_BYTES \
