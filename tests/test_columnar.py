@@ -38,6 +38,8 @@ def test_it_holds_what_the_text_indexes_say(dataset: tuple[list[str], list[str],
             m = first_member(sample, exts)
             assert m is not None and (int(where.offsets[n, c]), int(where.sizes[n, c])) == (m.offset, m.size)
     assert index.keys([22, 0]) == [expected[22][1].key, expected[0][1].key]
+    every = [sample.key for _, sample in expected]  # consecutive samples: their keys in one read
+    assert index.keys(range(23)) == every and index.keys(range(4, 9)) == every[4:9] and index.keys([7]) == [every[7]]
 
 
 def test_it_is_built_once_mapped_and_pickled_by_path(dataset: tuple[list[str], list[str], list[int]],

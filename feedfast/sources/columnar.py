@@ -196,9 +196,15 @@ class ColumnarIndex:
         return self.batch_keys(self.take(samples))
 
     def batch_keys(self, rows: RowBatch) -> list[str]:
-        """The keys of a batch already taken (one read per key)."""
-        return [os.pread(self._key_file, n, at).decode("utf-8", "surrogateescape")
-                for at, n in zip(rows.key_at.tolist(), rows.key_len.tolist())]
+        """The keys of a batch already taken: one read per key, or one for all where they lie end to end in the
+        key file (consecutive samples: a window's, a shard's run)."""
+        at, n = rows.key_at, rows.key_len
+        if len(at) > 1 and np.array_equal(at[1:], at[:-1] + n[:-1]):
+            data = os.pread(self._key_file, int(at[-1] + n[-1] - at[0]), int(at[0]))
+            ends = (at + n - at[0]).tolist()
+            return [data[a:b].decode("utf-8", "surrogateescape") for a, b in zip([0, *ends[:-1]], ends)]
+        return [os.pread(self._key_file, k, a).decode("utf-8", "surrogateescape")
+                for a, k in zip(at.tolist(), n.tolist())]
 
 
 def _close(*fds: int) -> None:

@@ -43,6 +43,11 @@ MERGE_BYTES = 16 << 20
 when one window alone is larger): on loopback moto's S3 server costs about 4 ms of CPU a request whatever
 its size, and a request to a real object store costs a round trip and a fee."""
 Span = tuple[int, int, int, int]  # (offset, size, row, component)
+EMPTY = np.empty(0, dtype=np.uint8)
+"""A member of no bytes."""
+MISSING = np.empty(0, dtype=np.uint8)
+"""No such member (a sample without that component): empty as well, for DALI; a reader that tells the two
+apart compares with ``is``."""
 
 
 class BatchFeeder:
@@ -151,13 +156,12 @@ class BatchFeeder:
 
     def _fetch_where(self, rows: list[int], where: Any) -> dict[tuple[int, int], np.ndarray]:
         """The members ``where`` locates, by (``rows``' item, component)."""
-        empty = np.empty(0, dtype=np.uint8)
         got: dict[tuple[int, int], np.ndarray] = {}
         spans: dict[int, list[Span]] = {}
         for r, shard, offsets, sizes in zip(rows, where.shard.tolist(), where.offsets.tolist(), where.sizes.tolist()):
             for c, (offset, size) in enumerate(zip(offsets, sizes)):
                 if size <= 0:
-                    got[r, c] = empty
+                    got[r, c] = EMPTY if size == 0 else MISSING
                 else:
                     spans.setdefault(shard, []).append((offset, size, r, c))
         keys = self._keys(rows, where, spans)

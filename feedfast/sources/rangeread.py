@@ -53,7 +53,7 @@ from typing import Any, Callable, Sequence
 from feedfast.errors import ShardError
 from feedfast.sources import schemes
 from feedfast.sources.cache import ShardCache
-from feedfast.sources.feeder import BatchFeeder
+from feedfast.sources.feeder import MISSING, BatchFeeder
 from feedfast.sources.remote import RemoteError, Transfer
 
 PART = 16
@@ -157,23 +157,21 @@ class RangeSource:
             RemoteError: a read failed or did not match the index; names the shard, the first sample of the
                 read and the reason (not under ``skip``: see the class).
         """
-        where = self.rows.take(rows)
-        shards = where.shard.tolist()
-        if self._dead and not self._dead.keys().isdisjoint(shards):
-            arrays = self._read_around(rows, shards)
+        if self._dead and not self._dead.keys().isdisjoint(self.rows.take(rows).shard.tolist()):
+            arrays = self._read_around(rows)
         else:
             try:
                 arrays = self._reader().members(rows)
             except ShardError as exc:
                 if not self.skip:
-                    raise self._named(exc, where) from exc
-                arrays = self._read_around(rows, shards)
-        sizes = where.sizes.T.tolist()
-        return [[None if size < 0 or array is None else memoryview(array) for array, size in zip(column, sizes[c])]
-                for c, column in enumerate(arrays)]
+                    raise self._named(exc, self.rows.take(rows)) from exc
+                arrays = self._read_around(rows)
+        return [[None if array is None or array is MISSING else memoryview(array) for array in column]
+                for column in arrays]
 
-    def _read_around(self, rows: list[int], shards: list[int]) -> list[list[Any]]:
+    def _read_around(self, rows: list[int]) -> list[list[Any]]:
         """Under skip, ``rows`` read shard by shard: the rows of a shard that cannot be read are None and lost."""
+        shards = self.rows.take(rows).shard.tolist()
         out: list[list[Any]] = [[None] * len(rows) for _ in range(self.rows.index.components)]
         for shard in sorted(set(shards)):
             at = [i for i, s in enumerate(shards) if s == shard]
