@@ -64,11 +64,6 @@ at once under the block shuffle. Both grow with the decoding threads (:func:`rea
 READERS_PER_THREAD = 2
 """Requests in flight per decoding thread: one such thread decodes about 30 to 80 MB/s of photos, while a
 request to an object store waits tens of ms for its first byte and then reads 50 to 100 MB/s."""
-
-
-def readers_for(threads: int) -> int:
-    """Reader threads (and window requests at once) for ``threads`` decoding threads."""
-    return max(READERS, READERS_PER_THREAD * threads)
 AHEAD = 2
 """Steps read past the last step queued for decoding."""
 
@@ -78,6 +73,11 @@ _NAMED = re.compile(r"sample '([^']*)'")
 
 Columns = list[list["memoryview | None"]]
 """Per component, each row's member bytes, a slice of the request that read them (None: no such member)."""
+
+
+def readers_for(threads: int) -> int:
+    """Reader threads (and window requests at once) for ``threads`` decoding threads."""
+    return max(READERS, READERS_PER_THREAD * threads)
 
 
 def as_bytes(member: "bytes | memoryview | None") -> bytes:
@@ -109,7 +109,7 @@ class RangeSource:
             served (one process reads every step: the threaded path); False reads only the rows asked
             for, merged where adjacent (a ``pil`` worker process sees only some of the steps, and would
             hold the windows it never finishes).
-        skip: ``on_error: skip`` (the threaded path): a shard that cannot be read (evicted from the shard
+        skip: ``on_error: skip`` (the ``threads`` and ``pil`` backends): a shard that cannot be read (evicted from the shard
             cache and not fetched again, or no longer matching its index) loses its rows instead of
             failing the read: their members are None and :attr:`lost` gives each one's reason; the shard
             is not asked for again this epoch (the next epoch's reader tries it again).
