@@ -239,3 +239,30 @@ def test_a_stretch_of_rows_equals_the_whole_epoch_sorted_at_once() -> None:
     assert np.array_equal(order(picked), whole[picked])
     for w in order.window_of(whole[:50]).tolist():  # each window's members: its samples in this rank
         assert set(order.members(w).tolist()) == set(whole[order.window_of(whole) == w].tolist())
+
+
+def test_a_threaded_http_epoch_reads_each_shard_in_few_requests_and_every_sample_once(
+        local: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from feedfast.sources import feeder
+
+    spec = {**SMALL_SPEC, "shuffle": {"buffer": 64, "shards": True, "block": 64, "window": 1}}  # a window a sample
+
+    def epoch_requests(widen: bool) -> tuple[int, list[str]]:
+        if not widen:
+            monkeypatch.setattr(feeder.WindowCache, "_widen", lambda self, group, size, groups, later: None)
+        with RangeServer(Path(local[0]).parent) as srv:
+            loader = feedfast.DataLoader(spec, shards=[f"{srv.url}/{Path(p).name}" for p in local], shuffle=True,
+                                         backend="threads", num_workers=2, cache_dir=tmp_path / str(widen))
+            assert loader._partition == "block"
+            opened = len(srv.requests)
+            keys = keys_of_epoch(loader)
+            loader.close()
+            ranged = [r for r in srv.requests[opened:] if r[0] == "GET" and r[2]]
+        monkeypatch.undo()
+        return len(ranged), keys
+
+    widened, keys = epoch_requests(True)
+    apart, same = epoch_requests(False)
+    assert len(set(keys)) == 23 and same == keys  # widening changes the requests, never the samples or their order
+    # 5 shards: a request each an epoch (10 seen: the next epoch starts after the last batch), against a window each
+    assert widened <= 3 * len(local) < apart
