@@ -356,3 +356,4 @@ def test_the_readers_and_window_requests_grow_with_the_decoding_threads(
         assert sum(loader.last_valid for _ in loader) == 23
         loader.close()
         assert set(seen) == {("readers", expect), ("requests", expect)}, workers
+    assert rangeread.readers_for(48) == rangeread.READERS_MAX == 64  # each reader holds a connection

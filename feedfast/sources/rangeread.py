@@ -64,6 +64,8 @@ at once under the block shuffle. Both grow with the decoding threads (:func:`rea
 READERS_PER_THREAD = 2
 """Requests in flight per decoding thread: one such thread decodes about 30 to 80 MB/s of photos, while a
 request to an object store waits tens of ms for its first byte and then reads 50 to 100 MB/s."""
+READERS_MAX = 64
+"""Reader threads (and window requests) at most: each holds a connection to the shards' server."""
 AHEAD = 2
 """Steps read past the last step queued for decoding."""
 
@@ -77,7 +79,7 @@ Columns = list[list["memoryview | None"]]
 
 def readers_for(threads: int) -> int:
     """Reader threads (and window requests at once) for ``threads`` decoding threads."""
-    return max(READERS, READERS_PER_THREAD * threads)
+    return min(READERS_MAX, max(READERS, READERS_PER_THREAD * threads))
 
 
 def as_bytes(member: "bytes | memoryview | None") -> bytes:
