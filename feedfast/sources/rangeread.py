@@ -257,8 +257,9 @@ class StepReads:
                 self._parts[s] = [self._pool.submit(self.source.read, rows[lo: lo + PART])
                                   for lo in range(0, len(rows), PART)]
 
-    def chunk(self, step: int, a: int, b: int) -> Columns:
-        """Per component, the bytes of rows ``a .. b`` of step ``step``'s batch (waits for their reads).
+    def chunk(self, step: int, a: int, b: int, *, count: bool = True) -> Columns:
+        """Per component, the bytes of rows ``a .. b`` of step ``step``'s batch (waits for their reads); counted
+        in :attr:`chunks` and :attr:`waits` unless ``count`` is False (the same chunk asked for again).
 
         Raises:
             RemoteError: one of their reads failed (see :meth:`RangeSource.read`).
@@ -278,10 +279,10 @@ class StepReads:
             for future in pending:
                 future.exception()  # waits; a failure is raised below, by result()
             with self._lock:
-                self.waits += 1
-                self.waited += time.perf_counter() - started
+                self.waits += int(count)
+                self.waited += (time.perf_counter() - started) * count
         with self._lock:
-            self.chunks += 1
+            self.chunks += int(count)
         for p in range(a // PART, (b - 1) // PART + 1):
             part = parts[p].result()
             lo, hi = max(a, p * PART) - p * PART, min(b, (p + 1) * PART) - p * PART

@@ -339,7 +339,7 @@ class _Epoch:
         if not self.skip:
             return {}
         assert self.reads is not None
-        self.reads.chunk(job.step, a, b)  # waits for the rows' reads
+        self.reads.chunk(job.step, a, b, count=False)  # waits for the rows' reads (counted when they are used)
         lost = self.reads.lost(job.step, a, b)
         if lost:
             with job.lock:
