@@ -147,8 +147,8 @@ class BatchFeeder:
         return int(sizes[sizes > 0].sum())
 
     def _shard_of(self, sample: int) -> int:
-        """The shard of sample ``sample`` (a canonical number)."""
-        return int(self.rows.index.take([sample]).shard[0])
+        """The shard of sample ``sample`` (a canonical number), from the index's shard starts (no read)."""
+        return int(self.rows.index.shard_of(np.asarray([sample], dtype=np.int64))[0])
 
     def _fetch_samples(self, samples: list[int]) -> dict[tuple[int, int], np.ndarray]:
         """The members of ``samples`` (canonical numbers: a window's), by (sample, component)."""

@@ -148,9 +148,12 @@ class RangeSource:
         shuffle, neighbouring windows of a shard wanted at once are read in one request
         (:class:`~feedfast.sources.feeder.WindowCache`); a failure is raised by the :meth:`read` that needs them."""
         if self._dead:
-            shards = self.rows.take(rows).shard.tolist()
-            rows = [r for r, s in zip(rows, shards) if s not in self._dead]
+            rows = [r for r, s in zip(rows, self._shards(rows)) if s not in self._dead]
         self._reader().want(rows)
+
+    def _shards(self, rows: list[int]) -> list[int]:
+        """The shard of each of ``rows``, from the index's shard starts (no read)."""
+        return self.rows.index.shard_of(self.rows.samples(rows)).tolist()
 
     def read(self, rows: list[int]) -> Columns:
         """Per component, the members of ``rows`` (row numbers of the rank's epoch), read now.
@@ -159,7 +162,7 @@ class RangeSource:
             RemoteError: a read failed or did not match the index; names the shard, the first sample of the
                 read and the reason (not under ``skip``: see the class).
         """
-        if self._dead and not self._dead.keys().isdisjoint(self.rows.take(rows).shard.tolist()):
+        if self._dead and not self._dead.keys().isdisjoint(self._shards(rows)):
             arrays = self._read_around(rows)
         else:
             try:
@@ -173,7 +176,7 @@ class RangeSource:
 
     def _read_around(self, rows: list[int]) -> list[list[Any]]:
         """Under skip, ``rows`` read shard by shard: the rows of a shard that cannot be read are None and lost."""
-        shards = self.rows.take(rows).shard.tolist()
+        shards = self._shards(rows)
         out: list[list[Any]] = [[None] * len(rows) for _ in range(self.rows.index.components)]
         for shard in sorted(set(shards)):
             at = [i for i, s in enumerate(shards) if s == shard]
