@@ -126,18 +126,20 @@ class _Placed(_Windows):
         return self.spacing * window if 4 * window < self.samples else -1
 
 
-def _recorded(calls: list[list[int]]):  # type: ignore[no-untyped-def]
+def _placed_cache(calls: list[list[int]], samples: int, *, spacing: int, horizon: int) -> WindowCache:
+    """A window cache over :class:`_Placed` windows (one-byte samples, 16 a shard) that records each fetch."""
     def fetch(samples: list[int]) -> dict[tuple[int, int], np.ndarray]:
         calls.append(samples)
         return {(s, 0): np.array([s], dtype=np.uint8) for s in samples}
-    return fetch
+
+    return WindowCache(_Placed(samples, spacing, horizon), fetch, nbytes=len, shard_of=lambda s: s // 16)
 
 
 def test_a_read_is_widened_to_its_shards_next_windows_within_the_bytes_and_never_across_shards(
         monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[int]] = []
     monkeypatch.setattr(feeder, "MERGE_BYTES", 12)
-    cache = WindowCache(_Placed(32, spacing=0, horizon=100), _recorded(calls), nbytes=len, shard_of=lambda s: s // 16)
+    cache = _placed_cache(calls, 32, spacing=0, horizon=100)
     try:
         cache.rows([0])  # window 0, widened to 1 and 2: 12 bytes
         cache.rows([13])  # window 3, the shard's last: not widened into shard 1's window 4
@@ -152,7 +154,7 @@ def test_two_reads_of_a_shard_asked_for_at_once_become_one_across_the_gap_betwee
         monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[int]] = []
     monkeypatch.setattr(feeder, "MERGE_BYTES", 64)
-    cache = WindowCache(_Placed(32, spacing=0, horizon=100), _recorded(calls), nbytes=len, shard_of=lambda s: s // 16)
+    cache = _placed_cache(calls, 32, spacing=0, horizon=100)
     try:
         cache.rows([1, 13, 17])  # windows 0 and 3 of shard 0 (1 and 2 between, not asked for), window 4 of shard 1
         assert sorted(map(tuple, calls)) == [tuple(range(0, 16)), tuple(range(16, 32))]
@@ -164,8 +166,7 @@ def test_a_read_is_widened_only_to_windows_read_within_the_horizon_and_never_to_
         monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[int]] = []
     monkeypatch.setattr(feeder, "MERGE_BYTES", 64)
-    cache = WindowCache(_Placed(16, spacing=100, horizon=150), _recorded(calls), nbytes=len,
-                        shard_of=lambda s: s // 16)
+    cache = _placed_cache(calls, 16, spacing=100, horizon=150)
     try:
         cache.rows([8])  # window 2 (row 200): windows 1 and 3 are within 150 rows, window 0 (row 0) is not
         assert sorted(calls[0]) == list(range(4, 16))
