@@ -13,6 +13,7 @@ import torch
 import feedfast
 from feedfast.sources.cache import ShardCache
 from feedfast.sources.remote import RemoteError, Transfer
+from tests.helpers import keys_of_epoch
 from tests.rangeserver import RangeServer
 
 FAST = Transfer(timeout=5.0, retries=1, backoff=0.01)
@@ -59,25 +60,17 @@ def test_a_pipe_shard_evicted_mid_epoch_whose_command_fails_again_is_an_error_na
     loader.close()
 
 
-def _keys(loader: feedfast.DataLoader) -> list[str]:
-    """The keys of the samples of one epoch (each batch's valid rows), in order."""
-    keys = []
-    for _ in loader:
-        keys += [key for _, key in loader.last_origins[:loader.last_valid]]
-    return keys
-
-
 @pytest.mark.parametrize("backend,workers", [("threads", None), ("pil", 0), ("pil", 2)])
 def test_under_skip_an_evicted_http_shard_that_cannot_be_fetched_again_is_a_counted_skip(
         small_spec: dict, local: list[str], server: RangeServer, tmp_path: Path, backend: str,
         workers: int | None) -> None:
     urls = server.urls(local)
-    whole = _keys(feedfast.DataLoader(small_spec, shards=local, backend=backend, num_workers=workers))
+    whole = keys_of_epoch(feedfast.DataLoader(small_spec, shards=local, backend=backend, num_workers=workers))
     loader = feedfast.DataLoader(small_spec, shards=urls, on_error="skip", cache_dir=tmp_path / "c",
                                  backend=backend, num_workers=workers, cache_limit=2 * os.path.getsize(local[0]),
                                  remote_retries=0)
     _stop_serving(server, urls[0])  # opened (downloaded, checked, evicted): now gone from the source
-    keys = _keys(loader)
+    keys = keys_of_epoch(loader)
     skipped: list[dict[str, Any]] = loader.skipped_samples()
     lost = {s["key"] for s in skipped}
     assert len(keys) == 18 and len(lost) == 5 and {s["shard"] for s in skipped} == {urls[0]}
@@ -87,7 +80,7 @@ def test_under_skip_an_evicted_http_shard_that_cannot_be_fetched_again_is_a_coun
     stats = loader.stats()
     assert stats["skipped"] == 5 and stats["delivered"] == 18 and stats["padded"] == 5  # the lost rows, filled
     server.faults.clear()  # served again: the next epoch reads it
-    assert sorted(_keys(loader)) == sorted(whole) and loader.stats()["skipped"] == 5
+    assert sorted(keys_of_epoch(loader)) == sorted(whole) and loader.stats()["skipped"] == 5
     loader.close()
 
 

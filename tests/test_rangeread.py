@@ -331,7 +331,6 @@ def test_a_chunk_whose_bytes_are_not_read_yet_is_counted_as_a_wait(caplog: pytes
     assert "decoding waited on 1 of 2 chunks" in caplog.text
 
 
-
 def test_the_readers_and_window_requests_grow_with_the_decoding_threads(
         small_spec: dict, local: list[str], server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from feedfast.sources import feeder, rangeread

@@ -176,6 +176,15 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _ends(pid: int) -> bool:
+    """Whether process ``pid`` ends within a second (SIGKILL is sent; its end is seen at once or within ms)."""
+    for _ in range(100):
+        if _gone(pid):
+            return True
+        time.sleep(0.01)
+    return _gone(pid)
+
+
 def test_a_hanging_pipe_command_is_killed_with_its_children_at_the_deadline_and_nothing_is_cached(
         tmp_path: Path) -> None:
     url = f"pipe:sleep 60 & echo $! > {tmp_path / 'child'}; printf abc; wait"  # writes a little, then hangs
@@ -185,11 +194,7 @@ def test_a_hanging_pipe_command_is_killed_with_its_children_at_the_deadline_and_
         cache.ensure(url)
     assert time.monotonic() - start < 2.5
     child = int((tmp_path / "child").read_text())
-    for _ in range(100):  # SIGKILL is sent; the child's end is seen at once or within a few ms
-        if _gone(child):
-            break
-        time.sleep(0.01)
-    assert _gone(child), "the command's child outlived its deadline"
+    assert _ends(child), "the command's child outlived its deadline"
     assert not list((tmp_path / "cache").glob("*.tar")) and not list((tmp_path / "cache").glob(".*part"))
 
 
@@ -200,11 +205,7 @@ def test_a_pipe_commands_descendant_that_left_its_group_is_killed_too(tmp_path: 
         transport_for(url, PIPE_DEADLINE).stream(url, lambda f: f.read())
     assert time.monotonic() - start < 2.5
     child = int((tmp_path / "child").read_text())
-    for _ in range(100):
-        if _gone(child):
-            break
-        time.sleep(0.01)
-    assert _gone(child), "the command's setsid child outlived its deadline"
+    assert _ends(child), "the command's setsid child outlived its deadline"
 
 
 def test_a_pipe_command_that_closes_stdout_and_hangs_is_killed_at_the_deadline(tmp_path: Path) -> None:
