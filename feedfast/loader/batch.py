@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Collection, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -98,17 +98,6 @@ class BatchInfo:
     def shards(self) -> list[str]:
         """Each row's shard."""
         return [shard for shard, _ in self.origins]
-
-
-def lost_last(n: int, valid: int, lost: Collection[int]) -> tuple[list[int], int | None, int]:
-    """How a batch of ``n`` rows (its first ``valid`` samples) with rows ``lost`` (their shard could not be read,
-    under ``on_error: skip``) is made whole: the row order that puts its samples first, then the lost rows,
-    then the padding; the row that fills the lost ones (its first sample left; else a padding row that was
-    read; None: none was); and the samples left, the batch's new ``valid``."""
-    kept = [i for i in range(valid) if i not in lost]
-    order = kept + [i for i in range(valid) if i in lost] + list(range(valid, n))
-    fill = kept[0] if kept else next((i for i in range(valid, n) if i not in lost), None)
-    return order, fill, len(kept)
 
 
 def shape_outputs(fields: dict[str, Any], outputs: Sequence[str], form: str, info: BatchInfo | None = None) -> Any:

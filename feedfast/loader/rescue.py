@@ -83,9 +83,11 @@ def rescuable(shards: ShardSet) -> bool:
 
 def epoch_stream(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int, seed: int,
                  epoch: int, workers: int = 2, ahead: int = 2) -> StreamEpoch:
-    """This rank's epoch over the stream transport: the samples and order of the epoch's DALI reader."""
+    """This rank's epoch over the stream transport: the samples and order of the epoch's DALI reader (under
+    ``on_error: skip``, a shard that cannot be read mid-epoch loses its rows: :mod:`feedfast.sources.lostrows`)."""
     return StreamEpoch(shards, ep, plan.component_exts(), rank=rank, world=world, batch_size=batch_size,
-                       shuffle_window=plan.spec.shuffle_buffer, seed=seed, epoch=epoch, workers=workers, ahead=ahead)
+                       shuffle_window=plan.spec.shuffle_buffer, seed=seed, epoch=epoch, workers=workers, ahead=ahead,
+                       skip=plan.spec.on_error == "skip")
 
 
 class PatchedFeed:

@@ -15,8 +15,8 @@ the folder holds at most ``limit`` bytes (``None``: no limit, the default). The 
 downloaded is never deleted, so one shard larger than the limit still works. A shard
 deleted while a reader needs it is downloaded again; a reader that already opened it keeps
 reading the deleted file. A shard evicted that cannot be downloaded again (its source is gone)
-is a RemoteError saying so, naming the URL: the read that needed it fails, under either policy
-(no mid-epoch skip exists yet: a batch's rows cannot go missing). Concurrent downloads of one
+is a RemoteError saying so, naming the URL: under ``raise`` the read that needed it fails; under ``skip``
+its reader loses the shard's rows for the rest of the epoch (:mod:`.lostrows`). Concurrent downloads of one
 URL are serialized with a lock file.
 
 The cache is itself a :class:`~feedfast.sources.transport.Transport` that wraps whichever

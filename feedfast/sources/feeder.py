@@ -25,12 +25,13 @@ from __future__ import annotations
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
 from feedfast.errors import ShardError
 from feedfast.sources.cache import ShardCache
+from feedfast.sources.lostrows import LostShards, lost_last
 from feedfast.sources.memberheader import BLOCK, first_problem
 from feedfast.sources.remote import Transfer
 from feedfast.sources.shardfiles import ShardFiles
@@ -65,11 +66,14 @@ class BatchFeeder:
             (False: only the samples asked for, merged where near: a reader that sees only some of the
             steps, such as one DataLoader worker process of several, would hold windows it never finishes).
         requests: window reads at once (:class:`WindowCache`).
+        valid: under ``on_error: skip`` (DALI's feed), each step's count of samples (``EpochPlan.valid``): a
+            shard that cannot be read mid-epoch loses its rows (:mod:`.lostrows`), each step's batch made
+            whole by :meth:`batch` and recorded in :attr:`filled`. None: the read fails.
     """
 
     def __init__(self, names: tuple[str, ...], kinds: tuple[str, ...], rows: Any, step_rows: Any, *, steps: int,
                  cache: ShardCache | None, transfer: Transfer, workers: int = 2, ahead: int = 4,
-                 windows: bool = True, requests: int = 8) -> None:
+                 windows: bool = True, requests: int = 8, valid: Sequence[int] | None = None) -> None:
         self.names, self.kinds = names, kinds
         self.rows = rows
         self.components = rows.index.components
@@ -82,6 +86,11 @@ class BatchFeeder:
                                     nbytes=self._bytes, shard_of=self._shard_of)
         self._transports: dict[int, Transport] = {}
         self.files = ShardFiles(names)  # local shards stay open: a shuffled epoch reads sample by sample
+        self.valid = valid
+        self.lost = LostShards(names, lambda r: rows.index.shard_of(rows.samples(r)).tolist(),
+                               self.components) if valid is not None else None
+        self.filled: dict[int, Filled] = {}  # steps with rows lost, made whole (under skip)
+        self._spare: list[np.ndarray] | None = None  # a sample read earlier: fills a batch all of whose rows are lost
         weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
         if self._windows._io is not None:
             weakref.finalize(self, self._windows._io.shutdown, wait=False)
@@ -124,8 +133,44 @@ class BatchFeeder:
             self._windows.want(self.rows.samples(rows).tolist())
 
     def batch(self, step: int) -> list[list[np.ndarray]]:
-        """The samples of step ``step``, read now (in the calling thread)."""
-        return self.members(self.step_rows(step))
+        """The samples of step ``step``, read now (in the calling thread). Under skip, a step with rows lost is
+        made whole (:func:`~.lostrows.lost_last`): its samples first, its lost rows after them, each a copy of
+        one of its samples (of a sample read earlier when none is left), then its padding; see :attr:`filled`."""
+        rows = self.step_rows(step)
+        if self.lost is None or self.valid is None:
+            return self.members(rows)
+        columns = self.lost.read(rows, self.members)
+        gone = {i for i in range(len(rows)) if columns[0][i] is None}
+        if not gone:
+            self._spare = self._spare or [column[0] for column in columns]
+            return columns
+        valid = self.valid[step]
+        order, fill, kept = lost_last(len(rows), valid, gone)
+        spare = [column[fill] for column in columns] if fill is not None else self._any_sample()
+        self.filled[step] = Filled(order, kept, tuple(rows[i] for i in sorted(gone) if i < valid))
+        return [[spare[c] if i in gone else column[i] for i in order] for c, column in enumerate(columns)]
+
+    def _any_sample(self) -> list[np.ndarray]:
+        """One sample of the epoch, read apart from the windows: the first row of a shard that can be read (or
+        one read before), to fill a batch all of whose rows are lost (DALI decodes every row).
+
+        Raises:
+            ShardError: no shard of the rank's epoch can be read.
+        """
+        assert self.lost is not None
+        for lo in range(0, len(self.rows), 1024):
+            if self._spare is not None:
+                return self._spare
+            for r in self.lost.live(list(range(lo, min(lo + 1024, len(self.rows))))):
+                columns = self.lost.read([r], self._unwindowed)
+                if columns[0][0] is not None:
+                    self._spare = [column[0] for column in columns]
+                    return self._spare
+        if self._spare is not None:
+            return self._spare
+        first = next(iter(self.lost.dead.values()), "")
+        raise ShardError(f"under on_error: skip, no shard of this rank's epoch can be read, so nothing is left to "
+                         f"fill its batches with ({len(self.lost.dead)} shards lost mid-epoch; the first {first})")
 
     def members(self, rows: list[int]) -> list[list[np.ndarray]]:
         """Per component, the members of ``rows`` (the rank's row numbers, in that order), read now: from their
@@ -134,6 +179,10 @@ class BatchFeeder:
             samples = self.rows.samples(rows).tolist()
             held = self._windows.rows(samples)
             return [[held[s, c] for s in samples] for c in range(self.components)]
+        return self._unwindowed(rows)
+
+    def _unwindowed(self, rows: list[int]) -> list[list[np.ndarray]]:
+        """Per component, the members of ``rows``, in ranged reads merged where members are near."""
         got = self._fetch(sorted(set(rows)))
         return [[got[r, c] for r in rows] for c in range(self.components)]
 
@@ -215,6 +264,14 @@ class BatchFeeder:
         if self.cache is None:
             raise ShardError(f"shard {self.names[shard]!r} is read from the shard cache, but no cache was configured")
         return self.cache
+
+
+class Filled(NamedTuple):
+    """A step of DALI's feed with rows lost (under skip), made whole: what its batch's rows are."""
+
+    order: list[int]  # the step's rows (positions) in the order fed: its samples, its lost rows, its padding
+    valid: int  # its samples left
+    lost: tuple[int, ...]  # the rows lost among its samples (the rank's row numbers)
 
 
 class Windows(Protocol):

@@ -19,7 +19,8 @@ so the rules are the ones DALI's feed already keeps:
   deadline) is a :class:`~feedfast.sources.remote.RemoteError` naming the shard, the first
   sample of the read and the transport's reason. Under ``on_error: skip`` remote shards were
   downloaded and checked when the dataset was opened (:func:`~feedfast.sources.dataset.open_shards`),
-  so their damage was counted there, as a local shard's is.
+  so their damage was counted there, as a local shard's is; one that fails mid-epoch (evicted from the
+  shard cache, its source gone) loses its rows (:mod:`.lostrows`).
 
 The bytes are handed over as ``memoryview`` slices of the request's body, not copied: the planned
 C path takes any contiguous buffer from memory in place of its ``pread``s (``_plan.c``'s
@@ -54,6 +55,7 @@ from feedfast.errors import ShardError
 from feedfast.sources import schemes
 from feedfast.sources.cache import ShardCache
 from feedfast.sources.feeder import MISSING, BatchFeeder
+from feedfast.sources.lostrows import LostShards
 from feedfast.sources.remote import RemoteError, Transfer
 
 PART = 16
@@ -111,18 +113,16 @@ class RangeSource:
             served (one process reads every step: the threaded path); False reads only the rows asked
             for, merged where adjacent (a ``pil`` worker process sees only some of the steps, and would
             hold the windows it never finishes).
-        skip: ``on_error: skip`` (the ``threads`` and ``pil`` backends): a shard that cannot be read (evicted from the shard
-            cache and not fetched again, or no longer matching its index) loses its rows instead of
-            failing the read: their members are None and :attr:`lost` gives each one's reason; the shard
-            is not asked for again this epoch (the next epoch's reader tries it again).
+        skip: ``on_error: skip``: a shard that cannot be read (evicted from the shard cache and not fetched
+            again, or no longer matching its index) loses its rows instead of failing the read
+            (:mod:`.lostrows`): their members are None and :attr:`lost` gives each one's reason.
     """
 
     def __init__(self, names: tuple[str, ...], kinds: tuple[str, ...], rows: Any, *, cache: ShardCache | None,
                  transfer: Transfer, windows: bool = True, skip: bool = False, requests: int = READERS) -> None:
         self.names, self.kinds, self.rows, self.cache, self.transfer = names, kinds, rows, cache, transfer
         self.windows, self.skip, self.requests = windows, skip, requests
-        self.lost: dict[int, str] = {}  # row -> why its shard could not be read (under skip)
-        self._dead: dict[int, str] = {}  # shard -> the same reason: not asked for again
+        self.lost_shards = LostShards(names, self._shards, rows.index.components) if skip else None
         self._feeder: BatchFeeder | None = None
         self._lock = threading.Lock()
 
@@ -143,13 +143,16 @@ class RangeSource:
                                            requests=self.requests)
             return self._feeder
 
+    @property
+    def lost(self) -> dict[int, str]:
+        """Row -> why its shard could not be read (under skip; empty otherwise)."""
+        return self.lost_shards.lost if self.lost_shards is not None else {}
+
     def want(self, rows: list[int]) -> None:
         """Start reading the windows of ``rows`` (whole steps of a read-ahead), without waiting: under the block
         shuffle, neighbouring windows of a shard wanted at once are read in one request
         (:class:`~feedfast.sources.feeder.WindowCache`); a failure is raised by the :meth:`read` that needs them."""
-        if self._dead:
-            rows = [r for r, s in zip(rows, self._shards(rows)) if s not in self._dead]
-        self._reader().want(rows)
+        self._reader().want(self.lost_shards.live(rows) if self.lost_shards is not None else rows)
 
     def _shards(self, rows: list[int]) -> list[int]:
         """The shard of each of ``rows``, from the index's shard starts (no read)."""
@@ -162,44 +165,15 @@ class RangeSource:
             RemoteError: a read failed or did not match the index; names the shard, the first sample of the
                 read and the reason (not under ``skip``: see the class).
         """
-        if self._dead and not self._dead.keys().isdisjoint(self._shards(rows)):
-            arrays = self._read_around(rows)
+        if self.lost_shards is not None:
+            arrays = self.lost_shards.read(rows, self._reader().members)
         else:
             try:
                 arrays = self._reader().members(rows)
             except ShardError as exc:
-                if not self.skip:
-                    raise self._named(exc, self.rows.take(rows)) from exc
-                arrays = self._read_around(rows)
+                raise self._named(exc, self.rows.take(rows)) from exc
         return [[None if array is None or array is MISSING else memoryview(array) for array in column]
                 for column in arrays]
-
-    def _read_around(self, rows: list[int]) -> list[list[Any]]:
-        """Under skip, ``rows`` read shard by shard: the rows of a shard that cannot be read are None and lost."""
-        shards = self._shards(rows)
-        out: list[list[Any]] = [[None] * len(rows) for _ in range(self.rows.index.components)]
-        for shard in sorted(set(shards)):
-            at = [i for i, s in enumerate(shards) if s == shard]
-            reason = self._dead.get(shard)
-            if reason is None:
-                try:
-                    part = self._reader().members([rows[i] for i in at])
-                except ShardError as exc:
-                    with self._lock:
-                        first = shard not in self._dead
-                        reason = self._dead.setdefault(shard, f"its shard could not be read mid-epoch: {exc}")
-                    if first:
-                        log.warning("on_error: skip: shard %r cannot be read; its samples are skipped for the rest "
-                                    "of the epoch: %s", self.names[shard], exc)
-                else:
-                    for c, column in enumerate(part):
-                        for i, array in zip(at, column):
-                            out[c][i] = array
-                    continue
-            with self._lock:
-                for i in at:
-                    self.lost[rows[i]] = reason
-        return out
 
     def _named(self, exc: ShardError, where: Any) -> RemoteError:
         """``exc`` as an error naming the shard and sample: the sample ``exc`` names (an index that does not match

@@ -52,12 +52,14 @@ from feedfast.sources.validate import probe_image
 class StreamEpoch:
     """One rank's epoch over the stream transport: the batch callable and each step's origins.
 
-    ``workers`` threads read ``ahead`` steps ahead of the step DALI asks for.
+    ``workers`` threads read ``ahead`` steps ahead of the step DALI asks for. ``skip`` (``on_error: skip``): a
+    shard that cannot be read mid-epoch loses its rows (:mod:`.lostrows`); a step with rows lost is fed with
+    its samples first (see :meth:`origins` and :meth:`lost`).
     """
 
     def __init__(self, shards: Any, ep: EpochPlan, exts: Sequence[set[str] | frozenset[str]], *, rank: int,
                  world: int, batch_size: int, shuffle_window: int, seed: int, epoch: int, workers: int = 2,
-                 ahead: int = 4) -> None:
+                 ahead: int = 4, skip: bool = False) -> None:
         # global: local shards under shuffle, read sample by sample; block: remote shards under shuffle,
         # windows of many shards interleaved; shards: unshuffled (or windows of the rank's range)
         rows = epoch_rows(shards, exts, ep, rank=rank, world=world, seed=seed, epoch=epoch,
@@ -68,12 +70,28 @@ class StreamEpoch:
         self.names, self.rows, self.batch_size, self.exts = shards.paths, rows, batch_size, exts
         self.feeder = BatchFeeder(shards.paths, shards.read_kinds, rows,
                                   partial(step_positions, batch_size=batch_size, count=len(rows)), steps=ep.steps,
-                                  cache=shards.cache, transfer=shards.transfer, workers=workers, ahead=ahead)
+                                  cache=shards.cache, transfer=shards.transfer, workers=workers, ahead=ahead,
+                                  valid=ep.valid if skip else None)
 
     def origins(self, step: int, size: int) -> Origins:
-        """(shard, key) of the first ``size`` samples of step ``step``: read from the index when first asked for."""
-        batch = self.rows.take(step_positions(step, self.batch_size, len(self.rows))[:size])
-        return Origins(self.rows.index, self.names, batch)
+        """(shard, key) of the first ``size`` rows of step ``step`` as fed (a step with rows lost: its samples
+        first), read from the index when first asked for; after the step was fed."""
+        positions = step_positions(step, self.batch_size, len(self.rows))
+        filled = self.feeder.filled.get(step)
+        if filled is not None:
+            positions = [positions[i] for i in filled.order]
+        return Origins(self.rows.index, self.names, self.rows.take(positions[:size]))
+
+    def lost(self, step: int) -> tuple[int, tuple[tuple[str, str, str], ...]] | None:
+        """Under skip, a step fed with rows lost: its samples left (its batch's ``valid``) and its lost samples as
+        (shard, key, reason); None for a step that lost none. After the step was fed."""
+        filled = self.feeder.filled.get(step)
+        if filled is None or self.feeder.lost is None:
+            return None
+        where = self.rows.take(list(filled.lost))
+        reasons = self.feeder.lost.lost
+        named = zip(where.shard.tolist(), self.rows.index.batch_keys(where), filled.lost)
+        return filled.valid, tuple((self.names[s], key, reasons[r]) for s, key, r in named)
 
     def bad_sample(self, step: int, image_exts: list[set[str]], max_pixels: int) -> tuple[str, str, str] | None:
         """The first sample of step ``step`` whose image DALI cannot decode, as (shard, key, reason).

@@ -63,8 +63,8 @@ class DaliBackend(Backend):
         """The epoch's batches, each with DALI's checkpoint after it; a failed batch is rescued
         (:mod:`~feedfast.loader.rescue`) when the shards allow it."""
         ahead, self.ahead = self.ahead, None
-        if ahead is not None and (ahead.epoch, start, checkpoint) == (epoch, 0, None):
-            self.pipe = ahead
+        if ahead is not None and (ahead.epoch, start, checkpoint) == (epoch, 0, None) and not ahead.lost_shards:
+            self.pipe = ahead  # (one that lost a shard while prepared is built again: the epoch asks its source again)
         else:
             self._drop(ahead)
             self.pipe = self._build(epoch, ep, start, checkpoint)
@@ -226,12 +226,14 @@ def run_epoch(ep_pipe: EpochPipe, plan: Plan, ep: EpochPlan, rng: random.Random,
             ep_pipe = recover(step, exc)
             continue
         checkpoint = ep_pipe.checkpoint() if (step + 1) % every == 0 else None
-        size, valid = ep.batch_sizes[step], ep.valid[step]
+        size = ep.batch_sizes[step]
         raw_at = len(omap.fields)
         where = omap.stream.origins(step, size) if omap.stream else convert.origins(outs[raw_at], size)
+        lost = omap.stream.lost(step) if omap.stream else None  # under skip: rows of a shard unreadable mid-epoch
+        valid, skipped = lost if lost is not None else (ep.valid[step], ())
         fields = _fields(outs, omap, plan, size, rng, where)
         step += 1
-        yield Batch(fields, where, valid, checkpoint)
+        yield Batch(fields, where, valid, checkpoint, lost=skipped)
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,12 @@ class EpochPipe:
         return wrap_checkpoint(text, self.first_step, self.rescued) if self.rescued else text
 
     @property
+    def lost_shards(self) -> bool:
+        """Whether its feed lost a shard it could not read (under ``on_error: skip``)."""
+        stream = self.omap.stream
+        return stream is not None and stream.feeder.lost is not None and bool(stream.feeder.lost.dead)
+
+    @property
     def all_scheduled(self) -> bool:
         """Whether every step of the epoch has been handed to DALI."""
         return self.scheduled >= self.remaining

@@ -53,7 +53,7 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, SampleError, ShardError
 from feedfast.loader import convert
 from feedfast.loader.backends.samples import epoch_samples, failure_reason, members_of
-from feedfast.loader.batch import Batch, lost_last
+from feedfast.loader.batch import Batch
 from feedfast.loader.draws import SampleDraws, batch_draws
 from feedfast.loader.pil_warnings import routed
 from feedfast.loader.second_run import image_decodes, second_raw
@@ -61,6 +61,7 @@ from feedfast.ops.base import Signature
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
+from feedfast.sources.lostrows import lost_last
 from feedfast.sources.rangeread import RangeSource, as_bytes, remote
 from feedfast.sources.rows import Rows
 from feedfast.sources.shardfiles import ShardFiles

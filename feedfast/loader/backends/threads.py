@@ -55,7 +55,7 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, FeedfastError, SampleError, ShardError
 from feedfast.loader import batchplan, convert, native
 from feedfast.loader.backends.samples import epoch_samples, failure_reason, members_of
-from feedfast.loader.batch import Batch, lost_last
+from feedfast.loader.batch import Batch
 from feedfast.loader.draws import SampleDraws, batch_draws, draws_key
 from feedfast.loader.knobs import Knobs, LivePool
 from feedfast.loader.pil_fast import REGION_MARGIN, JpegHeader, decode_region
@@ -78,6 +78,7 @@ from feedfast.ops.registry import OPS
 from feedfast.sources.assign import EpochPlan, step_positions
 from feedfast.sources.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
+from feedfast.sources.lostrows import lost_last
 from feedfast.sources.rangeread import StepReads, as_bytes, epoch_reads
 from feedfast.sources.rows import Rows
 from feedfast.sources.shardfiles import ShardFiles
