@@ -104,3 +104,31 @@ def test_a_batch_whose_every_row_is_lost_is_padding_and_later_ones_are_filled_fr
     assert torch.equal(second[0][3], second[0][0]) or backend == "dali"  # DALI crops the copy apart
     assert loader.stats()["skipped"] == 5 and loader.stats()["delivered"] == 18
     loader.close()
+
+
+@pytest.mark.parametrize("backend", ["threads", "dali"])
+def test_a_resumed_loader_names_the_samples_the_interrupted_one_skipped_mid_epoch(
+        small_spec: dict, local: list[str], server: RangeServer, tmp_path: Path, backend: str) -> None:
+    urls = server.urls(local)
+    spec = {**small_spec, "shuffle": False}
+
+    def loader() -> feedfast.DataLoader:
+        return feedfast.DataLoader(spec, shards=urls, on_error="skip", cache_dir=tmp_path / "c", backend=backend,
+                                   cache_limit=2 * os.path.getsize(local[0]), remote_retries=0)
+
+    first = loader()
+    _stop_serving(server, urls[0])
+    it = iter(first)
+    kept = [next(it) and first.last_valid for _ in range(3)]  # shard 0's 5 samples are in the first 2 batches
+    state = first.state_dict()
+    first.close()
+    assert kept == [0, 3, 4] and len(state["lost"]) == 1 and len(state["lost"][0]["keys"]) == 5
+    server.faults.clear()  # served while the dataset is opened again (else the shard set differs)
+    resumed = loader()
+    _stop_serving(server, urls[0])
+    resumed.load_state_dict(state)
+    rest = _epoch(resumed)
+    assert rest == 11 and resumed.stats()["skipped"] == 5 and resumed.stats()["delivered"] == 18
+    assert [s["key"] for s in resumed.skipped_samples()] == state["lost"][0]["keys"]
+    assert all("was evicted from the shard cache" in s["reason"] for s in resumed.skipped_samples())
+    resumed.close()

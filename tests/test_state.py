@@ -55,6 +55,18 @@ def test_a_state_round_trips_through_json_and_the_typed_form() -> None:
     assert state.resume.skip == 1
 
 
+def test_samples_skipped_mid_epoch_round_trip_grouped_by_shard_and_reason() -> None:
+    lost = (("a.tar", "k1", "gone"), ("a.tar", "k2", "gone"), ("b.tar", "k9", "cut"), ("a.tar", "k3", "gone"))
+    state = LoaderState(ResumePoint(0, 3, 0, None, 3), Identity(3, 0, 1, 16, "shards", SHARDS, None), "threads", dict(STATS),
+                        lost=lost)
+    data = json.loads(json.dumps(state.to_dict()))
+    assert data["lost"] == [{"shard": "a.tar", "reason": "gone", "keys": ["k1", "k2"]},
+                            {"shard": "b.tar", "reason": "cut", "keys": ["k9"]},
+                            {"shard": "a.tar", "reason": "gone", "keys": ["k3"]}]
+    assert parse_state(data) == state
+    assert "lost" not in parse_state(_state()).to_dict()  # none skipped: the field is left out
+
+
 def test_the_same_settings_are_accepted() -> None:
     _check(_state(), seed=3, rank=0, world=1, batch_size=16, shards=SHARDS)
     _check(_state(), seed=3, rank=0, world=1)  # keywords left out are not compared
@@ -130,6 +142,11 @@ TAMPERED = [  # (change, the field the message must name)
     ({"dali": {"checkpoint": "QUJD", "step": 0}}, "'dali'"),  # a checkpoint for the threaded backend
     ({"backend": "dali", "dali": {"checkpoint": encode_checkpoint("feedfast-rescue/1\n{not json"), "step": 0}},
      "'dali.checkpoint'"),
+    ({"lost": {"shard": "a.tar"}}, "'lost'"),
+    ({"lost": [{"shard": "a.tar", "reason": "gone", "keys": [1]}]}, "'lost[0].keys'"),
+    ({"lost": [{"shard": None, "reason": "gone", "keys": []}]}, "'lost[0].shard'"),
+    ({"lost": [{"shard": "a.tar", "keys": []}]}, "'lost[0].reason'"),
+    ({"lost": [{"shard": "a.tar", "reason": "gone", "keys": [], "more": 1}]}, "'lost[0].more'"),
     ({"surprise": 1}, "'surprise'"),
 ]
 

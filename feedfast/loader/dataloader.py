@@ -419,7 +419,7 @@ class DataLoader(TorchAttributes):
         identity = Identity(self.spec.seed, self.rank, self.world, self.spec.batch_size, self._partition,
                             *self._digests)
         tuned = self.knobs.as_dict() if self._tuner is not None and self._tuner.done else None
-        return LoaderState(resume, identity, self.backend, self.stats(), tuned)
+        return LoaderState(resume, identity, self.backend, self.stats(), tuned, tuple(self._lost))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration yields what the interrupted run would have yielded next.
@@ -457,6 +457,7 @@ class DataLoader(TorchAttributes):
         self.epoch = r.epoch
         self._chosen = True
         self._stats = dict(parsed.stats)
+        self._lost = list(parsed.lost)  # the interrupted run's mid-epoch skips, named by skipped_samples()
         self._resume = point if point.step or point.consumed else None
         if self._tuner is not None and parsed.tuner is not None:  # a resumed tuned run keeps its settings
             self._tuner.pin(parsed.tuner["threads"], parsed.tuner["prefetch"], "resumed with the tuned settings")

@@ -12,7 +12,12 @@ name, as torchdata's nodes nest their sources' states::
      "backend": "dali",
      "stats": {"delivered": 12, "skipped": 0, "padded": 0, "dropped": 0, "batches": 3},
      "dali": {"checkpoint": "<base64>", "step": 2},               # the DALI stage's part, or null
-     "tuned": {"threads": 3, "prefetch": 2}}                      # the tuner's part, or null
+     "tuned": {"threads": 3, "prefetch": 2},                      # the tuner's part, or null
+     "lost": [{"shard": "<url>", "reason": "...", "keys": ["k1"]}]}  # only when samples were skipped mid-epoch
+
+``lost`` lists the samples skipped mid-epoch so far (a shard unreadable under ``on_error: skip``,
+:mod:`feedfast.sources.lostrows`), grouped by shard and reason: a resumed loader's
+``skipped_samples()`` names them as the interrupted one did. A state without it skipped none.
 
 ``dali.checkpoint`` is DALI's checkpoint taken after ``dali.step`` batches (DALI checkpoints
 only every few batches, :data:`~feedfast.loader.backends.dali_pipe.CHECKPOINT_EVERY`, or every batch
@@ -98,6 +103,7 @@ class LoaderState:
     backend: str
     stats: dict[str, int] = field(default_factory=dict)
     tuner: dict[str, int] | None = None
+    lost: tuple[tuple[str, str, str], ...] = ()  # samples skipped mid-epoch: (shard, key, reason)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-safe form (version 2; see the module docstring)."""
@@ -105,13 +111,16 @@ class LoaderState:
         dali = None
         if r.checkpoint is not None:
             dali = {"checkpoint": encode_checkpoint(r.checkpoint), "step": r.checkpoint_step}
-        return {
+        out: dict[str, Any] = {
             "version": STATE_VERSION, "epoch": r.epoch, "step": r.step, "consumed": r.consumed,
             "seed": i.seed, "rank": i.rank, "world_size": i.world_size, "batch_size": i.batch_size,
             "partition": i.partition, "shards": i.shards, "spec": i.spec, "backend": self.backend,
             "stats": dict(self.stats), "dali": dali,
             "tuned": dict(self.tuner) if self.tuner is not None else None,
         }
+        if self.lost:
+            out["lost"] = _group(self.lost)
+        return out
 
     def check_matches(self, *, seed: int, rank: int, world: int, batch_size: int | None = None,
                       shards: str | None = None, spec: str | None = None) -> None:
@@ -194,7 +203,7 @@ def parse_state(state: Any) -> LoaderState:
 
 
 _V2_KEYS = {"version", "epoch", "step", "consumed", "seed", "rank", "world_size", "batch_size", "partition",
-            "shards", "spec", "backend", "stats", "dali", "tuned"}
+            "shards", "spec", "backend", "stats", "dali", "tuned", "lost"}
 _V1_KEYS = {"version", "epoch", "step", "seed", "rank", "world_size", "backend", "batch_size", "shards", "spec",
             "dali", "partition", "consumed", "tuned", "stats"}
 
@@ -214,7 +223,8 @@ def _parse_v2(state: dict[str, Any]) -> LoaderState:
     elif name == "dali":
         jstep = 0
     resume = _resume(state, identity, text, jstep, name)
-    return LoaderState(resume, identity, name, _stats(state), _tuner(state.get("tuned", _MISSING), "tuned"))
+    return LoaderState(resume, identity, name, _stats(state), _tuner(state.get("tuned", _MISSING), "tuned"),
+                       _lost(state))
 
 
 def _parse_v1(state: dict[str, Any]) -> LoaderState:
@@ -280,6 +290,34 @@ def _stats(state: dict[str, Any]) -> dict[str, int]:
     if "converted" in stats:
         _int(stats, "converted", 0, path="stats.converted")  # recomputed by the loader, not restored
     return out
+
+
+def _group(lost: Sequence[tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """Skipped samples as runs of one shard and reason: ``{"shard", "reason", "keys"}`` each, in order."""
+    out: list[dict[str, Any]] = []
+    for shard, key, reason in lost:
+        if not out or (out[-1]["shard"], out[-1]["reason"]) != (shard, reason):
+            out.append({"shard": shard, "reason": reason, "keys": []})
+        out[-1]["keys"].append(key)
+    return out
+
+
+def _lost(state: dict[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    runs = state.get("lost", [])
+    if not isinstance(runs, list):
+        raise _bad("lost", "a list of {shard, reason, keys}", runs)
+    out: list[tuple[str, str, str]] = []
+    for i, run in enumerate(runs):
+        path = f"lost[{i}]"
+        run = _mapping({path: run}, path, {"shard", "reason", "keys"})
+        for name in ("shard", "reason"):
+            if not isinstance(run.get(name), str):
+                raise _bad(f"{path}.{name}", "a string", run.get(name, _MISSING))
+        keys = run.get("keys", _MISSING)
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise _bad(f"{path}.keys", "a list of sample keys (strings)", keys)
+        out += [(run["shard"], key, run["reason"]) for key in keys]
+    return tuple(out)
 
 
 def _tuner(value: Any, path: str) -> dict[str, int] | None:
