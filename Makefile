@@ -100,6 +100,8 @@ bench: setup $(STOCK)/.installed
 	$(PY) benchmarks/hotpath.py --compare --json bench-results/hotpath.json
 	@# the same shards local, over a loopback ranged http server and a local S3 (moto): auto's samples/s and first batch
 	$(PY) benchmarks/remote.py --json bench-results/remote.json
+	@# again with the servers on a core of their own (a real store's CPU is not the loader's): issue 27's target
+	$(PY) benchmarks/remote.py --pin --json bench-results/remote-pinned.json
 
 soak: setup
 	$(PY) benchmarks/soak.py --epochs 20 --json bench-results/soak.json

@@ -25,7 +25,10 @@ over rounds; the target (issue 27): each remote source's samples/s within 10 % o
 figure on the threaded path (the median of per-round ratios, each against the local row of the
 same round), printed met or not, with the ratio of CPU ms a sample beside it.
 
-Usage: python benchmarks/remote.py [--samples 2048] [--rounds 3] [--batches 40] [--json out.json]
+``--pin`` puts the servers on the last core and the loader (every source, local too) on the others: on
+loopback the servers otherwise share the loader's cores, which a real store does not.
+
+Usage: python benchmarks/remote.py [--samples 2048] [--rounds 3] [--batches 40] [--pin] [--json out.json]
 """
 
 from __future__ import annotations
@@ -176,15 +179,37 @@ def _timed(shards: list[str], args: argparse.Namespace, cache: Path) -> dict[str
 
 def servers_cpu() -> float:
     """CPU seconds used so far by this process's children (the shard servers; 0 where ``/proc`` is not there)."""
-    total, me, tick = 0.0, str(os.getpid()), os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum((int(fields[11]) + int(fields[12])) / tick for _, fields in _children())  # utime, stime in ticks
+
+
+def _children() -> Iterator[tuple[int, list[str]]]:
+    """This process's children (the shard servers) as (pid, the fields of ``/proc/PID/stat`` after its name)."""
+    me = str(os.getpid())
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue  # gone meanwhile
-        if fields[1] == me:  # the parent's pid; utime and stime follow, in clock ticks
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+        if fields[1] == me:  # the parent's pid
+            yield int(stat.parent.name), fields
+
+
+def pin() -> tuple[set[int], set[int]]:
+    """The shard servers (every thread of this process's children) onto the last usable core, and this process
+    (the loader: every source, local too) onto the others: a store's CPU off the loader's cores, as a real
+    object store's is. Threads started later inherit their creator's cores. Returns (loader's, servers')."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit("--pin needs at least 2 usable cores")
+    loader, servers = set(cores[:-1]), {cores[-1]}
+    for pid, cpus in [(os.getpid(), loader)] + [(pid, servers) for pid, _ in _children()]:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except (ProcessLookupError, PermissionError):
+                continue  # a thread that ended meanwhile
+    return loader, servers
 
 
 def _forever(loader: Any) -> Iterator[Any]:
@@ -273,6 +298,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", type=int, default=None, help="threads (default: the usable cores)")
     p.add_argument("--sources", default="local,http,s3", help="comma-separated: local, http, s3, s3-fsspec")
+    p.add_argument("--pin", action="store_true",
+                   help="the servers on the last core and the loader on the others, for every source (see pin())")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     from photos import photo_dataset
@@ -292,9 +319,13 @@ def main() -> None:
                     sources["s3-fsspec"] = sources["s3"]
             except RuntimeError as exc:
                 print(f"leaving out the s3 row: {exc}", flush=True)
+        pinned = ""
+        if args.pin:
+            loader, servers = pin()
+            pinned = f"; loader on cores {sorted(loader)}, servers on {sorted(servers)}"
         print(f"{len(shards)} shards of {args.samples} natural photos, imagenet-train, batch {args.batch_size}, "
-              f"{args.batches} batches after {args.warmup}, {args.rounds} rounds", flush=True)
-        summary = summarize(measure(sources, args, Path(tmp) / "cache"))
+              f"{args.batches} batches after {args.warmup}, {args.rounds} rounds{pinned}", flush=True)
+        summary = {**summarize(measure(sources, args, Path(tmp) / "cache")), "pinned": pinned.lstrip("; ") or None}
     report(summary)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -158,16 +158,14 @@ class BatchFeeder:
             ShardError: no shard of the rank's epoch can be read.
         """
         assert self.lost is not None
+        if self._spare is not None:
+            return self._spare
         for lo in range(0, len(self.rows), 1024):
-            if self._spare is not None:
-                return self._spare
             for r in self.lost.live(list(range(lo, min(lo + 1024, len(self.rows))))):
-                columns = self.lost.read([r], self._unwindowed)
+                columns = self.lost.read([r], self._unwindowed)  # a shard that fails now is lost as well
                 if columns[0][0] is not None:
                     self._spare = [column[0] for column in columns]
                     return self._spare
-        if self._spare is not None:
-            return self._spare
         first = next(iter(self.lost.dead.values()), "")
         raise ShardError(f"under on_error: skip, no shard of this rank's epoch can be read, so nothing is left to "
                          f"fill its batches with ({len(self.lost.dead)} shards lost mid-epoch; the first {first})")
