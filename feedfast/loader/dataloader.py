@@ -384,7 +384,8 @@ class DataLoader(TorchAttributes):
         return [{"shard": s, "key": k, "reason": r} for s, k, r in self._backend.rescued()]
 
     def skipped_samples(self) -> list[dict[str, str]]:
-        """Every sample left out, with its shard, key and reason."""
+        """Every sample left out, with its shard, key and reason (those skipped mid-epoch each time it happened,
+        an interrupted run's too when resumed from its state)."""
         return [{"shard": s, "key": k, "reason": r} for s, k, r in (*self.shards.skipped, *self._lost)]
 
     def tuning(self) -> dict[str, Any]:
