@@ -281,6 +281,7 @@ def child_warm(layout: Layout) -> None:
 
     import feedfast  # noqa: F401
     import feedfast.loader.backends.threads  # noqa: F401  the threaded path's modules: the loader imports them
+    import feedfast.loader.dataloader  # noqa: F401  imported by feedfast.DataLoader's first use, not by feedfast
 
     base = memory()
     emit(import_s=round(time.perf_counter() - T0, 3), base_rss=base["rss"])

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from feedfast.ops.batchmix import MixParams, MixSettings, draw_params, mix_images, problem, soft_targets
+from feedfast.ops.batchmix import MixParams, draw_params, mix_images, soft_targets
+from feedfast.spec.mixsettings import MixSettings, problem
 from tests.helpers import extra
 
 

@@ -75,8 +75,10 @@ def test_each_round_builds_a_new_loader_and_closes_it_before_the_next(
         events.append(f"round {plan.label}")
         return real_round(make, plan)
 
-    monkeypatch.setattr(bench, "feedfast_contender", recorded(bench.feedfast_contender))
-    monkeypatch.setattr(bench, "make_baseline", recorded(bench.make_baseline))
+    from feedfast.baseline import contenders  # bench imports these when it runs (torch: not at the parser)
+
+    monkeypatch.setattr(contenders, "feedfast_contender", recorded(contenders.feedfast_contender))
+    monkeypatch.setattr(contenders, "make_baseline", recorded(contenders.make_baseline))
     monkeypatch.setattr(bench, "time_round", time_round)
     assert main(["bench", "imagenet-train", "--shards", ",".join(shards), "--batches", "1", "--warmup", "1",
                  *SMALL, *compare, "--json", "-"]) == 0

@@ -12,11 +12,21 @@ feedfast's own PIL forms of the geometry ops (used by the ``pil`` and ``threads`
 beside the ops they implement, in :mod:`feedfast.ops.pil_ops`; no baseline uses them.
 """
 
-from feedfast.baseline.torch_recipe import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    TorchRecipe,
-    make_torch_loader,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from feedfast.baseline.torch_recipe import IMAGENET_MEAN, IMAGENET_STD, TorchRecipe, make_torch_loader
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "TorchRecipe", "make_torch_loader"]
+
+
+def __getattr__(name: str) -> object:
+    """The torchvision recipe's names, imported when first used (it needs torch; the rounds and the timing do
+    not, nor does the CLI's parser)."""
+    if name not in __all__:
+        raise AttributeError(f"module 'feedfast.baseline' has no attribute {name!r}")
+    from feedfast.baseline import torch_recipe
+
+    return getattr(torch_recipe, name)

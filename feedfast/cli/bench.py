@@ -27,17 +27,19 @@ import dataclasses
 import functools
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from feedfast._env import usable_cores
-from feedfast.baseline.contenders import Contender, check_baseline, feedfast_contender, make_baseline
 from feedfast.baseline.rounds import ratio_spread, round_order
 from feedfast.baseline.timing import samples_per_cpu_s, time_round
 from feedfast.cli.advice import step_recommendation
 from feedfast.cli.common import check_positive, demo_shards, find_spec, gpu_cell, table, write_json
 from feedfast.cli.measure import RunPlan, combine_runs
 from feedfast.errors import UserError
-from feedfast.loader.backends.choose import BACKENDS
+from feedfast.spec.runtime import BACKENDS
+
+if TYPE_CHECKING:
+    from feedfast.baseline.contenders import Contender
 
 EXAMPLES = """examples:
   feedfast bench                                   # demo dataset, imagenet-train
@@ -97,6 +99,7 @@ def check_args(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; print a table, write JSON (and a plot)."""
     import feedfast
+    from feedfast.baseline.contenders import check_baseline, feedfast_contender, make_baseline  # torch: run only
 
     check_args(args)
     spec_path = find_spec(args.spec)

@@ -22,7 +22,8 @@ import torch
 
 from feedfast.errors import UserError
 from feedfast.loader.draws import batch_generator
-from feedfast.ops.batchmix import MixSettings, draw_params, mix_images, problem, soft_targets
+from feedfast.ops.batchmix import draw_params, mix_images, soft_targets
+from feedfast.spec.mixsettings import MixSettings, problem
 
 
 class Mixup:

@@ -16,9 +16,9 @@ import dataclasses
 from typing import Any
 
 from feedfast.errors import SpecError
-from feedfast.ops.batchmix import MixSettings, problem
 from feedfast.ops.registry import suggest
 from feedfast.spec import model as m
+from feedfast.spec.mixsettings import MixSettings, problem
 from feedfast.spec.sections import infer_field
 
 KEYS = tuple(f.name for f in dataclasses.fields(MixSettings))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from feedfast.ops.base import Param
-from feedfast.ops.batchmix import MixSettings
+from feedfast.spec.mixsettings import MixSettings
 from feedfast.spec.runtime import LoaderSettings, TuneSettings
 
 ComponentKind = Literal["image", "label", "json", "npy", "bytes"]
