@@ -87,8 +87,7 @@ class BatchFeeder:
         self._transports: dict[int, Transport] = {}
         self.files = ShardFiles(names)  # local shards stay open: a shuffled epoch reads sample by sample
         self.valid = valid
-        self.lost = LostShards(names, lambda r: rows.index.shard_of(rows.samples(r)).tolist(),
-                               self.components) if valid is not None else None
+        self.lost = LostShards(names, rows.shards, self.components) if valid is not None else None
         self.filled: dict[int, Filled] = {}  # steps with rows lost, made whole (under skip)
         self._spare: list[np.ndarray] | None = None  # a sample read earlier: fills a batch all of whose rows are lost
         weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)

@@ -122,7 +122,7 @@ class RangeSource:
                  transfer: Transfer, windows: bool = True, skip: bool = False, requests: int = READERS) -> None:
         self.names, self.kinds, self.rows, self.cache, self.transfer = names, kinds, rows, cache, transfer
         self.windows, self.skip, self.requests = windows, skip, requests
-        self.lost_shards = LostShards(names, self._shards, rows.index.components) if skip else None
+        self.lost_shards = LostShards(names, rows.shards, rows.index.components) if skip else None
         self._feeder: BatchFeeder | None = None
         self._lock = threading.Lock()
 
@@ -153,10 +153,6 @@ class RangeSource:
         shuffle, neighbouring windows of a shard wanted at once are read in one request
         (:class:`~feedfast.sources.feeder.WindowCache`); a failure is raised by the :meth:`read` that needs them."""
         self._reader().want(self.lost_shards.live(rows) if self.lost_shards is not None else rows)
-
-    def _shards(self, rows: list[int]) -> list[int]:
-        """The shard of each of ``rows``, from the index's shard starts (no read)."""
-        return self.rows.index.shard_of(self.rows.samples(rows)).tolist()
 
     def read(self, rows: list[int]) -> Columns:
         """Per component, the members of ``rows`` (row numbers of the rank's epoch), read now.

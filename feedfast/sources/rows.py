@@ -109,6 +109,10 @@ class Rows:
         ids = self.draw_ids(rows)
         return dataclasses.replace(self.index.take(sample_of_id(ids, self.copies_of)), draws=ids)
 
+    def shards(self, rows: Sequence[int] | np.ndarray) -> list[int]:
+        """The shard of each of ``rows``, from the index's shard starts (no read)."""
+        return self.index.shard_of(self.samples(rows)).tolist()
+
     def keys(self, rows: Sequence[int] | np.ndarray) -> list[str]:
         """The sample keys of ``rows``."""
         return self.index.keys(self.samples(rows))
