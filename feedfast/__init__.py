@@ -19,8 +19,8 @@ __version__ = "0.1.0"
 
 _LAZY = {"DataLoader": "feedfast.loader", "BatchInfo": "feedfast.loader.batch", "Mixup": "feedfast.ops.mixup",
          "StallMeter": "feedfast.meter"}
-"""Names imported when first used: each needs torch (2 s to import), which ``feedfast shards``, ``feedfast
-plan`` and ``feedfast --help`` do not."""
+"""Names imported when first used: each needs torch (2 s to import), which ``feedfast shards`` and
+``feedfast --help`` do not (``feedfast plan`` and ``bench`` do: they build loaders)."""
 
 
 def __getattr__(name: str) -> object:

@@ -12,7 +12,7 @@ __all__ = ["DataLoader"]
 
 def __getattr__(name: str) -> object:
     """``DataLoader`` imported when first used: it needs torch, which the loader's light modules (the backend
-    choice, the batch plan) and the CLI's ``shards`` and ``plan`` commands do not."""
+    choice, the batch plan) and the CLI's parser and ``shards`` commands do not."""
     if name != "DataLoader":
         raise AttributeError(f"module 'feedfast.loader' has no attribute {name!r}")
     from feedfast.loader.dataloader import DataLoader
