@@ -30,7 +30,7 @@ def dataset_section(ctx: Context, sec: Section) -> None:
 def make_dataset(samples: int | None, *, small: bool) -> str:
     """The demo dataset's pattern, or a ``samples``-sized set in the cache (generated once)."""
     from feedfast.cli.common import demo_shards
-    from feedfast.sources.demo import shard_pattern, synth_dataset
+    from feedfast.write.demo import shard_pattern, synth_dataset
 
     if samples is None:
         return demo_shards()

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
         shards = photo_dataset("imagenet", samples=args.samples, per_shard=256)
     else:
-        from feedfast.sources.demo import synth_dataset
+        from feedfast.write.demo import synth_dataset
 
         shards = synth_dataset(samples=args.samples, per_shard=128)
     names = [n for n in CONTENDERS if not args.only or any(o and o in n for o in args.only.split(","))]

@@ -13,7 +13,7 @@ Python holding the GIL (a 32x32 decode and a 16x16 resize take a few microsecond
 that figure bounds the GIL-held time per sample from above; ``py-spy record --gil`` on
 ``--child`` (one loader at one thread) shows where it goes.
 
-``--compare`` runs each thread count twice, with the batch plan (:mod:`feedfast.loader.batchplan`:
+``--compare`` runs each thread count twice, with the batch plan (:mod:`feedfast.loader.backends.cpu.batchplan`:
 the geometry planned per chunk in C, the pixels made in one call of the extension) and with it
 switched off (every sample's chain walked in Python, as before it): the same pixels, the ratio
 is the plan's. ``--one-call off`` keeps the plan but makes the pixels with Pillow.
@@ -84,12 +84,11 @@ def make_set(folder: Path) -> list[str]:
 def run(paths: list[str], threads: int, batches: int, backend: str = "threads", walk: bool = False) -> dict[str, float]:
     """Drain a fresh loader at ``threads`` threads; samples/s and CPU us per sample.
 
-    ``walk``: with the batch plan switched off (``feedfast.loader.batchplan``), every sample's
+    ``walk``: with the batch plan switched off (``feedfast.loader.backends.cpu.batchplan``), every sample's
     image chain walked in Python, as before the plan (the same pixels).
     """
     import feedfast
-    from feedfast.loader import batchplan
-
+    from feedfast.loader.backends.cpu import batchplan
     saved = batchplan.ext
     if walk:
         batchplan.ext = None
@@ -122,14 +121,13 @@ def main() -> None:
                    help="also run each thread count with the batch plan off (every sample walked in Python)")
     p.add_argument("--one-call", choices=["auto", "on", "off"], default="auto",
                    help="planned samples made in one call of the extension (on), by Pillow (off), or as the "
-                        "loader decides (auto: feedfast.loader.batchplan.one_call)")
+                        "loader decides (auto: feedfast.loader.backends.cpu.batchplan.one_call)")
     p.add_argument("--json")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     paths = make_set(Path(args.data))
     if args.one_call != "auto":
-        from feedfast.loader import batchplan
-
+        from feedfast.loader.backends.cpu import batchplan
         batchplan.ONE_CALL = args.one_call == "on"
     if args.child:
         print(json.dumps(run(paths, 1, args.batches, args.backend)))

@@ -32,7 +32,7 @@ from pathlib import Path
 from PIL import Image
 
 from feedfast import _env
-from feedfast.sources.index import load_index
+from feedfast.shards.index.tarindex import load_index
 
 SKIMAGE = "scikit-image==0.26.0"
 SKIMAGE_PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "hubble_deep_field.jpg", "ihc.png",

@@ -13,7 +13,7 @@ order over ``--rounds`` rounds:
   moto, boto3 or s3fs is missing;
 - ``s3-fsspec`` (only when asked for in ``--sources``): the same bucket read as before
   2026-12-02, every range through fsspec's s3fs and a window a request (feedfast's signer
-  declined, :data:`feedfast.sources.feeder.MERGE_BYTES` 0), to compare the two in the same rounds.
+  declined, :data:`feedfast.loader.backends.dali.feed.MERGE_BYTES` 0), to compare the two in the same rounds.
 
 Per round: the backend ``auto`` chose, the time from ``iter()`` to the first batch,
 samples per second over ``--batches`` batches after ``--warmup`` (epoch after epoch), CPU ms
@@ -66,7 +66,7 @@ with RangeServer(sys.argv[2]) as server:
 
 def served_copy(shards: list[str], folder: Path) -> Path:
     """A folder holding each shard (a hard link or copy) with its ``.idx`` beside it, as a store would."""
-    from feedfast.sources.index import format_index, scan_tar
+    from feedfast.shards.index.tarindex import format_index, scan_tar
 
     folder.mkdir(parents=True, exist_ok=True)
     for p in shards:
@@ -223,8 +223,8 @@ def variant(name: str) -> Iterator[None]:
     if name != "s3-fsspec":
         yield
         return
-    from feedfast.sources import feeder, s3sign
-
+    from feedfast.loader.backends.dali import feed as feeder
+    from feedfast.shards.transport import s3sign
     signer, merge = s3sign.signer, feeder.MERGE_BYTES
     s3sign.signer, feeder.MERGE_BYTES = lambda: None, 0  # type: ignore[assignment]
     try:

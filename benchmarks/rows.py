@@ -134,7 +134,7 @@ def hand_dali(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.plugin.pytorch import feed_ndarray
 
-    from feedfast.sources.index import default_index_path
+    from feedfast.shards.index.tarindex import default_index_path
 
     @pipeline_def(batch_size=batch, num_threads=workers, device_id=None, seed=0)
     def pipe():  # type: ignore[no-untyped-def]
@@ -213,7 +213,7 @@ def hand_dali_auto_aug(shards: list[str], batch: int, workers: int) -> Iterator[
     from nvidia.dali.auto_aug import trivial_augment
     from nvidia.dali.plugin.pytorch import feed_ndarray
 
-    from feedfast.sources.index import default_index_path
+    from feedfast.shards.index.tarindex import default_index_path
 
     @pipeline_def(batch_size=batch, num_threads=workers, device_id=None, seed=0, enable_conditionals=True)
     def pipe():  # type: ignore[no-untyped-def]

@@ -74,7 +74,7 @@ def bench_sets(args: argparse.Namespace) -> dict[str, BenchSet]:
 def dataset(name: str, args: argparse.Namespace) -> list[str]:
     """The set's shards (made once in the cache folder), indexed."""
     if name == "synthetic":
-        from feedfast.sources.demo import synth_dataset
+        from feedfast.write.demo import synth_dataset
 
         return synth_dataset(samples=args.samples, per_shard=256, seed=1,
                              announce=lambda out: print(f"generating {args.samples} photo-like JPEGs in {out} (once)"))

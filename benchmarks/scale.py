@@ -280,7 +280,7 @@ def child_warm(layout: Layout) -> None:
     import torch  # noqa: F401
 
     import feedfast  # noqa: F401
-    import feedfast.loader.backends.threads  # noqa: F401  the threaded path's modules: the loader imports them
+    import feedfast.loader.backends.cpu.threads  # noqa: F401  the threaded path's modules: the loader imports them
     import feedfast.loader.dataloader  # noqa: F401  imported by feedfast.DataLoader's first use, not by feedfast
 
     base = memory()

@@ -4,7 +4,7 @@ Writing 100M real samples is out of reach here, and the figures are about bookke
 dataset is simulated at the layer feedfast reads at start-up: ``--shards`` sparse tar files
 (declared sizes, no payload), a one-line text index beside each, and the two records a
 previous open would have left in the cache, generated as arrays: the opened-dataset record
-(:mod:`feedfast.sources.snapshot`) and the columnar index (:mod:`feedfast.sources.columnar`:
+(:mod:`feedfast.shards.index.snapshot`) and the columnar index (:mod:`feedfast.shards.index.columnar`:
 offsets, sizes and keys of every sample). Then, in a fresh process per rank setting, it
 times ``feedfast.DataLoader(...)`` (construction) and the epoch plan (``epoch_plan()`` and the
 rows of the first, a middle and the last batch, with their keys), and reports the memory
@@ -40,7 +40,7 @@ def write_dataset(data: Path, samples: int, shards: int) -> Path:
     """The sparse shards, their indexes and the cache records; returns the cache folder."""
     sys.path.insert(0, str(HERE.parent))
     from feedfast.compile.plan import build_plan
-    from feedfast.sources import columnar, snapshot
+    from feedfast.shards.index import columnar, snapshot
     from feedfast.sources.dataset import _record_name
     from feedfast.spec.load import load_spec
 
@@ -68,7 +68,7 @@ def write_dataset(data: Path, samples: int, shards: int) -> Path:
 
 
 def _max_pixels() -> int:
-    from feedfast.sources.validate import DEFAULT_MAX_PIXELS
+    from feedfast.checks.validate import DEFAULT_MAX_PIXELS
 
     return DEFAULT_MAX_PIXELS
 
@@ -101,8 +101,8 @@ def _write_columnar(folder: Path, counts: np.ndarray, chunk: int = 1 << 22) -> N
 CHILD = r"""
 import json, os, sys, time, resource
 import psutil, torch, feedfast, numpy as np
-import PIL.Image, feedfast.loader.backends.threads  # what the loader imports: its memory is not the loader's
-from feedfast.sources.rows import epoch_rows
+import PIL.Image, feedfast.loader.backends.cpu.threads  # what the loader imports: its memory is not the loader's
+from feedfast.order.rows import epoch_rows
 proc = psutil.Process()
 def mem():
     m = proc.memory_full_info()

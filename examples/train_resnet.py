@@ -33,7 +33,7 @@ except ImportError:  # a source checkout that is not pip-installed: use the repo
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import feedfast
 
-from feedfast.sources.demo import synth_dataset
+from feedfast.write.demo import synth_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_SAMPLES, DEMO_PER_SHARD, DEMO_SIDES = 256, 32, (80, 160)

@@ -6,7 +6,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 from feedfast.errors import BackendError, FeedfastError, SampleError, ShardError, SpecError, UserError
-from feedfast.sources.mix import Mix
+from feedfast.sources.mixture import Mix
 from feedfast.spec import Spec, load_spec
 
 if TYPE_CHECKING:

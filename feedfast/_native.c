@@ -2,7 +2,7 @@
  *
  * decode_region: decode only a region of a JPEG, with libjpeg-turbo.
  *
- * Pillow decodes a JPEG whole (or down to a row, feedfast.loader.pil_fast.load_rows). A random
+ * Pillow decodes a JPEG whole (or down to a row, feedfast.loader.backends.cpu.pil_fast.load_rows). A random
  * resized crop reads a part of it: libjpeg-turbo's jpeg_skip_scanlines (rows above the region:
  * entropy-decoded, not transformed) and jpeg_crop_scanline (columns outside it: no inverse DCT,
  * no upsampling, no colour conversion) leave the rest out, as DALI's ROI decoding does. Rows
@@ -628,7 +628,7 @@ sample_into(PyObject *self, PyObject *args)
 
 /* ---- sample_batch: sample_into over a chunk of planned samples (feedfast/_plan.c), one GIL release ---- */
 
-/* Columns of a plan row (feedfast/_plan.c, feedfast.loader.batchplan). */
+/* Columns of a plan row (feedfast/_plan.c, feedfast.loader.backends.cpu.batchplan). */
 enum { P_COLS = 24, P_STATUS = 0, P_FACTOR = 3, P_REGION = 4, P_BOX = 8, P_CLIP = 14, P_RESAMPLE = 18, P_HFLIP = 19,
        P_VFLIP = 20 };
 
@@ -742,7 +742,7 @@ resample_isa(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"sample_batch", sample_batch, METH_VARARGS,
      "sample_batch(raws, plans, done, template, batch, mean, inv, gray, chw, margin, flavour, reducing_gap)\n\n"
-     "sample_into over a chunk of planned samples (feedfast.loader.batchplan), one GIL release: `raws` holds each "
+     "sample_into over a chunk of planned samples (feedfast.loader.backends.cpu.batchplan), one GIL release: `raws` holds each "
      "sample's JPEG as bytes, any contiguous buffer (a memoryview or NumPy slice of a fetched window) or None; each sample "
      "whose plan row is OK is written into its slot of `batch` (shaped as `template`, one slot "
      "per raw) and its `done` byte set to 1; 0 where it was not (the caller makes it another way)."},

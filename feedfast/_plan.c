@@ -1,11 +1,11 @@
 /* feedfast._plan: a batch's image geometry for the threaded CPU path, in C, without the GIL.
  *
- * The threaded path (feedfast.loader.thread_sample) walks a sample's image chain in Python: it
+ * The threaded path (feedfast.loader.backends.cpu.thread_sample) walks a sample's image chain in Python: it
  * reads the JPEG's frame header, draws the random crop and the flips, and composes the chain
  * into one view (a box of the source resampled to a size), then picks the DCT scaling and the
  * region to decode. That is tens of microseconds of Python per sample. plan_batch does the same
  * for a whole batch in one call, with the same arithmetic (IEEE doubles, libm's exp and sqrt,
- * round half to even, the counter-based draws of feedfast.loader.draws), so it gives the same
+ * round half to even, the counter-based draws of feedfast.order.draws), so it gives the same
  * numbers: tests/test_plan_native.py checks it against the Python walk, sample for sample.
  *
  * read_batch(fds, offsets, sizes) -> list of bytes
@@ -59,7 +59,7 @@ enum { ST_OK = 0, ST_NOT_REGION = 1, ST_FALLBACK = 2, ST_BOMB = 3, ST_LARGE = 4 
 
 #define REFILTER_REACH 3.0
 
-/* ---- the draws (feedfast.loader.draws.uniforms) ------------------------------------------------------ */
+/* ---- the draws (feedfast.order.draws.uniforms) ------------------------------------------------------ */
 
 static inline uint64_t
 mix64(uint64_t z)
@@ -102,7 +102,7 @@ round_even(double x)
     return (long)nearbyint(x); /* the default rounding mode: half to even, as Python's round */
 }
 
-/* ---- the view (feedfast.loader.thread_sample.View) ---------------------------------------------------- */
+/* ---- the view (feedfast.loader.backends.cpu.thread_sample.View) ---------------------------------------------------- */
 
 typedef struct {
     double box[4];
@@ -220,7 +220,7 @@ draft_factor(const View *v, long allowed)
     return 1;
 }
 
-/* feedfast.loader.thread_sample.region_needed for one view */
+/* feedfast.loader.backends.cpu.thread_sample.region_needed for one view */
 static void
 region_needed(const View *v, double scale, long width, long height, long out[4])
 {
@@ -242,7 +242,7 @@ region_needed(const View *v, double scale, long width, long height, long out[4])
     out[2] = r < width ? r : width, out[3] = b < height ? b : height;
 }
 
-/* ---- the frame header (feedfast.loader.pil_fast.jpeg_header) ---------------------------------------- */
+/* ---- the frame header (feedfast.loader.backends.cpu.pil_fast.jpeg_header) ---------------------------------------- */
 
 typedef struct {
     struct jpeg_error_mgr pub;

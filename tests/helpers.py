@@ -10,7 +10,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from feedfast.sources.synth import synth_shards
+from feedfast.write.synth import synth_shards
 
 SMALL_SPEC: dict[str, Any] = {
     "version": 1,

@@ -2,7 +2,7 @@
 
 The server runs in its own process (its CPU and GIL are not the loader's); while the context is
 open, the AWS variables point every client at it with fake credentials and no config file, and
-fsspec's cached clients and feedfast's signer (:mod:`feedfast.sources.s3sign`) are cleared on the
+fsspec's cached clients and feedfast's signer (:mod:`feedfast.shards.transport.s3sign`) are cleared on the
 way in and out (none may point elsewhere).
 """
 
@@ -40,8 +40,7 @@ def moto_s3(scratch: Path) -> Iterator[str]:
     """
     import s3fs
 
-    from feedfast.sources import s3sign
-
+    from feedfast.shards.transport import s3sign
     proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdin is not None
     line = proc.stdout.readline()

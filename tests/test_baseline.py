@@ -25,8 +25,8 @@ from feedfast.baseline.shard_dataset import ShardSamples
 from feedfast.baseline.vision import transforms
 from feedfast.errors import UserError
 from feedfast.ops import pil_ops
-from feedfast.sources.index import load_index
-from feedfast.sources.synth import synth_shards
+from feedfast.shards.index.tarindex import load_index
+from feedfast.write.synth import synth_shards
 from tests.helpers import SMALL_SPEC, needs
 
 TINY = {"min_side": 40, "max_side": 64, "num_classes": 10**9}

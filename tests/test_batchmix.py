@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from feedfast.ops.batchmix import MixParams, draw_params, mix_images, soft_targets
-from feedfast.spec.mixsettings import MixSettings, problem
+from feedfast.spec.batchmix_settings import MixSettings, problem
 from tests.helpers import extra
 
 
@@ -85,7 +85,7 @@ def test_uint8_blends_round_as_timms_fast_collate() -> None:
 def test_lambda_distribution_matches_timms() -> None:
     """The loader's counter-based draws (Philox) against timm's np.random: the lambdas, KS at alpha 0.001."""
     timm_mixup = extra("timm.data.mixup")
-    from feedfast.loader.draws import batch_generator
+    from feedfast.order.draws import batch_generator
 
     knobs = dict(num_classes=10, mixup_alpha=0.8, cutmix_alpha=1.0, mode="elem", prob=0.8, correct_lam=False)
     settings, timm = MixSettings(**knobs), timm_mixup.Mixup(**knobs)  # lambdas as drawn, before any box corrects them
@@ -101,7 +101,7 @@ def test_lambda_distribution_matches_timms() -> None:
 
 def test_box_area_distribution_matches_timms() -> None:
     timm_mixup = extra("timm.data.mixup")
-    from feedfast.loader.draws import batch_generator
+    from feedfast.order.draws import batch_generator
 
     settings = MixSettings(num_classes=10, mixup_alpha=0.0, cutmix_alpha=1.0, mode="elem")
     np.random.seed(3)
@@ -157,7 +157,7 @@ def test_torchvision_recipe_pixels_and_targets(kind: str) -> None:
 def test_torchvision_box_area_distribution() -> None:
     v2 = extra("torchvision.transforms.v2")
 
-    from feedfast.loader.draws import batch_generator
+    from feedfast.order.draws import batch_generator
 
     cutmix = v2.CutMix(alpha=1.0, num_classes=10)
     torch.manual_seed(0)
@@ -204,8 +204,7 @@ def test_bad_settings_are_named(change: dict, key: str) -> None:
 @pytest.fixture(params=["c", "torch"])
 def in_place_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Mixing in place on the CPU through the C extension (where built), and through torch's operations (the GPU's)."""
-    from feedfast.loader import native
-
+    from feedfast.loader.backends.cpu import native
     if request.param == "torch":
         monkeypatch.setattr(native, "ext", None)
     elif not native.built():
@@ -227,7 +226,7 @@ def test_in_place_reads_every_source_before_writing(mode: str, in_place_path: st
 def test_lambda_distribution_matches_torchvisions_mixup() -> None:
     v2 = extra("torchvision.transforms.v2")
 
-    from feedfast.loader.draws import batch_generator
+    from feedfast.order.draws import batch_generator
 
     mixup = v2.MixUp(alpha=0.2, num_classes=10)
     torch.manual_seed(0)

@@ -12,10 +12,10 @@ import torch
 from PIL import Image
 
 from feedfast.compile.pil import compile_pil
-from feedfast.loader import batchplan
-from feedfast.loader.draws import batch_draws, draws_key
-from feedfast.loader.pil_fast import jpeg_header
-from feedfast.loader.thread_sample import NeedsFallback, View, _geometry, draft_factor, region_needed
+from feedfast.loader.backends.cpu import batchplan
+from feedfast.loader.backends.cpu.pil_fast import jpeg_header
+from feedfast.loader.backends.cpu.thread_sample import NeedsFallback, View, _geometry, draft_factor, region_needed
+from feedfast.order.draws import batch_draws, draws_key
 from feedfast.spec import load_spec
 
 pytestmark = pytest.mark.skipif(batchplan.ext is None, reason="feedfast._plan is not built")
@@ -177,9 +177,9 @@ def test_planned_batches_equal_the_python_walk(shards: list[str], chain: list[An
     """Bit for bit: the plan with Pillow's resize, the plan with the extension's one call, and no plan."""
     from feedfast import _env
     from feedfast.compile.plan import build_plan
-    from feedfast.loader import native
-    from feedfast.loader.backends.threads import run_thread_epoch
-    from feedfast.sources.assign import plan_epoch
+    from feedfast.loader.backends.cpu import native
+    from feedfast.loader.backends.cpu.threads import run_thread_epoch
+    from feedfast.order.deal import plan_epoch
     from feedfast.sources.dataset import open_shards
 
     spec = load_spec({"pipeline": {"image": chain, "label": ["label"]}, "outputs": ["image", "label"],
@@ -240,9 +240,9 @@ def test_plan_batch_reads_any_contiguous_buffer_as_it_reads_bytes() -> None:
 
 
 def test_sample_batch_makes_the_same_pixels_from_any_contiguous_buffer() -> None:
-    from feedfast.loader import native
-    from feedfast.loader.pil_fast import REGION_MARGIN
-    from feedfast.loader.thread_sample import REDUCING_GAP
+    from feedfast.loader.backends.cpu import native
+    from feedfast.loader.backends.cpu.pil_fast import REGION_MARGIN
+    from feedfast.loader.backends.cpu.thread_sample import REDUCING_GAP
 
     flavour = native.resample_flavour()
     if native.ext is None or flavour is None:
@@ -265,8 +265,7 @@ def test_sample_batch_makes_the_same_pixels_from_any_contiguous_buffer() -> None
 
 
 def test_a_buffer_that_is_not_contiguous_or_not_a_buffer_is_a_type_error_naming_its_place() -> None:
-    from feedfast.loader import native
-
+    from feedfast.loader.backends.cpu import native
     plan_chain = batchplan.chain_of(compile_pil(_spec(SMALL)))
     assert plan_chain is not None
     raw = _jpeg(64, 48)

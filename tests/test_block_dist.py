@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from feedfast.sources.assign import plan_epoch
-from feedfast.sources.index import scan_tar
+from feedfast.order.deal import plan_epoch
+from feedfast.shards.index.tarindex import scan_tar
 from tests.helpers import ROOT, SMALL_SPEC, free_port, make_shards, rank_report, spawn_ranks
 from tests.rangeserver import RangeServer
 

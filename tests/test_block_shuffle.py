@@ -12,13 +12,13 @@ import pytest
 
 import feedfast
 from feedfast.errors import SpecError, UserError
-from feedfast.sources.assign import partition_for, plan_epoch, rank_range, step_positions
+from feedfast.loader.backends.dali.feed import BatchFeeder
+from feedfast.order.deal import partition_for, plan_epoch, rank_range, step_positions
+from feedfast.order.epoch import BlockShuffle, block_order, shard_windows
+from feedfast.order.rows import epoch_rows
+from feedfast.shards.index.tarindex import load_index, scan_tar
+from feedfast.shards.transport.remote import Transfer
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.feeder import BatchFeeder
-from feedfast.sources.index import load_index, scan_tar
-from feedfast.sources.order import BlockShuffle, block_order, shard_windows
-from feedfast.sources.remote import Transfer
-from feedfast.sources.rows import epoch_rows
 from feedfast.spec.load import load_spec
 from tests.helpers import SMALL_SPEC, keys_of_epoch, make_shards
 from tests.rangeserver import RangeServer
@@ -225,8 +225,8 @@ def test_gs_shards_through_the_transport_block_shuffled_and_under_skip(local: li
 
 def test_a_stretch_of_rows_equals_the_whole_epoch_sorted_at_once() -> None:
     """BlockOrder sorts only the places around the rows asked for: the same order as sorting every key."""
-    from feedfast.sources.order import BlockOrder
-    from feedfast.sources.permute import mix64
+    from feedfast.order.epoch import BlockOrder
+    from feedfast.order.permute import mix64
 
     order = BlockOrder([1000] * 30, rank=1, world=3, shuffle=BlockShuffle(512, 16), seed=0, epoch=2)
     places = np.arange(order.count)
@@ -243,8 +243,7 @@ def test_a_stretch_of_rows_equals_the_whole_epoch_sorted_at_once() -> None:
 
 def test_a_threaded_http_epoch_reads_each_shard_in_few_requests_and_every_sample_once(
         local: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from feedfast.sources import feeder
-
+    from feedfast.loader.backends.dali import feed as feeder
     spec = {**SMALL_SPEC, "shuffle": {"buffer": 64, "shards": True, "block": 64, "window": 1}}  # a window a sample
 
     def epoch_requests(widen: bool) -> tuple[int, list[str]]:

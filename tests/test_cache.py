@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import feedfast
-from feedfast.sources.cache import ShardCache
-from feedfast.sources.remote import RemoteError, Transfer
+from feedfast.shards.transport.cache import ShardCache
+from feedfast.shards.transport.remote import RemoteError, Transfer
 from tests.helpers import keys_of_epoch
 from tests.rangeserver import RangeServer
 

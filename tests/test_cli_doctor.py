@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from feedfast.checks.decoders import IMAGE_CODECS, PIL_CODECS
 from feedfast.cli import sysprobe
 from feedfast.cli.doctor import collect, limits, pil_simd_level, problems, sample_jpeg
 from feedfast.cli.main import main
-from feedfast.sources.decoders import IMAGE_CODECS, PIL_CODECS
 
 FAST = ["--decode-seconds", "0.05"]
 

@@ -39,8 +39,7 @@ def _backend_line(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 
 
 def test_the_backend_line_says_what_auto_runs_and_how(capsys: pytest.CaptureFixture[str]) -> None:
-    from feedfast.loader import batchplan
-
+    from feedfast.loader.backends.cpu import batchplan
     line = _backend_line(capsys, "imagenet-train", "--device", "cpu")
     assert "auto: threads, because every op runs on the threaded path" in line
     assert "(local and remote shards alike: remote ones read by range ahead of decoding)" in line

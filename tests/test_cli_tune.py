@@ -10,7 +10,7 @@ import yaml
 
 from feedfast.cli.main import main
 from feedfast.cli.tune import HW_LOADS, candidates
-from feedfast.loader import tune
+from feedfast.loader import autotune as tune
 from feedfast.spec import load_spec
 from tests.helpers import make_shards
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from feedfast.errors import ShardError
-from feedfast.sources import columnar
-from feedfast.sources.columnar import dataset_index
-from feedfast.sources.index import first_member, load_index, read_index
+from feedfast.shards.index import columnar
+from feedfast.shards.index.columnar import dataset_index
+from feedfast.shards.index.tarindex import first_member, load_index, read_index
 from tests.helpers import make_shards
 
 EXTS = [frozenset({"jpg", "jpeg"}), frozenset({"cls"})]

@@ -9,7 +9,7 @@ import pytest
 
 import feedfast
 from feedfast.errors import FeedfastError, SampleError
-from feedfast.loader.diagnose import diagnose, first_line
+from feedfast.loader.backends.dali.diagnose import diagnose, first_line
 from tests.corpus import write_hostile
 from tests.helpers import SMALL_SPEC
 
@@ -65,7 +65,7 @@ def test_candidates_narrow_the_search(shard: str) -> None:
 
 
 def test_the_unnarrowed_scan_is_bounded(shard: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import feedfast.loader.diagnose as d
+    import feedfast.loader.backends.dali.diagnose as d
 
     loader = _loader(shard)
     monkeypatch.setattr(d, "SCAN_LIMIT", 1)  # png_bad_crc is the second sample
@@ -76,7 +76,7 @@ def test_a_failure_no_image_explains_is_named_from_dalis_message(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """As when nvJPEG rejects a file DALI's CPU decoder reads: the rescue finds no image to blame, so the failure is
     raised, naming the sample DALI's message names, with DALI's reason."""
-    from feedfast.loader.backends.dali_pipe import EpochPipe
+    from feedfast.loader.backends.dali.pipe import EpochPipe
 
     shard = str(write_hostile(tmp_path, ["jpeg", "ppm", "bmp", "png16"]))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from feedfast.loader.draws import DRAWS, batch_draws, draws_key, uniforms
+from feedfast.order.draws import DRAWS, batch_draws, draws_key, uniforms
 
 
 def test_a_samples_draws_depend_on_seed_epoch_and_sample_only() -> None:
@@ -38,7 +38,7 @@ def test_uniform_and_randint_cover_their_ranges_evenly() -> None:
 
 
 def _numpy_stream_key(key: int, n: int) -> int:
-    from feedfast.sources.permute import mix64
+    from feedfast.order.permute import mix64
 
     with np.errstate(over="ignore"):
         return int(mix64(np.uint64(key) ^ (np.uint64(n + 1) * np.uint64(0x9E3779B97F4A7C15))))

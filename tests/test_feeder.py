@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 
 from feedfast.errors import ShardError
-from feedfast.sources import feeder
-from feedfast.sources.assign import plan_epoch, step_positions
-from feedfast.sources.cache import ShardCache
+from feedfast.loader.backends.dali import feed as feeder
+from feedfast.loader.backends.dali.feed import BatchFeeder, WindowCache
+from feedfast.order.deal import plan_epoch, step_positions
+from feedfast.order.rows import epoch_rows
+from feedfast.shards.index.tarindex import format_index, scan_tar
+from feedfast.shards.transport.cache import ShardCache
+from feedfast.shards.transport.remote import Transfer
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.feeder import BatchFeeder, WindowCache
-from feedfast.sources.index import format_index, scan_tar
-from feedfast.sources.remote import Transfer
-from feedfast.sources.rows import epoch_rows
 from tests.helpers import make_shards
 
 
 class _Windows:
-    """Windows of 4 consecutive samples (the Windows protocol of feedfast.sources.feeder)."""
+    """Windows of 4 consecutive samples (the Windows protocol of feedfast.loader.backends.dali.feed)."""
 
     def __init__(self, samples: int) -> None:
         self.samples = samples

@@ -71,7 +71,7 @@ def test_an_op_forced_onto_the_gpu_without_cuda_is_refused_naming_it(small_spec:
 def test_a_gpu_plan_is_never_built_without_a_device_id(small_spec: dict, shards: list[str]) -> None:
     from feedfast.compile.plan import build_plan
     from feedfast.errors import BackendError
-    from feedfast.loader.backends.dali_pipe import make_pipeline
+    from feedfast.loader.backends.dali.pipe import make_pipeline
 
     loader = feedfast.DataLoader(small_spec, shards=shards, backend="dali")
     plan = build_plan(loader.spec, device="gpu")
@@ -230,8 +230,7 @@ def test_default_threads_are_this_ranks_share_of_the_cores(monkeypatch: pytest.M
 # ---------------------------------------------------------------------------- 6: the next epoch's build
 def test_the_batch_that_triggers_the_next_epochs_build_is_handed_over_before_the_build(
         monkeypatch: pytest.MonkeyPatch, small_spec: dict, shards: list[str]) -> None:
-    from feedfast.loader.backends import dali as backends
-
+    from feedfast.loader.backends.dali import backend as backends
     made: list[int] = []
     handed: list[int] = []
     at_build: list[tuple[int, int]] = []
@@ -265,7 +264,7 @@ def test_the_batch_that_triggers_the_next_epochs_build_is_handed_over_before_the
 
 # ---------------------------------------------------------------------------- 7: DALI checkpoints
 def _checkpoints(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    from feedfast.loader.backends.dali_pipe import EpochPipe
+    from feedfast.loader.backends.dali.pipe import EpochPipe
 
     taken: list[int] = []
     original = EpochPipe.checkpoint
@@ -285,7 +284,7 @@ def test_dali_checkpoints_only_when_a_state_needs_one(monkeypatch: pytest.Monkey
     spec["batch"] = {"size": 1}  # 23 steps
     plain = feedfast.DataLoader(spec, shards=shards, backend="dali", num_workers=1)
     assert sum(1 for _ in plain) == 23 and len(taken) < 23, f"{len(taken)} checkpoints in 23 batches"
-    from feedfast.loader.backends.dali_pipe import CHECKPOINT_EVERY
+    from feedfast.loader.backends.dali.pipe import CHECKPOINT_EVERY
 
     assert len(taken) == 23 // CHECKPOINT_EVERY
     taken.clear()
@@ -306,7 +305,7 @@ def test_a_dali_state_between_checkpoints_resumes_exactly(small_spec: dict, shar
     for _ in range(stop):
         next(it)
     state = loader.state_dict()
-    from feedfast.loader.backends.dali_pipe import CHECKPOINT_EVERY
+    from feedfast.loader.backends.dali.pipe import CHECKPOINT_EVERY
 
     anchor = stop // CHECKPOINT_EVERY * CHECKPOINT_EVERY  # DALI's last checkpoint, or the epoch's start (null)
     assert state["step"] == stop and (state["dali"] or {"step": 0})["step"] == anchor

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import feedfast
+from feedfast.checks.worker import CheckPool, Failed
 from feedfast.errors import FeedfastError, SampleError
-from feedfast.sources.checkworker import CheckPool, Failed
 from tests.corpus import hostile_images, mutate, noisy_png, write_hostile
 from tests.helpers import SMALL_SPEC
 
@@ -218,7 +218,7 @@ def test_to_8bit_scales_16_bit_images_instead_of_clipping() -> None:
     import numpy as np
     from PIL import Image
 
-    from feedfast.sources.decoders import to_8bit
+    from feedfast.checks.decoders import to_8bit
 
     img = Image.open(io.BytesIO(IMAGES["png16"][0]))
     assert img.mode.startswith("I")
@@ -289,7 +289,7 @@ def test_mutated_files_of_every_format_get_a_verdict_quickly() -> None:
     """Truncated, bit-flipped and zeroed copies of every corpus file: a verdict each, none raises, none hangs."""
     import random
 
-    from feedfast.sources.checkworker import pool
+    from feedfast.checks.worker import pool
 
     rng = random.Random(14)
     jobs, names = [], []
@@ -311,7 +311,7 @@ def test_mutated_files_of_every_format_get_a_verdict_quickly() -> None:
 
 
 def test_pil_codecs_lists_each_codec() -> None:
-    from feedfast.sources.decoders import pil_codecs
+    from feedfast.checks.decoders import pil_codecs
 
     codecs = pil_codecs()
     assert set(codecs) >= {"jpg", "zlib", "libtiff", "webp", "jpg_2000", "littlecms2"}
@@ -359,15 +359,15 @@ def test_a_successful_run_over_the_hostile_corpus_prints_nothing_but_its_own_out
     assert proc.stderr == ""  # no DALI [ERROR] lines, no libpng or PIL warnings
     logged = "\n".join(json.loads(said))
     assert "[libtiff_decoder]" in logged and "libpng error: IDAT: CRC error" in logged  # DALI's, under raise
-    from feedfast.loader import native
-
-    # PIL's, on the threads backend, where Pillow reads the JPEG's markers; feedfast's extension reads the header in C
+    from feedfast.loader.backends.cpu import (
+        native,  # PIL's, on the threads backend, where Pillow reads the JPEG's markers; feedfast's extension reads the header in C
+    )
     # and never parses that EXIF, so there is no warning to route
     assert ("Corrupt EXIF data" in logged) != native.built()
 
 
 def test_dali_check_refuses_too_many_pixels_from_the_header() -> None:
-    from feedfast.sources.decoders import DaliDecoder
+    from feedfast.checks.decoders import DaliDecoder
 
     dali = DaliDecoder()
     if not dali.available:
@@ -399,7 +399,7 @@ def test_a_worker_that_died_while_idle_is_replaced() -> None:
 def test_a_forked_child_neither_uses_nor_kills_the_parents_workers() -> None:
     import os
 
-    from feedfast.sources.checkworker import pool
+    from feedfast.checks.worker import pool
 
     parent = pool()
     list(parent.map([("check", IMAGES["jpeg"][0], MAX_PIXELS, True)]))

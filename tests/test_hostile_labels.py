@@ -151,7 +151,7 @@ def test_a_label_offset_that_takes_a_label_out_of_int64_is_refused(tmp_path: Pat
 
 
 def test_only_fields_whose_ops_can_refuse_bytes_are_read_when_opening() -> None:
-    from feedfast.sources.labelchecks import host_fields
+    from feedfast.checks.labels import host_fields
     from feedfast.spec import load_spec
 
     spec = _spec("skip")

@@ -23,8 +23,15 @@ import pytest
 import feedfast
 from feedfast.cli.main import main
 from feedfast.errors import ShardError
-from feedfast.sources.index import default_index_path, format_index, load_index, parse_index, read_index, scan_tar
-from feedfast.sources.indexnotes import UNKNOWN_KEY
+from feedfast.shards.index.notes import UNKNOWN_KEY
+from feedfast.shards.index.tarindex import (
+    default_index_path,
+    format_index,
+    load_index,
+    parse_index,
+    read_index,
+    scan_tar,
+)
 
 BACKENDS = ["dali", "threads"]
 KEYS = [f"k{i}" for i in range(10)]

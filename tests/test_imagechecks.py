@@ -16,14 +16,15 @@ import pytest
 from PIL import Image
 
 import feedfast
+from feedfast.checks import checked
+from feedfast.checks import images as imagechecks
+from feedfast.checks.checked import check_members, check_shard, check_shards
+from feedfast.checks.decoders import PLAIN_SCANS, Verdicts, check_image, jpeg_scans
+from feedfast.checks.images import _cuts, _one_by_one, run_checks
+from feedfast.checks.validate import SNIFF_BYTES, Verdict, to_png
+from feedfast.checks.worker import CheckPool, Failed
 from feedfast.errors import SampleError
-from feedfast.sources import checked, imagechecks
-from feedfast.sources.checked import check_members, check_shard, check_shards
-from feedfast.sources.checkworker import CheckPool, Failed
-from feedfast.sources.decoders import PLAIN_SCANS, Verdicts, check_image, jpeg_scans
-from feedfast.sources.imagechecks import _cuts, _one_by_one, run_checks
-from feedfast.sources.index import scan_tar
-from feedfast.sources.validate import SNIFF_BYTES, Verdict, to_png
+from feedfast.shards.index.tarindex import scan_tar
 from tests.corpus import hostile_images, mutate, write_hostile, write_tar
 from tests.helpers import SMALL_SPEC
 from tests.jpegcases import fuzz_members, jpeg, scan_bomb

@@ -13,7 +13,7 @@ import pytest
 
 import feedfast
 from feedfast.errors import ShardError
-from feedfast.sources.index import (
+from feedfast.shards.index.tarindex import (
     Member,
     Sample,
     cached_index_path,
@@ -250,7 +250,7 @@ def test_tar_cut_at_a_member_boundary(tmp_path: Path) -> None:
 
 
 def test_escaped_names_are_one_word_of_one_line_and_come_back() -> None:
-    from feedfast.sources.index import escape_name, unescape_name
+    from feedfast.shards.index.tarindex import escape_name, unescape_name
 
     for name in ["a\rb", "c\u2028d", "e\u2029f", "g\x85h", "t\tu", "v\x0bw\x0cx", "y\x1cz\x1d", "%", "%20",
                  " lead", "nb\u00a0sp", "名前", "\udcff\udc80raw", "nul\x00x", "plain"]:
@@ -263,8 +263,8 @@ def test_escaped_names_are_one_word_of_one_line_and_come_back() -> None:
 
 
 def test_notes_on_the_first_line_round_trip_and_dali_style_readers_see_the_count() -> None:
-    from feedfast.sources.index import parse_index_notes
-    from feedfast.sources.indexnotes import IndexNotes
+    from feedfast.shards.index.notes import IndexNotes
+    from feedfast.shards.index.tarindex import parse_index_notes
 
     samples = [Sample("a", (Member("a", "cls", 512, 1, "a.cls"),))]
     notes = IndexNotes(1, "1024:abc", ("x y", "k,1"), "shard 's.tar' is cut: at offset 9", ("b:c",))
@@ -277,7 +277,7 @@ def test_notes_on_the_first_line_round_trip_and_dali_style_readers_see_the_count
 
 
 def test_a_repeated_key_is_noted_on_the_index_and_left_out_again_when_it_is_read(tmp_path: Path) -> None:
-    from feedfast.sources.index import left_out
+    from feedfast.shards.index.tarindex import left_out
 
     shard = tmp_path / "s.tar"
     with tarfile.open(shard, "w") as tar:
@@ -293,7 +293,7 @@ def test_a_repeated_key_is_noted_on_the_index_and_left_out_again_when_it_is_read
 
 
 def test_salvage_indexes_the_samples_before_the_damage_into_the_cache(tmp_path: Path) -> None:
-    from feedfast.sources.index import cached_index_path, left_out
+    from feedfast.shards.index.tarindex import cached_index_path, left_out
 
     shard = _cut_copy(tmp_path, lambda s: s[-1].members[0].offset + 10)  # inside the last sample's .txt
     where, samples = None, None
@@ -308,7 +308,7 @@ def test_salvage_indexes_the_samples_before_the_damage_into_the_cache(tmp_path: 
 
 
 def test_an_index_that_does_not_describe_its_shard_is_rebuilt_with_the_reason(tmp_path: Path) -> None:
-    from feedfast.sources.index import checked_index
+    from feedfast.shards.index.tarindex import checked_index
 
     shard = tmp_path / "s.tar"
     write_tar(shard, KEYS, tarfile.PAX_FORMAT)
@@ -331,6 +331,6 @@ def test_an_index_that_does_not_describe_its_shard_is_rebuilt_with_the_reason(tm
 
 
 def parse_index_notes_of(where: Path) -> object:
-    from feedfast.sources.index import parse_index_notes
+    from feedfast.shards.index.tarindex import parse_index_notes
 
     return parse_index_notes(where.read_text())[1]

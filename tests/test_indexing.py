@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from feedfast.errors import ShardError, UserError
-from feedfast.sources import index, indexing
-from feedfast.sources.index import cached_index_path, default_index_path, format_index, load_index, scan_tar
-from feedfast.sources.indexcheck import shard_fingerprint
-from feedfast.sources.indexing import chunked, fresh_index, prepare_indexes, sample_count
-from feedfast.sources.indexnotes import IndexNotes
+from feedfast.shards.index import indexing
+from feedfast.shards.index import tarindex as index
+from feedfast.shards.index.check import shard_fingerprint
+from feedfast.shards.index.indexing import chunked, fresh_index, prepare_indexes, sample_count
+from feedfast.shards.index.notes import IndexNotes
+from feedfast.shards.index.tarindex import cached_index_path, default_index_path, format_index, load_index, scan_tar
 
 
 def write_shards(folder: Path, count: int, per_shard: int = 3) -> list[str]:

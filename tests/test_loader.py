@@ -190,7 +190,7 @@ def test_pipelines_are_built_off_the_training_thread_and_the_next_epoch_ahead(
         monkeypatch: pytest.MonkeyPatch, small_spec: dict, shards: list[str]) -> None:
     import threading
 
-    import feedfast.loader.backends.dali as backends
+    import feedfast.loader.backends.dali.backend as backends
 
     built: list[tuple[int, str]] = []
     real = backends.make_pipeline

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from feedfast.errors import ShardError
-from feedfast.sources.assign import plan_epoch, step_positions
-from feedfast.sources.cache import ShardCache
+from feedfast.loader.backends.dali.feed import BatchFeeder, Filled
+from feedfast.order.deal import plan_epoch, step_positions
+from feedfast.order.rows import epoch_rows
+from feedfast.shards.index.tarindex import format_index, scan_tar
+from feedfast.shards.transport.cache import ShardCache
+from feedfast.shards.transport.remote import Transfer
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.feeder import BatchFeeder, Filled
-from feedfast.sources.index import format_index, scan_tar
 from feedfast.sources.lostrows import LostShards, lost_last
-from feedfast.sources.remote import Transfer
-from feedfast.sources.rows import epoch_rows
 from tests.helpers import make_shards
 
 

@@ -13,7 +13,7 @@ from PIL import Image
 import feedfast
 from feedfast.cli.main import main
 from feedfast.errors import UserError
-from feedfast.sources.make import parse_size
+from feedfast.write.make import parse_size
 
 SPEC = {"pipeline": {"image": ["decode", {"resize": {"size": [16, 16]}}, "normalize"], "label": ["label"]},
         "source": {"components": {"image": {"ext": "jpg;jpeg;png", "kind": "image"}, "label": {"ext": "cls", "kind": "label"}}},

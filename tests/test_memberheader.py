@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from feedfast.sources.index import scan_tar
-from feedfast.sources.memberheader import BLOCK, first_problem, header_problem
+from feedfast.shards.index.tarindex import scan_tar
+from feedfast.shards.tar.memberheader import BLOCK, first_problem, header_problem
 
 NAMES = ["a.jpg", "a.cls", "dir/b.jpg", "dir/b.cls", "x" * 120 + ".jpg", "p" * 90 + "/" + "q" * 60 + ".cls",
          "é/ü-c.jpg", "é/ü-c.cls", "k" * 97 + ".json", "d.seg.png"]

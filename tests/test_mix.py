@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import feedfast
 from feedfast.errors import UserError
-from feedfast.sources.mix import draw, source_counts
+from feedfast.sources.mixture import draw, source_counts
 from tests.helpers import make_shards
 
 

@@ -1,4 +1,4 @@
-"""The spec's batch.mix in the loader (feedfast.loader.mix_batch): soft targets out, resumable, per-rank draws."""
+"""The spec's batch.mix in the loader (feedfast.loader.batchmix_stage): soft targets out, resumable, per-rank draws."""
 
 from __future__ import annotations
 
@@ -61,11 +61,11 @@ def test_a_resumed_epoch_mixes_exactly_as_the_uninterrupted_one(small_spec: dict
 
 
 def test_each_rank_draws_its_own(small_spec: dict, shards: list[str]) -> None:
-    from feedfast.loader.mix_batch import mix_stage
+    from feedfast.loader.batchmix_stage import mix_stage
 
     loader = _loader(_spec(small_spec, mode="batch"), shards)
     stages = [mix_stage(loader.spec, loader.plan, rank=r, world=2) for r in range(2)]
-    from feedfast.loader.draws import batch_generator
+    from feedfast.order.draws import batch_generator
     lams = [[float(batch_generator(3, 0, s.rank, 2, step).random(1)[0]) for step in range(4)] for s in stages if s]
     assert lams[0] != lams[1]
 

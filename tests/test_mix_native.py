@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from feedfast.loader import native
+from feedfast.loader.backends.cpu import native
 from feedfast.ops.batchmix import MixParams, MixSettings, draw_params, mix_images
 
 pytestmark = pytest.mark.skipif(not native.built(), reason="feedfast._native is not built")

@@ -1,4 +1,4 @@
-"""The spec's ``batch.mix`` section (feedfast.spec.mixsection): validated, printed back, shown by ``feedfast plan``."""
+"""The spec's ``batch.mix`` section (feedfast.spec.batchmix_section): validated, printed back, shown by ``feedfast plan``."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ import torch
 
 import feedfast
 from feedfast.errors import UserError
-from feedfast.loader.draws import batch_generator
 from feedfast.ops.batchmix import MixSettings, draw_params, mix_images, soft_targets
+from feedfast.order.draws import batch_generator
 
 
 def test_call_is_the_pure_functions_over_its_own_counter_draws() -> None:

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from feedfast.loader import native, pil_fast
-from feedfast.sources.synth import make_image
+from feedfast.loader.backends.cpu import native, pil_fast
+from feedfast.write.synth import make_image
 
 pytestmark = pytest.mark.skipif(not native.built(), reason="feedfast._native is not built here")
 

@@ -20,8 +20,8 @@ import pytest
 import torch
 from PIL import Image
 
-from feedfast.loader.draws import batch_draws
 from feedfast.ops import autoaug, autoaug_arrays, recipe
+from feedfast.order.draws import batch_draws
 from tests.corpus import photo
 
 tv_autoaugment = pytest.importorskip("torchvision.transforms.autoaugment")
@@ -379,9 +379,9 @@ def _recipe_spec(ops: list[Any] = RECIPE) -> Any:
 def _epoch(spec: Any, shards: list[str], backend: str, *, workers: int = 2, epoch: int = 0) -> list[Any]:
     from feedfast import _env
     from feedfast.compile.plan import build_plan
-    from feedfast.loader.backends.pil import run_pil_epoch
-    from feedfast.loader.backends.threads import run_thread_epoch
-    from feedfast.sources.assign import plan_epoch
+    from feedfast.loader.backends.cpu.pil import run_pil_epoch
+    from feedfast.loader.backends.cpu.threads import run_thread_epoch
+    from feedfast.order.deal import plan_epoch
     from feedfast.sources.dataset import open_shards
 
     sset = open_shards(shards, spec, _env.cache_dir())
@@ -394,8 +394,7 @@ def _epoch(spec: Any, shards: list[str], backend: str, *, workers: int = 2, epoc
 
 @pytest.fixture()
 def no_draft(monkeypatch: pytest.MonkeyPatch) -> None:
-    from feedfast.loader import thread_sample
-
+    from feedfast.loader.backends.cpu import thread_sample
     monkeypatch.setattr(thread_sample, "_DRAFT_FACTORS", ())
 
 
@@ -412,8 +411,8 @@ def test_the_threaded_path_runs_the_recipe_with_the_pil_backend_s_pixels(shards:
     uint8 pixels the op runs on are made by the extension in one call or by Pillow."""
     from feedfast.compile.pil import compile_pil
     from feedfast.compile.plan import build_plan
-    from feedfast.loader import batchplan, native
-    from feedfast.loader.backends.threads import chunk_way, fast_path_supported
+    from feedfast.loader.backends.cpu import batchplan, native
+    from feedfast.loader.backends.cpu.threads import chunk_way, fast_path_supported
 
     if one_call and (batchplan.ext is None or native.resample_flavour() is None):
         pytest.skip("the extension's one call is not built here")
@@ -447,7 +446,7 @@ def test_the_shipped_recipe_validates_and_runs_on_the_threaded_path() -> None:
     from pathlib import Path
 
     from feedfast.compile.plan import build_plan
-    from feedfast.loader.backends.threads import fast_path_supported
+    from feedfast.loader.backends.cpu.threads import fast_path_supported
     from feedfast.spec import load_spec
 
     spec = load_spec(Path(__file__).resolve().parents[1] / "pipelines" / "imagenet-train-recipe.yaml")

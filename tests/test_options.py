@@ -142,7 +142,7 @@ def test_remote_timeout_and_retries_set_the_transfer_of_remote_reads(small_spec:
 
 def test_a_trickling_server_fails_within_the_loaders_remote_timeout(small_spec: dict, local: list[str],
                                                                      server: Any) -> None:
-    from feedfast.sources.remote import RemoteError
+    from feedfast.shards.transport.remote import RemoteError
 
     urls = server.urls(local)
     loader = _loader(small_spec, urls, remote_timeout=0.3, remote_retries=0, backend="threads")

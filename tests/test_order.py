@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 import feedfast
-from feedfast.sources.order import epoch_order, rank_counts, rank_positions
+from feedfast.order.epoch import epoch_order, rank_counts, rank_positions
 from tests.helpers import SMALL_SPEC
 
 

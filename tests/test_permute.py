@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feedfast.sources.permute import Permutation, key_for
+from feedfast.order.permute import Permutation, key_for
 
 
 @given(n=st.integers(0, 3000), seed=st.integers(0, 50))

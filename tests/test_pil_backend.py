@@ -16,16 +16,16 @@ from PIL import Image
 
 import feedfast
 from feedfast import _env
+from feedfast.checks.decoders import DaliDecoder
 from feedfast.compile.pil import compile_pil
 from feedfast.compile.plan import build_plan
 from feedfast.errors import BackendError, SampleError
-from feedfast.loader.backends.pil import run_pil_epoch
+from feedfast.loader.backends.cpu.pil import run_pil_epoch
 from feedfast.loader.batch import Batch
 from feedfast.ops.registry import OPS
-from feedfast.sources.assign import EpochPlan, plan_epoch, step_positions
+from feedfast.order.deal import EpochPlan, plan_epoch, step_positions
+from feedfast.shards.index.tarindex import load_index
 from feedfast.sources.dataset import ShardSet, open_shards
-from feedfast.sources.decoders import DaliDecoder
-from feedfast.sources.index import load_index
 from feedfast.spec import load_spec
 from tests.helpers import SMALL_SPEC, shard_with_bad_sample
 from tests.jpegcases import jpeg as make_jpeg

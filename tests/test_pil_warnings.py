@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from feedfast.loader.pil_warnings import routed
+from feedfast.loader.backends.pil_warnings import routed
 
 
 def test_a_decoding_threads_warnings_are_logged_and_other_threads_are_left_alone(

@@ -20,13 +20,13 @@ import torch
 
 import feedfast
 from feedfast.errors import ShardError, UserError
-from feedfast.loader import batchplan, native
-from feedfast.loader.backends.pil import run_pil_epoch
-from feedfast.loader.backends.threads import run_thread_epoch
+from feedfast.loader.backends.cpu import batchplan, native
+from feedfast.loader.backends.cpu.pil import run_pil_epoch
+from feedfast.loader.backends.cpu.threads import run_thread_epoch
+from feedfast.shards.index.tarindex import format_index, scan_tar
+from feedfast.shards.transport.remote import RemoteError, Transfer
 from feedfast.sources import rangeread
-from feedfast.sources.index import format_index, scan_tar
 from feedfast.sources.rangeread import AHEAD, PART, StepReads
-from feedfast.sources.remote import RemoteError, Transfer
 from tests.helpers import make_shards
 from tests.rangeserver import RangeServer
 
@@ -333,8 +333,8 @@ def test_a_chunk_whose_bytes_are_not_read_yet_is_counted_as_a_wait(caplog: pytes
 
 def test_the_readers_and_window_requests_grow_with_the_decoding_threads(
         small_spec: dict, local: list[str], server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from feedfast.sources import feeder, rangeread
-
+    from feedfast.loader.backends.dali import feed as feeder
+    from feedfast.sources import rangeread
     seen: list[tuple[str, int]] = []
     steps, windows = rangeread.StepReads.__init__, feeder.WindowCache.__init__
 

@@ -19,13 +19,13 @@ import torch
 
 import feedfast
 from feedfast.errors import ShardError
-from feedfast.sources import cache as cache_module
-from feedfast.sources.cache import ShardCache
-from feedfast.sources.index import format_index, scan_tar
-from feedfast.sources.remote import RemoteError, Transfer, fetch_range
-from feedfast.sources.remote_index import remote_index
+from feedfast.shards.index.remote import remote_index
+from feedfast.shards.index.tarindex import format_index, scan_tar
+from feedfast.shards.transport import cache as cache_module
+from feedfast.shards.transport.cache import ShardCache
+from feedfast.shards.transport.remote import RemoteError, Transfer, fetch_range
+from feedfast.shards.transport.transport import transport_for
 from feedfast.sources.shardlist import resolve_shards
-from feedfast.sources.transport import transport_for
 from tests.helpers import make_shards
 from tests.rangeserver import RangeServer
 

@@ -1,4 +1,4 @@
-"""Repeated augmentation (feedfast.sources.repeats, ``shuffle.repeats``): exact across ranks, own draws per copy,
+"""Repeated augmentation (feedfast.order.repeats, ``shuffle.repeats``): exact across ranks, own draws per copy,
 resumable and elastic; the multi-rank run uses real gloo processes on 127.0.0.1."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 
 import feedfast
 from feedfast.errors import SpecError, UserError
-from feedfast.sources.order import rank_counts, rank_position_of
-from feedfast.sources.permute import Permutation, key_for
-from feedfast.sources.repeats import draw_ids, entry_of, repeated
+from feedfast.order.epoch import rank_counts, rank_position_of
+from feedfast.order.permute import Permutation, key_for
+from feedfast.order.repeats import draw_ids, entry_of, repeated
 from tests.helpers import ROOT, SMALL_SPEC, free_port, rank_report, spawn_ranks
 
 

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feedfast.sources.assign import plan_epoch, rank_range
+from feedfast.order.deal import plan_epoch, rank_range
+from feedfast.order.epoch import epoch_order, rank_positions
+from feedfast.order.permute import key_for
+from feedfast.order.rows import WindowShuffle, _RangeOrder, epoch_rows
+from feedfast.shards.index.tarindex import load_index
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.index import load_index
-from feedfast.sources.order import epoch_order, rank_positions
-from feedfast.sources.permute import key_for
-from feedfast.sources.rows import WindowShuffle, _RangeOrder, epoch_rows
 from tests.helpers import make_shards
 
 

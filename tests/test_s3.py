@@ -24,12 +24,13 @@ import torch
 
 import feedfast
 from feedfast.errors import ShardError
-from feedfast.sources import feeder, objectstore, s3http, s3sign
-from feedfast.sources import remote_index as remote_index_module
-from feedfast.sources.index import format_index, scan_tar
-from feedfast.sources.remote import RemoteError, Transfer
-from feedfast.sources.remote_index import remote_index
-from feedfast.sources.transport import transport_for
+from feedfast.loader.backends.dali import feed as feeder
+from feedfast.shards.index import remote as remote_index_module
+from feedfast.shards.index.remote import remote_index
+from feedfast.shards.index.tarindex import format_index, scan_tar
+from feedfast.shards.transport import objectstore, s3http, s3sign
+from feedfast.shards.transport.remote import RemoteError, Transfer
+from feedfast.shards.transport.transport import transport_for
 from tests.helpers import keys_of_epoch, shard_with_bad_sample
 from tests.s3server import moto_s3
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from feedfast.sources import s3http
-from feedfast.sources.remote import RemoteError, Transfer
+from feedfast.shards.transport import s3http
+from feedfast.shards.transport.remote import RemoteError, Transfer
 from tests.rangeserver import RangeServer
 
 FAST = Transfer(timeout=5.0, retries=1, backoff=0.01)

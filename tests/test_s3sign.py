@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from feedfast.errors import ShardError
-from feedfast.sources import httpconn, s3sign
+from feedfast.shards.transport import httpconn, s3sign
 
 pytest.importorskip("botocore", reason="the s3 signer is botocore's: pip install -e '.[dev]'")
 

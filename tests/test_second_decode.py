@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from feedfast.checks.decoders import DaliDecoder
+from feedfast.checks.second_decode import as_ppm, decode_second, rescue_png, second_image, second_opinion
 from feedfast.ops.generic import DecodeFailure
-from feedfast.sources.decoders import DaliDecoder
-from feedfast.sources.second_decode import as_ppm, decode_second, rescue_png, second_image, second_opinion
 from tests.corpus import photo
 from tests.jpegcases import decodes_with_pil, jpeg, lossless_jpeg, pillow_rejects_dali_decodes
 

@@ -66,7 +66,7 @@ def test_a_shard_rewritten_in_place_with_the_same_size_and_mtime_opens_afresh(tm
     spec = load_spec(SMALL_SPEC)
     open_shards(shards, spec, tmp_path / "cache")
     st = os.stat(shards[1])
-    from feedfast.sources.index import scan_tar
+    from feedfast.shards.index.tarindex import scan_tar
 
     label = scan_tar(shards[1])[-1].members[-1]
     raw = bytearray(Path(shards[1]).read_bytes())

@@ -1,4 +1,4 @@
-"""Tests for feedfast.sources.synth: synthetic images and deterministic WebDataset shards."""
+"""Tests for feedfast.write.synth: synthetic images and deterministic WebDataset shards."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from feedfast.errors import UserError
-from feedfast.sources.synth import make_image, synth_shards
+from feedfast.write.synth import make_image, synth_shards
 
 SMALL = {"samples": 12, "per_shard": 5, "min_side": 64, "max_side": 96, "num_classes": 7}
 

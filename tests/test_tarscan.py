@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from feedfast.errors import ShardError
-from feedfast.sources import tarscan
-from feedfast.sources.tarfields import first_bad_header, number
-from feedfast.sources.tarscan import scan_members
+from feedfast.shards.tar import scan as tarscan
+from feedfast.shards.tar.fields import first_bad_header, number
+from feedfast.shards.tar.scan import scan_members
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 NAMES = ["plain.jpg", "a b/with space.cls", "ünïcødé/naïve-名前.jpg", "deep/" + "d" * 120 + "/long-" + "x" * 130 + ".jpg",

@@ -16,13 +16,13 @@ from PIL import Image
 from feedfast import _env
 from feedfast.compile.plan import build_plan
 from feedfast.errors import SampleError
-from feedfast.loader import native, pil_fast, thread_sample
-from feedfast.loader.backends.pil import run_pil_epoch
-from feedfast.loader.backends.threads import fast_path_supported, run_thread_epoch
+from feedfast.loader.backends.cpu import native, pil_fast, thread_sample
+from feedfast.loader.backends.cpu.pil import run_pil_epoch
+from feedfast.loader.backends.cpu.threads import fast_path_supported, run_thread_epoch
 from feedfast.loader.batch import Batch
-from feedfast.sources.assign import plan_epoch
+from feedfast.order.deal import plan_epoch
+from feedfast.shards.index.tarindex import load_index
 from feedfast.sources.dataset import ShardSet, open_shards
-from feedfast.sources.index import load_index
 from feedfast.spec import load_spec
 from tests.helpers import shard_with_bad_sample
 
@@ -185,7 +185,7 @@ def test_high_resolution_jpeg_decoded_at_reduced_size_matches_torchvision_crop(t
     RandomResizedCrop): mean absolute difference 1.6 grey levels, 99th percentile 6, max 12.
     Tolerance: mean < 2.5, 99th percentile <= 12.
     """
-    from feedfast.sources.synth import make_image
+    from feedfast.write.synth import make_image
 
     buf = io.BytesIO()
     make_image(np.random.default_rng(5), 1600, 1200).save(buf, format="JPEG", quality=90)
@@ -260,7 +260,7 @@ def test_a_corrupt_jpeg_raises_sample_error_naming_shard_and_key(tmp_path: Path,
 
 
 def test_decoding_only_the_rows_a_crop_reads_gives_the_same_rows() -> None:
-    from feedfast.sources.synth import make_image
+    from feedfast.write.synth import make_image
 
     buf = io.BytesIO()
     make_image(np.random.default_rng(2), 300, 200).save(buf, format="JPEG", quality=90)
@@ -310,10 +310,10 @@ def test_pixels_against_torchvision_resized_crop_with_the_same_boxes(shards: lis
     from feedfast.baseline.vision import transforms
     from feedfast.compile.pil import compile_pil
     from feedfast.errors import UserError
-    from feedfast.loader.backends.samples import members_of
-    from feedfast.loader.draws import batch_draws
+    from feedfast.loader.backends.cpu.samples import members_of
     from feedfast.ops.pil_ops import random_resized_crop_params
-    from feedfast.sources.rows import epoch_rows
+    from feedfast.order.draws import batch_draws
+    from feedfast.order.rows import epoch_rows
 
     try:
         functional = transforms().functional
@@ -364,7 +364,7 @@ def test_region_decoding_gives_pillows_pixels_on_many_sizes_and_scales(ops: list
     if not native.built():
         pytest.skip("feedfast._native is not built here")
     from feedfast.compile.pil import compile_pil
-    from feedfast.sources.synth import make_image
+    from feedfast.write.synth import make_image
 
     program = compile_pil(_spec(ops))
     rng = np.random.default_rng(11)

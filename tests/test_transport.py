@@ -18,12 +18,13 @@ import pytest
 
 import feedfast
 from feedfast.errors import ShardError, UserError
-from feedfast.loader import rescue
-from feedfast.sources import dataset, objectstore, schemes, shardlist
-from feedfast.sources.cache import ShardCache
-from feedfast.sources.index import left_out
-from feedfast.sources.remote import RemoteError, Transfer, fetch_range, http_stream, http_validators
-from feedfast.sources.transport import transport_for
+from feedfast.loader.backends.dali import rescue
+from feedfast.shards.index.tarindex import left_out
+from feedfast.shards.transport import objectstore, schemes
+from feedfast.shards.transport.cache import ShardCache
+from feedfast.shards.transport.remote import RemoteError, Transfer, fetch_range, http_stream, http_validators
+from feedfast.shards.transport.transport import transport_for
+from feedfast.sources import dataset, shardlist
 from tests.rangeserver import RangeServer
 
 QUICK = Transfer(timeout=2.0, retries=1, backoff=0.01, deadline=0.3, min_rate=1 << 20)

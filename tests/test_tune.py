@@ -14,11 +14,11 @@ import feedfast
 from feedfast import _env
 from feedfast.compile.plan import build_plan
 from feedfast.errors import SpecError
-from feedfast.loader import tune
-from feedfast.loader.backends.threads import run_thread_epoch
+from feedfast.loader import autotune as tune
+from feedfast.loader.autotune import CostModel, Figures, Observation, Tuner, budget_batches
+from feedfast.loader.backends.cpu.threads import run_thread_epoch
 from feedfast.loader.knobs import Knobs
-from feedfast.loader.tune import CostModel, Figures, Observation, Tuner, budget_batches
-from feedfast.sources.assign import plan_epoch
+from feedfast.order.deal import plan_epoch
 from feedfast.sources.dataset import open_shards
 from feedfast.spec import load_spec
 from tests.helpers import SMALL_SPEC, make_shards

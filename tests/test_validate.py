@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import feedfast
+from feedfast.checks.validate import probe_image, to_png
 from feedfast.errors import SampleError, ShardError
-from feedfast.sources.validate import probe_image, to_png
 from tests.corpus import BAD_KEYS, GOOD_KEYS, MISSING_KEYS, corpus_members, write_corpus
 from tests.helpers import SMALL_SPEC
 

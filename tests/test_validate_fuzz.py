@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import feedfast
 from feedfast.errors import FeedfastError
-from feedfast.sources.index import scan_tar
+from feedfast.shards.index.tarindex import scan_tar
 from tests.corpus import corpus_members, write_tar
 from tests.helpers import SMALL_SPEC
 from tests.jpegcases import decodes_with_pil, fuzz_members
@@ -127,7 +127,7 @@ def _deliver(spec: dict, shard: str, backend: str) -> dict[str, np.ndarray]:
 
 
 def test_the_fuzz_set_is_what_it_claims() -> None:
-    from feedfast.sources.decoders import DaliDecoder
+    from feedfast.checks.decoders import DaliDecoder
 
     dali = DaliDecoder()
     for name, data in fuzz_members(broken=True)[::2]:

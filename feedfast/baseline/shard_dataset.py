@@ -24,7 +24,7 @@ from PIL import Image
 
 from feedfast._env import cache_dir
 from feedfast.errors import SampleError, UserError
-from feedfast.sources.index import Sample, first_member, load_index, read_index
+from feedfast.shards.index.tarindex import Sample, first_member, load_index, read_index
 
 
 class ShardSamples(torch.utils.data.Dataset):

@@ -33,7 +33,7 @@ def demo_shards(quiet: bool = False) -> str:
     from feedfast._pil import require_pil
 
     require_pil("the demo dataset")  # before the import: the synthetic-image writer imports PIL
-    from feedfast.sources.demo import shard_pattern, synth_dataset
+    from feedfast.write.demo import shard_pattern, synth_dataset
 
     n, k, seed = DEMO["samples"], DEMO["per_shard"], DEMO["seed"]
 

@@ -44,7 +44,7 @@ def sample_jpeg() -> bytes:
     """A photo-like synthetic JPEG of :data:`BENCH_SIZE` at quality 90 (deterministic)."""
     import numpy as np
 
-    from feedfast.sources.synth import make_image
+    from feedfast.write.synth import make_image
 
     buf = io.BytesIO()
     make_image(np.random.default_rng(0), *BENCH_SIZE).save(buf, format="JPEG", quality=90)
@@ -121,7 +121,7 @@ def collect(decode_seconds: float = 1.0) -> dict[str, Any]:
 def problems(r: dict[str, Any]) -> list[dict[str, str]]:
     """What makes feedfast deliver less than it should here, each with its fix: a PIL without an image codec
     loses the images only that codec reads (DALI cannot read them all)."""
-    from feedfast.sources.decoders import IMAGE_CODECS
+    from feedfast.checks.decoders import IMAGE_CODECS
 
     codecs = r.get("pil_codecs", {})
     missing = [name for name in IMAGE_CODECS if name in codecs and not codecs[name]["present"]]
@@ -141,7 +141,7 @@ def native_ext() -> dict[str, Any]:
     """Whether feedfast's C extensions are built (JPEG region decoding, the resize, normalize; the batch planner;
     the recipe ops' sub-ops on arrays), against which libjpeg, and whether the threaded path makes a planned chunk
     in one call of the extension."""
-    from feedfast.loader import batchplan, native
+    from feedfast.loader.backends.cpu import batchplan, native
     from feedfast.ops import autoaug_arrays
 
     return {"built": native.built(), "libjpeg_turbo": native.libjpeg_turbo_version(),
@@ -152,7 +152,7 @@ def native_ext() -> dict[str, Any]:
 def _codecs() -> dict[str, dict[str, Any]]:
     """{PIL codec: {present, reads}} (empty without PIL)."""
     try:
-        from feedfast.sources.decoders import pil_codecs
+        from feedfast.checks.decoders import pil_codecs
     except ImportError:
         return {}
     try:

@@ -83,7 +83,7 @@ def backend_line(plan: Plan) -> str:
     remote = auto_backend(plan, ShardSet(("http://remote/shard.tar",), ("",), (1,), kinds=("http",)))
     how = ""
     if local[0] == "threads":
-        from feedfast.loader.backends.threads import chunk_way
+        from feedfast.loader.backends.cpu.threads import chunk_way
 
         how = f"; {chunk_way(plan)}"
     if local[0] == remote[0]:

@@ -92,8 +92,8 @@ def add_parser(sub: Any) -> None:
 
 def synth(args: argparse.Namespace) -> int:
     """Write synthetic shards, then index them."""
-    from feedfast.sources.indexing import prepare_indexes
-    from feedfast.sources.synth import synth_shards
+    from feedfast.shards.index.indexing import prepare_indexes
+    from feedfast.write.synth import synth_shards
 
     paths = synth_shards(args.out, samples=args.samples, per_shard=args.per_shard, seed=args.seed,
                          min_side=args.min_side, max_side=args.max_side, num_classes=args.classes, prefix=args.prefix)
@@ -107,8 +107,8 @@ def make(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from feedfast.errors import UserError
-    from feedfast.sources import make as mk
-    from feedfast.sources.indexing import prepare_indexes
+    from feedfast.shards.index.indexing import prepare_indexes
+    from feedfast.write import make as mk
 
     src, out = Path(args.src), Path(args.out)
     if args.per_shard is not None and args.per_shard < 1:
@@ -134,7 +134,7 @@ def make(args: argparse.Namespace) -> int:
 
 def index(args: argparse.Namespace) -> int:
     """Build indexes for local shards, on every core (a progress bar on a terminal)."""
-    from feedfast.sources.indexing import prepare_indexes, sample_count
+    from feedfast.shards.index.indexing import prepare_indexes, sample_count
     from feedfast.sources.shardlist import resolve_shards
 
     paths = resolve_shards(args.shards)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from feedfast.sources.index import Member, parse_index
+from feedfast.shards.index.tarindex import Member, parse_index
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def inspect_shard(path: str, *, check: bool = False, image_exts: set[str] | froz
 
     Reports a compressed shard, a damaged tar (cut, truncated, corrupt: what each policy reads
     of it), an index the loader would not trust (short, stale, offsets off their members,
-    another content fingerprint: :func:`~feedfast.sources.index.checked_index`), zero-byte
+    another content fingerprint: :func:`~feedfast.shards.index.tarindex.checked_index`), zero-byte
     members, differing component counts, keys repeated in the shard (adjacent copies too),
     labels (``.cls``) that are not non-negative integers, and with ``check`` the images
     (extensions in ``image_exts``) that the loader's check would leave out or re-encode.
@@ -133,9 +133,9 @@ def inspect_shard(path: str, *, check: bool = False, image_exts: set[str] | froz
     """
     from collections import Counter
 
+    from feedfast.checks.validate import DEFAULT_MAX_PIXELS
     from feedfast.errors import ShardError
-    from feedfast.sources.index import salvage_tar, split_duplicates
-    from feedfast.sources.validate import DEFAULT_MAX_PIXELS
+    from feedfast.shards.index.tarindex import salvage_tar, split_duplicates
 
     try:
         scanned = salvage_tar(path, keep_duplicates=True)
@@ -174,7 +174,7 @@ def _damage_problems(path: str, scanned: Any) -> list[str]:
 def _index_problems(path: str, cache_dir: Path | None) -> list[str]:
     """The indexes of the shard the loader would find and not trust (it indexes the shard again)."""
     from feedfast import _env
-    from feedfast.sources.index import checked_index, index_candidates
+    from feedfast.shards.index.tarindex import checked_index, index_candidates
 
     out = []
     for index in index_candidates(path, cache_dir or _env.cache_dir()):
@@ -232,7 +232,7 @@ def label_mixing(per_shard: Sequence[Sequence[int]]) -> dict[str, Any] | None:
 
 def _image_problems(path: str, samples: list, image_exts: set[str] | frozenset[str],  # type: ignore[type-arg]
                     max_pixels: int) -> list[str]:
-    from feedfast.sources.checked import check_members
+    from feedfast.checks.checked import check_members
 
     out = []
     for key, name, v in check_members(path, samples, [set(image_exts)], max_pixels, True):

@@ -67,7 +67,7 @@ def small_cnn_step() -> Callable[[Any], None]:
     Two strided convolutions and a pooled linear head over 1,000 classes (about 2.5 GFLOP a
     step of 64 at 224 px with its backward pass), SGD, seeded. torch runs it on one intra-op
     thread: the loop's thread, as a GPU loop's thread launching kernels (torch's OpenMP team
-    made the step swing tenfold with the machine's load). ``benchmarks/tune.py`` uses it too.
+    made the step swing tenfold with the machine's load). ``benchmarks/autotune.py`` uses it too.
     """
     import torch
 

@@ -42,7 +42,7 @@ class ReaderConfig:
     With ``feed`` set (the stream transport), ``fn.external_source`` calls it in the
     pipeline's thread with a ``BatchInfo`` per iteration (it reads ahead in its own
     threads), and ``stream`` names each step's samples (``stream.origins(step, size)``)
-    and finds undecodable ones (``stream.bad_sample``): see ``feedfast.sources.stream``.
+    and finds undecodable ones (``stream.bad_sample``): see ``feedfast.loader.backends.dali.stream``.
     """
 
     paths: list[str]

@@ -15,22 +15,22 @@ from feedfast.compile.passes import forced_onto_gpu
 from feedfast.compile.plan import Plan, build_plan, lower
 from feedfast.errors import FeedfastError, UserError
 from feedfast.loader.accelerate_state import AccelerateEpoch
+from feedfast.loader.autotune import Tuner, budget_batches
 from feedfast.loader.backends.base import Backend, BackendSettings
 from feedfast.loader.backends.choose import backend_type, choose_backend, make_backend
-from feedfast.loader.backends.dali_pipe import CHECKPOINT_EVERY
+from feedfast.loader.backends.dali.pipe import CHECKPOINT_EVERY
 from feedfast.loader.batch import batch_info
+from feedfast.loader.batchmix_stage import mix_stage
 from feedfast.loader.deliver import Delivered, Delivery
 from feedfast.loader.devices import DeviceLayer, delivery_here, layer_for
 from feedfast.loader.epochs import EpochData
-from feedfast.loader.mix_batch import mix_stage
 from feedfast.loader.options import check_pin_memory_device, check_torch_kwargs, rank_cores, settle_spec
 from feedfast.loader.producer import Ahead
 from feedfast.loader.ring import PinnedRing
 from feedfast.loader.settings import loader_settings
 from feedfast.loader.state import Identity, LoaderState, ResumePoint, parse_state, spec_digest
 from feedfast.loader.torchcompat import TorchAttributes
-from feedfast.loader.tune import Tuner, budget_batches
-from feedfast.sources.assign import EpochPlan
+from feedfast.order.deal import EpochPlan
 from feedfast.sources.dataset import ShardSet
 from feedfast.spec.load import load_spec
 
@@ -65,11 +65,11 @@ class DataLoader(TorchAttributes):
         spec: a spec file path, a mapping, or a :class:`feedfast.spec.Spec`.
         shards: shard paths, globs, brace patterns, ``@list.txt``, a :class:`feedfast.Mix` of
             weighted datasets, or URLs: ``file://``,
-            ``http(s)://`` and ``pipe:CMD`` (streamed; see :mod:`feedfast.sources.stream`),
+            ``http(s)://`` and ``pipe:CMD`` (streamed; see :mod:`feedfast.loader.backends.dali.stream`),
             ``s3://`` and ``gs://`` (DALI's reader; see :mod:`feedfast.sources.dataset`).
         batch_size: overrides the spec's batch size.
         shuffle: True reads every epoch in a new uniform permutation of the whole dataset over
-            local shards (:mod:`feedfast.sources.order`; a state then resumes at any world
+            local shards (:mod:`feedfast.order.epoch`; a state then resumes at any world
             size), and in a block shuffle of windows of every shard over remote shards
             (``shuffle.block``, ``shuffle.window``; a state resumes at the same world size).
         drop_last: True drops incomplete batches (``last_batch: drop``).
@@ -88,12 +88,12 @@ class DataLoader(TorchAttributes):
             when the pipeline runs on the GPU, else the CPU.
         placement: where the pipeline runs: ``auto``, ``cpu`` or ``gpu`` (default: the spec's).
             How the two combine is one rule, documented in :mod:`feedfast.loader.devices`.
-        last_batch: ``partial``, ``pad`` or ``drop`` (see :mod:`feedfast.sources.assign`).
+        last_batch: ``partial``, ``pad`` or ``drop`` (see :mod:`feedfast.order.deal`).
         rank, world_size: default from torch.distributed, else RANK/WORLD_SIZE.
         overrides: ``key.path=value`` spec overrides.
         cache_dir: where indexes go when a shard's folder is read-only.
         on_error: ``raise`` (default: the spec's) or ``skip``: check images once and leave
-            undecodable ones out, counted (see :mod:`feedfast.sources.validate`).
+            undecodable ones out, counted (see :mod:`feedfast.checks.validate`).
         max_pixels: images with more pixels are bad (default 89,478,485, PIL's limit).
         backend: ``auto`` (default, unless the spec's ``loader.backend`` says otherwise):
             ``threads`` for a CPU-placed plan over local shards whose
@@ -102,7 +102,7 @@ class DataLoader(TorchAttributes):
             processes, the portable backend). See :mod:`feedfast.loader.backends.choose`.
         cache_limit: bytes the cache of whole remote shards (``pipe:`` shards, and http
             ones under ``on_error='skip'``) may hold; least recently used go first
-            (default: no limit; see :mod:`feedfast.sources.cache`).
+            (default: no limit; see :mod:`feedfast.shards.transport.cache`).
         remote_retries: retries of a failed remote read (default 3, backoff 0.5 s doubling).
         remote_timeout: seconds one remote request (a ranged read, a shard's download, a ``pipe:``
             command's run) may take, plus its bytes at 256 KB/s (default 60); past it the request is
@@ -112,7 +112,7 @@ class DataLoader(TorchAttributes):
             last element of a tuple batch, or ``batch["sample_info"]`` of a dict batch.
         tune: search the loader's threads and batches ahead during the first batches, by the
             measured period of the loop it feeds (default: the spec's ``tune.enabled``); the
-            data do not change. See :mod:`feedfast.loader.tune` and :meth:`tuning`.
+            data do not change. See :mod:`feedfast.loader.autotune` and :meth:`tuning`.
         collate_fn: a batch hook, ``collate_fn(batch) -> batch``: each finished batch (the tuple or
             dict the loader would yield; ``sample_info`` is added after) goes through it on the
             producer thread, ahead of the training step, and what it returns is yielded. It keeps
@@ -380,7 +380,7 @@ class DataLoader(TorchAttributes):
 
     def rescued_samples(self) -> list[dict[str, str]]:
         """Every image DALI's decoder failed mid-epoch and PIL read, delivered re-encoded: shard, key, reason
-        (see :mod:`feedfast.loader.rescue`)."""
+        (see :mod:`feedfast.loader.backends.dali.rescue`)."""
         return [{"shard": s, "key": k, "reason": r} for s, k, r in self._backend.rescued()]
 
     def skipped_samples(self) -> list[dict[str, str]]:
@@ -392,7 +392,7 @@ class DataLoader(TorchAttributes):
         """The tuner's report: its trials (measured and predicted periods), model, decision and reason.
 
         ``{"state": "off"}`` when the loader does not tune; ``state`` is ``searching`` until the
-        decision, then ``done``. See :mod:`feedfast.loader.tune`.
+        decision, then ``done``. See :mod:`feedfast.loader.autotune`.
         """
         return self._tuner.report() if self._tuner is not None else {"state": "off"}
 

@@ -92,7 +92,7 @@ class Delivery:
         makes again the batches from its checkpoint to its step), hooked when ``hooked``.
 
         ``where(i)`` names the ``i``-th batch yielded in a hook's error; ``mix(delivered, ring, i)`` (the
-        spec's ``batch.mix``, :mod:`feedfast.loader.mix_batch`) runs on the ``i``-th before the hook. Closing this generator
+        spec's ``batch.mix``, :mod:`feedfast.loader.batchmix_stage`) runs on the ``i``-th before the hook. Closing this generator
         finishes every copy on the side stream before it closes ``batches``, so a backend
         releases nothing the stream still reads.
         """

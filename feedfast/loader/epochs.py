@@ -4,8 +4,8 @@ The loader's first stage: what an epoch reads, before anything reads it. Under a
 :class:`~feedfast.Mix` each epoch draws its own dataset (the last few draws are kept, behind a
 lock: the producer and the caller both ask); otherwise every epoch reads the same shards.
 Shuffled, the partition is one permutation of the whole dataset per epoch over local shards and
-a block shuffle of windows of every shard over remote ones (:mod:`feedfast.sources.order`);
-unshuffled, each rank's contiguous range (:func:`~feedfast.sources.assign.partition_for`).
+a block shuffle of windows of every shard over remote ones (:mod:`feedfast.order.epoch`);
+unshuffled, each rank's contiguous range (:func:`~feedfast.order.deal.partition_for`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import UserError
 from feedfast.loader.batchsize import check_batch_size, sample_bytes
 from feedfast.loader.state import shard_set_digest
-from feedfast.sources.assign import EpochPlan, partition_for, plan_epoch
-from feedfast.sources.columnar import dataset_index
+from feedfast.order.deal import EpochPlan, partition_for, plan_epoch
+from feedfast.shards.index.columnar import dataset_index
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.mix import mixed_epoch, open_dataset
+from feedfast.sources.mixture import mixed_epoch, open_dataset
 from feedfast.spec.model import Spec
 
 
@@ -50,7 +50,7 @@ class EpochData:
 
     def read_by_range(self) -> None:
         """The backend reads every shard by range itself: a shuffled epoch keeps the global order over shards
-        whose kind reads single samples cheaply (:func:`~feedfast.sources.assign.partition_for`)."""
+        whose kind reads single samples cheaply (:func:`~feedfast.order.deal.partition_for`)."""
         self.partition = partition_for(self.shards.read_kinds, shuffled=self.spec.shuffled, by_range=True)
 
     @property

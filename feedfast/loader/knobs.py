@@ -1,7 +1,7 @@
 """The loader's settings that may change while it runs: threads at work and batches made ahead.
 
 The threaded CPU path and the loader's producer thread read them live, so the tuner
-(:mod:`feedfast.loader.tune`) can change them between two batches with nothing restarted and
+(:mod:`feedfast.loader.autotune`) can change them between two batches with nothing restarted and
 nothing made twice. Neither changes the data: each sample's augmentation is drawn from
 (seed, epoch, position), whichever thread makes it and whenever.
 """

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from feedfast import _env
+from feedfast.checks.validate import DEFAULT_MAX_PIXELS
 from feedfast.errors import UserError
 from feedfast.loader.batchhook import BatchHook, check_batch_hook
 from feedfast.loader.knobs import Knobs
@@ -28,8 +29,7 @@ from feedfast.loader.options import (
     threads_for,
     timeout_seconds,
 )
-from feedfast.sources.remote import Transfer
-from feedfast.sources.validate import DEFAULT_MAX_PIXELS
+from feedfast.shards.transport.remote import Transfer
 from feedfast.spec.model import Spec
 
 
@@ -118,7 +118,7 @@ def loader_settings(spec: Spec, *, num_workers: int | None, pin_memory: bool, pr
 
 
 def remote_transfer(retries: int | None, timeout: float | None) -> Transfer:
-    """The remote reads' :class:`~feedfast.sources.remote.Transfer` for ``remote_retries`` and ``remote_timeout``.
+    """The remote reads' :class:`~feedfast.shards.transport.remote.Transfer` for ``remote_retries`` and ``remote_timeout``.
 
     ``remote_timeout`` is a request's deadline (its bytes at ``min_rate`` come on top); a socket read waits at
     most 30 s or the deadline, the shorter.

@@ -20,7 +20,7 @@ name, as torchdata's nodes nest their sources' states::
 ``skipped_samples()`` names them as the interrupted one did. A state without it skipped none.
 
 ``dali.checkpoint`` is DALI's checkpoint taken after ``dali.step`` batches (DALI checkpoints
-only every few batches, :data:`~feedfast.loader.backends.dali_pipe.CHECKPOINT_EVERY`, or every batch
+only every few batches, :data:`~feedfast.loader.backends.dali.pipe.CHECKPOINT_EVERY`, or every batch
 under ``sample_info``): the backend rebuilds its pipeline from it and steps forward to
 ``step``. ``dali: null`` is the epoch's start (a pipeline built afresh steps forward to
 ``step``); the threaded and PIL backends resume from the step alone and have no part.
@@ -270,8 +270,8 @@ def _resume(state: dict[str, Any], identity: Identity, text: str | None, checkpo
 
 
 def _check_wrapped(checkpoint: str) -> None:
-    """A checkpoint of a rescued pipeline (:func:`~feedfast.loader.rescue.wrap_checkpoint`) must unwrap."""
-    from feedfast.loader.rescue import unwrap_checkpoint
+    """A checkpoint of a rescued pipeline (:func:`~feedfast.loader.backends.dali.rescue.wrap_checkpoint`) must unwrap."""
+    from feedfast.loader.backends.dali.rescue import unwrap_checkpoint
 
     try:
         dali, first, keys = unwrap_checkpoint(checkpoint)

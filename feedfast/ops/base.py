@@ -18,7 +18,7 @@ Kind = Literal["encoded", "image", "tensor", "label", "json", "bytes", "array"]
 
 class Rng(Protocol):
     """What augmentation ops draw from: a ``random.Random``, or a sample's counter-based draws
-    (:class:`feedfast.loader.draws.SampleDraws`)."""
+    (:class:`feedfast.order.draws.SampleDraws`)."""
 
     def random(self) -> float:
         """Uniform in [0, 1)."""
@@ -35,7 +35,7 @@ class Rng(Protocol):
 
 def stream_for(rng: Rng, n: int) -> Rng:
     """The ``n``-th independent stream of a sample's draws where ``rng`` has streams
-    (:meth:`feedfast.loader.draws.SampleDraws.stream`), else ``rng`` itself (a ``random.Random``)."""
+    (:meth:`feedfast.order.draws.SampleDraws.stream`), else ``rng`` itself (a ``random.Random``)."""
     stream = getattr(rng, "stream", None)
     return stream(n) if stream is not None else rng
 
@@ -149,7 +149,7 @@ class OpDef:
         dali_name: DALI operator name(s) for ``feedfast plan``.
         host: runs on the host after the DALI graph (generic ops on raw bytes).
         refuses: a host op that can refuse a sample's bytes (``DecodeFailure``): run on every
-            sample when shards are opened under ``on_error: skip`` (:mod:`feedfast.sources.labelchecks`).
+            sample when shards are opened under ``on_error: skip`` (:mod:`feedfast.checks.labels`).
         hw_effect: what the op does to a sample's (height, width), which the DALI emitters track
             (:mod:`feedfast.compile.shapes`): ``keep``, ``header`` (read from the encoded bytes), ``size`` (its ``size`` parameter), ``resize``
             (an integer ``size`` is the shorter side, ``[h, w]`` exact) or ``layout`` (no longer HW).

@@ -28,7 +28,7 @@ An odd batch (``last_batch: partial``): timm asserts an even one; here the middl
 A batch of one is therefore unchanged but for label smoothing.
 
 The draws come from any generator with NumPy's ``random``/``beta``/``integers`` (the loader's is
-counter-based, :func:`feedfast.loader.draws.batch_generator`), taken in timm's order, so a legacy
+counter-based, :func:`feedfast.order.draws.batch_generator`), taken in timm's order, so a legacy
 ``np.random.RandomState`` seeded as timm's global one gives timm's parameters exactly.
 """
 
@@ -40,8 +40,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from feedfast.loader import native
-from feedfast.spec.mixsettings import MixSettings
+from feedfast.loader.backends.cpu import native
+from feedfast.spec.batchmix_settings import MixSettings
 
 
 class Generator(Protocol):
@@ -156,7 +156,7 @@ def mix_images(images: torch.Tensor, p: MixParams, layout: str = "CHW", *, inpla
     float32 and is rounded back (timm's ``FastCollateMixup``). Every source is read before anything is
     written, so ``inplace`` (the loader's own batch) writes into ``images``; otherwise a new tensor.
     In place on the CPU (a contiguous float32 or uint8 batch) the C extension does the same arithmetic
-    in the calling thread (:func:`feedfast.loader.native.mix_into`): torch's CPU kernels would run it
+    in the calling thread (:func:`feedfast.loader.backends.cpu.native.mix_into`): torch's CPU kernels would run it
     on torch's thread pool, against the decoding threads for the same cores.
     """
     if inplace and native.mix_into(images, p, layout == "CHW"):

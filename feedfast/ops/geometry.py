@@ -26,7 +26,7 @@ def _decode_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
 
 
 def _decode_pil(img: Any, p: dict[str, Any], rng: Rng) -> Any:
-    from feedfast.sources.decoders import to_8bit
+    from feedfast.checks.decoders import to_8bit
 
     return to_8bit(img).convert("L" if p["color"] == "gray" else "RGB")  # 16-bit scaled to 8, as DALI does
 

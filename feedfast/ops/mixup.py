@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 from feedfast.errors import UserError
-from feedfast.loader.draws import batch_generator
 from feedfast.ops.batchmix import draw_params, mix_images, soft_targets
-from feedfast.spec.mixsettings import MixSettings, problem
+from feedfast.order.draws import batch_generator
+from feedfast.spec.batchmix_settings import MixSettings, problem
 
 
 class Mixup:

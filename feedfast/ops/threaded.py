@@ -1,6 +1,6 @@
 """What the threaded CPU path needs to know about an op, declared by the op itself.
 
-The threaded path (:mod:`feedfast.loader.thread_sample`, :mod:`feedfast.loader.batchplan`)
+The threaded path (:mod:`feedfast.loader.backends.cpu.thread_sample`, :mod:`feedfast.loader.backends.cpu.batchplan`)
 never matches on op names: it reads an op's :class:`Threaded` declaration.
 
 - ``decode``: the op that turns bytes into an image (the path decodes it itself, at reduced

@@ -11,8 +11,8 @@ How each shard's bytes are read (``ShardSet.kinds``) decides the transport:
 - ``s3://``, ``gs://``: ``s3``, ``gs``; indexed as http, through fsspec; not checked.
 
 A dataset with any ``http`` or ``cache`` shard uses the stream transport
-(:mod:`feedfast.sources.stream`, local shards included), and so does a shuffled epoch over
-s3/gs shards (the block shuffle, :func:`~feedfast.sources.assign.partition_for`); otherwise
+(:mod:`feedfast.loader.backends.dali.stream`, local shards included), and so does a shuffled epoch over
+s3/gs shards (the block shuffle, :func:`~feedfast.order.deal.partition_for`); otherwise
 DALI's reader reads the shards natively, s3/gs included (DALI has its own clients for
 those). s3/gs shards cannot be mixed with http or ``pipe:`` ones. Images in remote shards
 are not checked under ``on_error: raise`` (a header check would cost a request per image: a
@@ -27,19 +27,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from feedfast.checks import labels as labelchecks
+from feedfast.checks.checked import CHECK_RULES, SHARDS_AT_ONCE, check_shards
+from feedfast.checks.validate import DEFAULT_MAX_PIXELS
 from feedfast.errors import SampleError, ShardError
-from feedfast.sources import labelchecks, snapshot
-from feedfast.sources.assign import partition_for
-from feedfast.sources.cache import ShardCache
-from feedfast.sources.checked import CHECK_RULES, SHARDS_AT_ONCE, check_shards
-from feedfast.sources.index import Sample, first_member, left_out, load_index, subset_index
-from feedfast.sources.indexing import prepare_indexes
-from feedfast.sources.order import BlockShuffle
-from feedfast.sources.remote import DEFAULT_TRANSFER, NOT_THERE, RemoteError, Transfer, url_kind
-from feedfast.sources.remote_index import remote_index, unfetched_index
-from feedfast.sources.schemes import STREAM_KINDS  # kinds DALI's reader cannot open, from the one registry
+from feedfast.order.deal import partition_for
+from feedfast.order.epoch import BlockShuffle
+from feedfast.shards.index import snapshot
+from feedfast.shards.index.indexing import prepare_indexes
+from feedfast.shards.index.remote import remote_index, unfetched_index
+from feedfast.shards.index.tarindex import Sample, first_member, left_out, load_index, subset_index
+from feedfast.shards.transport.cache import ShardCache
+from feedfast.shards.transport.remote import DEFAULT_TRANSFER, NOT_THERE, RemoteError, Transfer, url_kind
+from feedfast.shards.transport.schemes import STREAM_KINDS  # kinds DALI's reader cannot open, from the one registry
 from feedfast.sources.shardlist import resolve_shards
-from feedfast.sources.validate import DEFAULT_MAX_PIXELS
 from feedfast.spec.model import Spec
 
 
@@ -190,7 +191,7 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
     Samples lacking a component are an error naming the shard and key under
     ``missing: error``, are left out and listed under ``missing: skip``, and count under
     ``missing: empty`` (the component arrives empty). Image components are checked once
-    and the verdicts cached (see :mod:`feedfast.sources.validate`): headers only under
+    and the verdicts cached (see :mod:`feedfast.checks.validate`): headers only under
     ``on_error: raise``, a full decode under ``on_error: skip``. DALI is given a
     filtered index whenever samples are left out, so it never reads them. Under ``on_error: skip``
     the fields made on the host (labels, JSON, ``.npy``) are run once per sample too, and the

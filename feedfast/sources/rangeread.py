@@ -3,7 +3,7 @@
 The threaded path reads local shards with ``pread`` (:mod:`.shardfiles`); a dataset with any
 shard of another kind (``http``, ``s3``, ``gs``, ``cache``: a ``pipe:`` shard, or one downloaded
 for ``on_error: skip``) is read here instead, through the transport layer
-(:mod:`.transport`) and the stream transport's reader (:class:`~feedfast.sources.feeder.BatchFeeder`),
+(:mod:`.transport`) and the stream transport's reader (:class:`~feedfast.loader.backends.dali.feed.BatchFeeder`),
 so the rules are the ones DALI's feed already keeps:
 
 - the order is the epoch's rows (:mod:`.rows`): under the global order every sample is one
@@ -16,7 +16,7 @@ so the rules are the ones DALI's feed already keeps:
   member sits right after its own header, so a stale or wrong index is an error naming the
   shard and sample, never a mislabelled sample (:mod:`.memberheader`);
 - a read that fails (a short body, a cut tar, a timeout past the transport's retries and
-  deadline) is a :class:`~feedfast.sources.remote.RemoteError` naming the shard, the first
+  deadline) is a :class:`~feedfast.shards.transport.remote.RemoteError` naming the shard, the first
   sample of the read and the transport's reason. Under ``on_error: skip`` remote shards were
   downloaded and checked when the dataset was opened (:func:`~feedfast.sources.dataset.open_shards`),
   so their damage was counted there, as a local shard's is; one that fails mid-epoch (evicted from the
@@ -33,8 +33,8 @@ Read-ahead (:class:`StepReads`): a step's rows are read in parts of :data:`PART`
 threads of their own, two per decoding thread and at least :data:`READERS` (the requests wait on
 sockets without the GIL); under the block shuffle the windows of the steps queued at once are
 asked for together first, as many requests at once, so that neighbouring windows of a shard become
-one request (up to 16 MB, :data:`~feedfast.sources.feeder.MERGE_BYTES`), widened to the shard's next
-windows read within the block (:class:`~feedfast.sources.feeder.WindowCache`). A step's
+one request (up to 16 MB, :data:`~feedfast.loader.backends.dali.feed.MERGE_BYTES`), widened to the shard's next
+windows read within the block (:class:`~feedfast.loader.backends.dali.feed.WindowCache`). A step's
 reads are queued when its batch is queued for decoding and :data:`AHEAD` steps further, so the
 reads are ``prefetch + 1 + AHEAD`` batches ahead of the consumer and a batch's decoding starts
 on bytes that are already there while the network keeps up. What is held is bounded by the
@@ -52,11 +52,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 from feedfast.errors import ShardError
-from feedfast.sources import schemes
-from feedfast.sources.cache import ShardCache
-from feedfast.sources.feeder import MISSING, BatchFeeder
+from feedfast.loader.backends.dali.feed import MISSING, BatchFeeder
+from feedfast.shards.transport import schemes
+from feedfast.shards.transport.cache import ShardCache
+from feedfast.shards.transport.remote import RemoteError, Transfer
 from feedfast.sources.lostrows import LostShards
-from feedfast.sources.remote import RemoteError, Transfer
 
 PART = 16
 """Rows read by one task: a step of 64 is read in 4 parts at once (per-sample requests of a global order overlap)."""
@@ -107,7 +107,7 @@ class RangeSource:
 
     Args:
         names, kinds: the shards (paths or URLs) and how each is read (``ShardSet.read_kinds``).
-        rows: the rank's rows of the epoch (:class:`~feedfast.sources.rows.Rows`).
+        rows: the rank's rows of the epoch (:class:`~feedfast.order.rows.Rows`).
         cache, transfer: the shard cache (``cache`` shards) and the remote settings.
         windows: under the block shuffle, read each window whole and hold it until its samples are
             served (one process reads every step: the threaded path); False reads only the rows asked
@@ -151,7 +151,7 @@ class RangeSource:
     def want(self, rows: list[int]) -> None:
         """Start reading the windows of ``rows`` (whole steps of a read-ahead), without waiting: under the block
         shuffle, neighbouring windows of a shard wanted at once are read in one request
-        (:class:`~feedfast.sources.feeder.WindowCache`); a failure is raised by the :meth:`read` that needs them."""
+        (:class:`~feedfast.loader.backends.dali.feed.WindowCache`); a failure is raised by the :meth:`read` that needs them."""
         self._reader().want(self.lost_shards.live(rows) if self.lost_shards is not None else rows)
 
     def read(self, rows: list[int]) -> Columns:
@@ -307,7 +307,7 @@ def epoch_reads(shards: Any, rows: Any, ep: Any, *, batch_size: int, skip: bool 
     threads, which the readers grow with (:func:`readers_for`)."""
     if not remote(shards.read_kinds):
         return None
-    from feedfast.sources.assign import step_positions
+    from feedfast.order.deal import step_positions
 
     readers = readers_for(threads)
     source = RangeSource(shards.paths, shards.read_kinds, rows, cache=shards.cache, transfer=shards.transfer,

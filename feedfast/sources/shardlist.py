@@ -1,7 +1,7 @@
 """Shard lists: globs, brace patterns, list files, comma-separated lists -> shard paths and URLs.
 
 Remote entries (``http(s)://``, ``pipe:``, ``s3://``, ``gs://``: the prefixes the transports
-declare, :data:`feedfast.sources.schemes.REMOTE_PREFIXES`) are brace-expanded and kept as
+declare, :data:`feedfast.shards.transport.schemes.REMOTE_PREFIXES`) are brace-expanded and kept as
 given: no glob, no existence check (they are checked when indexed); a scheme no transport
 declares is refused, naming it. A ``pipe:`` entry
 is one command, never split at commas; ``file://`` URLs become local paths.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from feedfast.errors import ShardError
-from feedfast.sources import schemes
+from feedfast.shards.transport import schemes
 
 REMOTE_PREFIXES = schemes.REMOTE_PREFIXES
 

@@ -197,7 +197,7 @@ def build_spec(raw: dict[str, Any], *, file: str = "<dict>") -> m.Spec:
     fields = parse_fields(raw.get("pipeline"), components, file)
     outputs, form = parse_outputs(raw.get("outputs"), fields, file)
     size, last = parse_batch(raw.get("batch"), file)
-    from feedfast.spec.mixsection import parse_mix
+    from feedfast.spec.batchmix_section import parse_mix
 
     batch_raw = raw.get("batch")
     mix = parse_mix(batch_raw.get("mix") if isinstance(batch_raw, dict) else None, fields, components, outputs, file)

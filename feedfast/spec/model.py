@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from feedfast.ops.base import Param
-from feedfast.spec.mixsettings import MixSettings
+from feedfast.spec.batchmix_settings import MixSettings
 from feedfast.spec.runtime import LoaderSettings, TuneSettings
 
 ComponentKind = Literal["image", "label", "json", "npy", "bytes"]
@@ -17,8 +17,8 @@ DevicePref = Literal["auto", "cpu", "gpu"]
 COMPONENT_KINDS = ("image", "label", "json", "npy", "bytes")
 MISSING_POLICIES = ("error", "skip", "empty")
 ON_ERROR_POLICIES = ("raise", "skip")
-CHECK_SECONDS = 2.0  # default ``source.check_seconds``: see feedfast.sources.checkworker
-SHUFFLE_BLOCK = 16384  # default ``shuffle.block`` and ``shuffle.window``: see feedfast.sources.order.block_order
+CHECK_SECONDS = 2.0  # default ``source.check_seconds``: see feedfast.checks.worker
+SHUFFLE_BLOCK = 16384  # default ``shuffle.block`` and ``shuffle.window``: see feedfast.order.epoch.block_order
 SHUFFLE_WINDOW = 32
 LAST_BATCH_POLICIES = ("partial", "pad", "drop")
 DEVICES = ("auto", "cpu", "gpu")
@@ -111,7 +111,7 @@ class Spec:
         missing: what to do when a sample lacks a component: ``error``, ``skip``, ``empty``.
         on_error: what to do with a sample that cannot be decoded: ``raise`` or ``skip``.
         check_seconds: CPU seconds an image check may take, plus the time its pixel count needs
-            (:mod:`feedfast.sources.checkworker`; the wall clock may run up to 20 times longer on a
+            (:mod:`feedfast.checks.worker`; the wall clock may run up to 20 times longer on a
             busy machine); a check that runs longer is ``bad``.
         fields: the field pipelines by output field name.
         outputs: the fields the loader yields, in order.
@@ -119,14 +119,14 @@ class Spec:
         batch_size, last_batch: batching; see :mod:`feedfast.loader` for the policies.
         mix: the batch-level mixup / cutmix (``batch.mix``, :mod:`feedfast.ops.batchmix`), or None.
         repeats: repeated augmentation (``shuffle.repeats``): each sample read this many times an epoch,
-            each copy with its own draws (:mod:`feedfast.sources.repeats`); 1 turns it off.
+            each copy with its own draws (:mod:`feedfast.order.repeats`); 1 turns it off.
         device: ``auto``, ``cpu`` or ``gpu`` placement of the pipeline.
         seed: the seed of every random choice (shuffling and augmentation).
         shuffle_buffer: samples held for shuffling (0 turns sample shuffling off).
         shuffle_shards: whether the shard order changes every epoch.
         shuffle_block, shuffle_window: the block shuffle of remote shards (``shuffle.block``,
             ``shuffle.window``): windows of ``shuffle_window`` consecutive samples, each spread
-            over about ``shuffle_block`` samples (see :func:`feedfast.sources.order.block_order`).
+            over about ``shuffle_block`` samples (see :func:`feedfast.order.epoch.block_order`).
         decoder: the nvJPEG settings of GPU decoding (the ``decoder`` section).
         loader, tune: how the loader runs and whether it tunes itself (:mod:`feedfast.spec.runtime`).
         file: where the spec came from, for error messages.

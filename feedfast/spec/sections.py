@@ -181,7 +181,7 @@ def parse_batch(v: Any, file: str) -> tuple[int, m.LastBatch]:
 
 def parse_shuffle(v: Any, file: str) -> tuple[int, bool, int, int]:
     """The ``shuffle`` section: sample buffer size, per-epoch shard order, and the block shuffle's
-    ``block`` and ``window`` (samples; see :func:`feedfast.sources.order.block_order`)."""
+    ``block`` and ``window`` (samples; see :func:`feedfast.order.epoch.block_order`)."""
     block_default, window_default = m.SHUFFLE_BLOCK, m.SHUFFLE_WINDOW
     if isinstance(v, bool):
         return (1024 if v else 0), v, block_default, window_default
@@ -213,7 +213,7 @@ MAX_REPEATS = 64
 
 def parse_repeats(v: Any, file: str) -> int:
     """``shuffle.repeats``: repeated augmentation, each sample this many times an epoch (1: off; see
-    :mod:`feedfast.sources.repeats`). It needs a shuffled epoch (the copies spread over the epoch's order)."""
+    :mod:`feedfast.order.repeats`). It needs a shuffled epoch (the copies spread over the epoch's order)."""
     if not isinstance(v, dict) or "repeats" not in v:
         return 1
     n = v["repeats"]

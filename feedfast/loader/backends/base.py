@@ -36,7 +36,7 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import UserError
 from feedfast.loader.batch import Batch
 from feedfast.loader.knobs import Knobs
-from feedfast.sources.assign import EpochPlan
+from feedfast.order.deal import EpochPlan
 from feedfast.sources.dataset import ShardSet
 
 
@@ -82,7 +82,7 @@ class Backend(ABC):
     - ``name``: what ``DataLoader(backend=...)`` and a state call it;
     - ``checkpoints``: it resumes from its own checkpoint (``Batch.checkpoint``, validated on load by
       :meth:`check_checkpoint`); else from the step alone (its randomness is per sample);
-    - ``tunable``: the knobs a tuner may change while it runs (:mod:`feedfast.loader.tune`);
+    - ``tunable``: the knobs a tuner may change while it runs (:mod:`feedfast.loader.autotune`);
     - ``stop_at_exit``: its background work must be stopped before the interpreter joins its
       threads (the threaded path decodes in native code on pool threads);
     - ``pil_program``: it runs the spec as a PIL program (checked when the loader is built);
@@ -90,7 +90,7 @@ class Backend(ABC):
     - ``host_normalize``: it normalizes on the host, so the plan defers no ``normalize`` to the device;
     - ``reads_by_range``: it reads every shard's samples itself, by range (local files with ``pread``, remote
       ones through :mod:`feedfast.sources.rangeread`), so a shuffled epoch keeps the global order over
-      shards whose kind reads single samples cheaply (:func:`~feedfast.sources.assign.partition_for`).
+      shards whose kind reads single samples cheaply (:func:`~feedfast.order.deal.partition_for`).
     """
 
     name: ClassVar[str]

@@ -20,11 +20,11 @@ log = logging.getLogger("feedfast")
 def backend_type(name: str) -> type[Backend] | None:
     """The class of backend ``name``, None for ``auto`` (or a name :func:`choose_backend` refuses)."""
     if name == "dali":
-        from feedfast.loader.backends.dali import DaliBackend
+        from feedfast.loader.backends.dali.backend import DaliBackend
 
         return DaliBackend
     if name in ("threads", "pil"):
-        from feedfast.loader.backends.program import PilBackend, ThreadsBackend
+        from feedfast.loader.backends.cpu.program import PilBackend, ThreadsBackend
 
         return ThreadsBackend if name == "threads" else PilBackend
     return None
@@ -77,7 +77,7 @@ def auto_backend(plan: Plan, shards: ShardSet) -> tuple[str, str]:
     if unranged is not None:
         return "dali", f"{unranged!r} shards have no ranged reads (the threaded path reads by range)"
     try:
-        from feedfast.loader.backends.threads import fast_path_blocker
+        from feedfast.loader.backends.cpu.threads import fast_path_blocker
     except ImportError as exc:  # no PIL
         return "dali", f"PIL does not import ({exc})"
     blocker = fast_path_blocker(plan)

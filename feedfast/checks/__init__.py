@@ -1,0 +1,1 @@
+"""Image and label checks, the worker processes that run them, and the decoders they ask."""

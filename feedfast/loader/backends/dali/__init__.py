@@ -1,0 +1,1 @@
+"""The DALI backend: the pipeline, its feed, checkpoints, and the recovery and diagnosis of failed batches."""
