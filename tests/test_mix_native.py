@@ -1,4 +1,4 @@
-"""feedfast._native.mix_into (feedfast/_mix.c): the batch mix in place in C equals torch's arithmetic bit for bit."""
+"""feedfast._batchmix.mix_into (feedfast/_mix.c): the batch mix in place in C equals torch's arithmetic bit for bit."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from feedfast.loader.backends.cpu import native
+from feedfast.ops import batchmix
 from feedfast.ops.batchmix import MixParams, MixSettings, draw_params, mix_images
 
-pytestmark = pytest.mark.skipif(not native.built(), reason="feedfast._native is not built")
+pytestmark = pytest.mark.skipif(batchmix._native is None, reason="feedfast._native is not built")
 
 
 def torch_mix(images: torch.Tensor, p: MixParams, layout: str) -> torch.Tensor:
@@ -34,7 +34,7 @@ def test_in_place_equals_torchs_operations(layout: str, dtype: torch.dtype, conv
         p = draw_params(settings, np.random.default_rng(seed), batch, 13, 11)
         want = torch_mix(x, p, layout)
         got = x.clone()
-        assert native.mix_into(got, p, layout == "CHW")
+        assert batchmix.mix_into(got, p, layout == "CHW")
         assert torch.equal(got, want), (seed, p)
 
 
@@ -50,7 +50,7 @@ def test_mixed_blends_and_cuts_over_a_long_cycle() -> None:
     p = MixParams(lam=lam, cut=cut, boxes=boxes, partner=partner)
     x = torch.randn(b, 3, 9, 10)
     want = torch_mix(x, p, "CHW")
-    assert native.mix_into(x, p, True) and torch.equal(x, want)
+    assert batchmix.mix_into(x, p, True) and torch.equal(x, want)
 
 
 def test_loader_path_is_the_c_one_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,12 +61,12 @@ def test_loader_path_is_the_c_one_on_the_cpu(monkeypatch: pytest.MonkeyPatch) ->
     p = draw_params(settings, np.random.default_rng(0), 6, 8, 8)
     want = torch_mix(x, p, "CHW")
     calls: list[int] = []
-    real = native.ext.mix_into
-    monkeypatch.setattr(native.ext, "mix_into", lambda *a: (calls.append(1), real(*a))[1])
+    real = batchmix._native.mix_into
+    monkeypatch.setattr(batchmix._native, "mix_into", lambda *a: (calls.append(1), real(*a))[1])
     got = x.clone()
     assert mix_images(got, p, "CHW", inplace=True).data_ptr() == got.data_ptr() and calls
     assert torch.equal(got, want)
-    monkeypatch.setattr(native, "ext", None)
+    monkeypatch.setattr(batchmix, "_native", None)
     other = x.clone()
     assert torch.equal(mix_images(other, p, "CHW", inplace=True), want)
 
@@ -74,12 +74,12 @@ def test_loader_path_is_the_c_one_on_the_cpu(monkeypatch: pytest.MonkeyPatch) ->
 def test_what_it_cannot_take_falls_back_or_is_refused() -> None:
     p = MixParams(lam=np.full(4, 0.5), cut=np.zeros(4, dtype=bool), boxes=np.zeros((4, 4), dtype=np.int64),
                   partner=np.arange(4)[::-1].copy())
-    assert not native.mix_into(torch.randn(4, 3, 8, 8).transpose(2, 3), p, True)  # not contiguous
-    assert not native.mix_into(torch.randn(4, 3, 8, 8, dtype=torch.float64), p, True)
+    assert not batchmix.mix_into(torch.randn(4, 3, 8, 8).transpose(2, 3), p, True)  # not contiguous
+    assert not batchmix.mix_into(torch.randn(4, 3, 8, 8, dtype=torch.float64), p, True)
     bad = MixParams(lam=p.lam, cut=p.cut, boxes=p.boxes, partner=np.array([0, 0, 1, 2]))
     with pytest.raises(ValueError, match="permutation"):
-        native.mix_into(torch.randn(4, 3, 8, 8), bad, True)
+        batchmix.mix_into(torch.randn(4, 3, 8, 8), bad, True)
     outside = MixParams(lam=p.lam, cut=np.ones(4, dtype=bool), boxes=np.tile([0, 9, 0, 4], (4, 1)),
                         partner=p.partner)
     with pytest.raises(ValueError, match="outside the image"):
-        native.mix_into(torch.randn(4, 3, 8, 8), outside, True)
+        batchmix.mix_into(torch.randn(4, 3, 8, 8), outside, True)

@@ -40,8 +40,12 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from feedfast.loader.backends.cpu import native
 from feedfast.spec.batchmix_settings import MixSettings
+
+try:
+    from feedfast import _native
+except ImportError:  # not built at install: torch mixes
+    _native = None
 
 
 class Generator(Protocol):
@@ -149,6 +153,25 @@ def _weights(lam: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch
     return torch.from_numpy(keep).to(device), torch.from_numpy(take).to(device)
 
 
+def mix_into(images: torch.Tensor, params: MixParams, chw: bool) -> bool:
+    """A batch's mixup / cutmix (:func:`mix_images`) in place, in this thread, without
+    torch's thread pool; False (nothing done) when feedfast's C extension is not built or not a contiguous float32 or uint8 CPU batch.
+
+    Args:
+        images: the batch, a ``torch.Tensor`` ``[B, C, H, W]`` (``chw``) or ``[B, H, W, C]``.
+        params: its :class:`MixParams`.
+    """
+    if (_native is None or images.device.type != "cpu" or images.dim() != 4 or not images.is_contiguous()
+            or images.dtype not in (torch.float32, torch.uint8) or images.requires_grad):
+        return False
+    keep, take = weights(params.lam)
+    action = np.where(params.cut, 2, np.where(params.lam != 1.0, 1, 0)).astype(np.uint8)
+    boxes = np.ascontiguousarray(params.boxes, dtype=np.int64)
+    partner = np.ascontiguousarray(params.partner, dtype=np.int64)
+    _native.mix_into(images.numpy(), keep, take, action, boxes, partner, chw)
+    return True
+
+
 def mix_images(images: torch.Tensor, p: MixParams, layout: str = "CHW", *, inplace: bool = False) -> torch.Tensor:
     """The batch's images mixed: cut samples take their box from the partner, the others blend.
 
@@ -156,10 +179,10 @@ def mix_images(images: torch.Tensor, p: MixParams, layout: str = "CHW", *, inpla
     float32 and is rounded back (timm's ``FastCollateMixup``). Every source is read before anything is
     written, so ``inplace`` (the loader's own batch) writes into ``images``; otherwise a new tensor.
     In place on the CPU (a contiguous float32 or uint8 batch) the C extension does the same arithmetic
-    in the calling thread (:func:`feedfast.loader.backends.cpu.native.mix_into`): torch's CPU kernels would run it
+    in the calling thread (:func:`mix_into`): torch's CPU kernels would run it
     on torch's thread pool, against the decoding threads for the same cores.
     """
-    if inplace and native.mix_into(images, p, layout == "CHW"):
+    if inplace and mix_into(images, p, layout == "CHW"):
         return images
     blend = np.flatnonzero(~p.cut & (p.lam != 1.0))
     if inplace and blend.size == len(images) and images.dtype.is_floating_point:

@@ -51,29 +51,6 @@ def normalize_into(pixels: np.ndarray, out: np.ndarray, mean: np.ndarray, inv: n
     return True
 
 
-def mix_into(images: Any, params: Any, chw: bool) -> bool:
-    """A batch's mixup / cutmix (:func:`feedfast.ops.batchmix.mix_images`) in place, in this thread, without
-    torch's thread pool; False (nothing done) when not built or not a contiguous float32 or uint8 CPU batch.
-
-    Args:
-        images: the batch, a ``torch.Tensor`` ``[B, C, H, W]`` (``chw``) or ``[B, H, W, C]``.
-        params: its :class:`~feedfast.ops.batchmix.MixParams`.
-    """
-    import torch
-
-    from feedfast.ops.batchmix import weights
-
-    if (ext is None or images.device.type != "cpu" or images.dim() != 4 or not images.is_contiguous()
-            or images.dtype not in (torch.float32, torch.uint8) or images.requires_grad):
-        return False
-    keep, take = weights(params.lam)
-    action = np.where(params.cut, 2, np.where(params.lam != 1.0, 1, 0)).astype(np.uint8)
-    boxes = np.ascontiguousarray(params.boxes, dtype=np.int64)
-    partner = np.ascontiguousarray(params.partner, dtype=np.int64)
-    ext.mix_into(images.numpy(), keep, take, action, boxes, partner, chw)
-    return True
-
-
 FLAVOURS = {"pillow": 0, "pillow-simd": 1}
 """The resizers the extension reproduces (``feedfast/_resample.h``): Pillow up to 12 (22-bit coefficients) and
 pillow-simd (16-bit coefficients, another rounding of its 1x3 reduction); they differ by a grey level here and
