@@ -116,7 +116,7 @@ def test_shard_order_depends_on_seed() -> None:
 def test_per_step_sizes_are_runs_equal_to_the_formula(total: int, batch: int, world: int, last: str,
                                                       partition: str) -> None:
     """The plan keeps per-step sizes as runs (O(1) whatever the steps); they are the per-step formula's values."""
-    from feedfast.order.epoch import rank_counts
+    from feedfast.order.deal import rank_counts
 
     if total < world or (last == "drop" and total // world < batch):
         return

@@ -12,7 +12,8 @@ import pytest
 from PIL import Image
 
 import feedfast
-from feedfast.order.epoch import epoch_order, rank_counts, rank_positions
+from feedfast.order.deal import rank_counts, rank_positions
+from feedfast.order.epoch import epoch_order
 from tests.helpers import SMALL_SPEC
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import feedfast
 from feedfast.errors import SpecError, UserError
-from feedfast.order.epoch import rank_counts, rank_position_of
+from feedfast.order.deal import rank_counts, rank_position_of
 from feedfast.order.permute import Permutation, key_for
 from feedfast.order.repeats import draw_ids, entry_of, repeated
 from tests.helpers import ROOT, SMALL_SPEC, free_port, rank_report, spawn_ranks

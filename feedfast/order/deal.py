@@ -1,4 +1,4 @@
-"""Pure functions deciding which samples each rank reads in each epoch.
+"""Dealing an epoch's samples to ranks, the one owner of it: pure functions of (sizes, world, rank, batch).
 
 The shards of an epoch are concatenated in that epoch's order and cut into ``world``
 contiguous ranges exactly as DALI's readers cut them: rank ``r`` reads samples
@@ -30,6 +30,8 @@ import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from feedfast.shards.transport import schemes
 
@@ -189,8 +191,6 @@ def plan_epoch(
     if repeats > 1 and partition != "global":
         raise ValueError(f"repeats={repeats} needs the global order (shuffled local shards), not {partition!r}")
     if partition == "global":
-        from feedfast.order.epoch import rank_counts
-
         counts = rank_counts(sum(sizes) - consumed, world=world, batch_size=batch_size)
         shuffle_shards = False  # the order is over samples; shards stay in their canonical order
     else:
@@ -208,3 +208,39 @@ def plan_epoch(
         sizes_out = Runs([(b, steps)]) if last_batch == "pad" else capped(b, biggest, steps, 1)
     order = shard_order(len(sizes), seed=seed, epoch=epoch, shuffle=shuffle_shards)
     return EpochPlan(order, mine, steps, sizes_out, valid, partition, consumed, batch_size, repeats)
+
+
+def rank_counts(total: int, *, world: int, batch_size: int) -> list[int]:
+    """How many of ``total`` samples each rank gets when they are dealt out in global batches."""
+    step = world * batch_size
+    full, rest = divmod(total, step)
+    return [full * batch_size + b - a for a, b in (rank_range(rest, r, world) for r in range(world))]
+
+
+def rank_positions(total: int, *, rank: int, world: int, batch_size: int) -> np.ndarray:
+    """Rank ``rank``'s positions in the epoch's order, in the order it reads them.
+
+    >>> rank_positions(10, rank=1, world=2, batch_size=2).tolist()
+    [2, 3, 6, 7, 9]
+    """
+    step = world * batch_size
+    full, rest = divmod(total, step)
+    starts = np.arange(full, dtype=np.int64) * step + rank * batch_size
+    body = (starts[:, None] + np.arange(batch_size, dtype=np.int64)[None, :]).reshape(-1)
+    a, b = rank_range(rest, rank, world)
+    tail = full * step + np.arange(a, b, dtype=np.int64)
+    return np.concatenate([body, tail])
+
+
+def rank_position_of(rows: np.ndarray, total: int, *, rank: int, world: int, batch_size: int) -> np.ndarray:
+    """``rank_positions(total, ...)[rows]`` without the array: the order positions of a rank's rows.
+
+    >>> rank_position_of(np.array([0, 2, 4]), 10, rank=1, world=2, batch_size=2).tolist()
+    [2, 6, 9]
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    step = world * batch_size
+    full, rest = divmod(total, step)
+    a, _ = rank_range(rest, rank, world)
+    body = (rows // batch_size) * step + rank * batch_size + rows % batch_size
+    return np.where(rows < full * batch_size, body, full * step + a + (rows - full * batch_size))

@@ -1,4 +1,4 @@
-"""One global sample order per (seed, epoch), and how it is dealt out to ranks: pure functions.
+"""One global sample order per (seed, epoch), and the block order of remote shards: pure functions.
 
 With ``shuffle=True`` an epoch reads every sample of the dataset (all shards, in their
 canonical concatenation: shard 0's indexed samples, then shard 1's, ...) in the order of a
@@ -8,8 +8,8 @@ costs no memory whatever the dataset's size. Class-sorted shards give batches th
 statistically those of torch's ``RandomSampler``, which a shard shuffle plus a buffer shuffle
 cannot (DALI #3088).
 
-The order is dealt out in global batches (:func:`rank_positions`, or row by row
-:func:`rank_position_of`): global step ``s`` takes
+The order is dealt out in global batches (:func:`~feedfast.order.deal.rank_positions`, or row by row
+:func:`~feedfast.order.deal.rank_position_of`, in :mod:`feedfast.order.deal`): global step ``s`` takes
 the next ``world * batch`` samples of the order, rank ``r`` the ``r``-th run of ``batch`` of
 them. The last, incomplete global batch is split as evenly as possible (ranks ``r`` get
 ``rank_range(rest, r, world)``), and the last-batch policy then pads or drops as for any
@@ -51,42 +51,6 @@ def epoch_order(total: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarr
     positions = np.arange(total, dtype=np.int64)
     perm = epoch_permutation(total, seed=seed, epoch=epoch, shuffle=shuffle)
     return positions if perm is None else perm(positions)
-
-
-def rank_counts(total: int, *, world: int, batch_size: int) -> list[int]:
-    """How many of ``total`` samples each rank gets when they are dealt out in global batches."""
-    step = world * batch_size
-    full, rest = divmod(total, step)
-    return [full * batch_size + b - a for a, b in (rank_range(rest, r, world) for r in range(world))]
-
-
-def rank_positions(total: int, *, rank: int, world: int, batch_size: int) -> np.ndarray:
-    """Rank ``rank``'s positions in the epoch's order, in the order it reads them.
-
-    >>> rank_positions(10, rank=1, world=2, batch_size=2).tolist()
-    [2, 3, 6, 7, 9]
-    """
-    step = world * batch_size
-    full, rest = divmod(total, step)
-    starts = np.arange(full, dtype=np.int64) * step + rank * batch_size
-    body = (starts[:, None] + np.arange(batch_size, dtype=np.int64)[None, :]).reshape(-1)
-    a, b = rank_range(rest, rank, world)
-    tail = full * step + np.arange(a, b, dtype=np.int64)
-    return np.concatenate([body, tail])
-
-
-def rank_position_of(rows: np.ndarray, total: int, *, rank: int, world: int, batch_size: int) -> np.ndarray:
-    """``rank_positions(total, ...)[rows]`` without the array: the order positions of a rank's rows.
-
-    >>> rank_position_of(np.array([0, 2, 4]), 10, rank=1, world=2, batch_size=2).tolist()
-    [2, 6, 9]
-    """
-    rows = np.asarray(rows, dtype=np.int64)
-    step = world * batch_size
-    full, rest = divmod(total, step)
-    a, _ = rank_range(rest, rank, world)
-    body = (rows // batch_size) * step + rank * batch_size + rows % batch_size
-    return np.where(rows < full * batch_size, body, full * step + a + (rows - full * batch_size))
 
 
 @dataclass(frozen=True)

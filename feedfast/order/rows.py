@@ -33,8 +33,8 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from feedfast import _env
-from feedfast.order.deal import EpochPlan, rank_range
-from feedfast.order.epoch import BlockOrder, BlockShuffle, epoch_permutation, rank_counts, rank_position_of
+from feedfast.order.deal import EpochPlan, rank_counts, rank_position_of, rank_range
+from feedfast.order.epoch import BlockOrder, BlockShuffle, epoch_permutation
 from feedfast.order.permute import Permutation, key_for, mix64
 from feedfast.order.repeats import draw_ids, entry_of, repeated, sample_of_id
 from feedfast.shards.index.columnar import ColumnarIndex, RowBatch, dataset_index
