@@ -39,7 +39,7 @@ MEMBER = 1536  # bytes a sample takes in a tar: two headers and two padded paylo
 def write_dataset(data: Path, samples: int, shards: int) -> Path:
     """The sparse shards, their indexes and the cache records; returns the cache folder."""
     sys.path.insert(0, str(HERE.parent))
-    from feedfast.compile.plan import build_plan
+    from feedfast.compile.build import build_plan
     from feedfast.shards.index import columnar, snapshot
     from feedfast.sources.dataset import _record_name
     from feedfast.spec.load import load_spec

@@ -176,7 +176,7 @@ def test_planned_batches_equal_the_python_walk(shards: list[str], chain: list[An
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Bit for bit: the plan with Pillow's resize, the plan with the extension's one call, and no plan."""
     from feedfast import _env
-    from feedfast.compile.plan import build_plan
+    from feedfast.compile.build import build_plan
     from feedfast.loader.backends.cpu import native
     from feedfast.loader.backends.cpu.threads import run_thread_epoch
     from feedfast.order.deal import plan_epoch

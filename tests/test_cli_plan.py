@@ -52,7 +52,7 @@ def test_an_op_the_threaded_path_lacks_is_named_in_plan_and_in_a_log_line(
         capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from feedfast.compile.plan import build_plan
+    from feedfast.compile.build import build_plan
     from feedfast.loader.backends.choose import choose_backend
     from feedfast.sources.dataset import ShardSet
     from feedfast.spec import load_spec

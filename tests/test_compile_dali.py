@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from feedfast.compile.build import build_plan
 from feedfast.compile.dali import ReaderConfig, build_pipeline
-from feedfast.compile.plan import build_plan
 from feedfast.spec import load_spec
 from feedfast.spec.model import DECODER_PARAMS
 from tests.helpers import SMALL_SPEC

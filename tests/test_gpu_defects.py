@@ -69,7 +69,7 @@ def test_an_op_forced_onto_the_gpu_without_cuda_is_refused_naming_it(small_spec:
 
 
 def test_a_gpu_plan_is_never_built_without_a_device_id(small_spec: dict, shards: list[str]) -> None:
-    from feedfast.compile.plan import build_plan
+    from feedfast.compile.build import build_plan
     from feedfast.errors import BackendError
     from feedfast.loader.backends.dali.pipe import make_pipeline
 

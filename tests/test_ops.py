@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import feedfast
-from feedfast.compile.plan import build_plan
+from feedfast.compile.build import build_plan
 from feedfast.ops.registry import OPS
 from feedfast.spec import load_spec
 

@@ -378,7 +378,7 @@ def _recipe_spec(ops: list[Any] = RECIPE) -> Any:
 
 def _epoch(spec: Any, shards: list[str], backend: str, *, workers: int = 2, epoch: int = 0) -> list[Any]:
     from feedfast import _env
-    from feedfast.compile.plan import build_plan
+    from feedfast.compile.build import build_plan
     from feedfast.loader.backends.cpu.pil import run_pil_epoch
     from feedfast.loader.backends.cpu.threads import run_thread_epoch
     from feedfast.order.deal import plan_epoch
@@ -409,8 +409,8 @@ def test_the_threaded_path_runs_the_recipe_with_the_pil_backend_s_pixels(shards:
     """Geometry planned in C, the recipe op after it in the worker threads, random erasing on the
     normalized batch: the pil backend's pixels exactly (full-size decoding, the same draws), whether the
     uint8 pixels the op runs on are made by the extension in one call or by Pillow."""
+    from feedfast.compile.build import build_plan
     from feedfast.compile.pil import compile_pil
-    from feedfast.compile.plan import build_plan
     from feedfast.loader.backends.cpu import batchplan, native
     from feedfast.loader.backends.cpu.threads import chunk_way, fast_path_supported
 
@@ -445,7 +445,7 @@ def test_the_recipe_s_draws_are_a_function_of_seed_epoch_and_sample(shards: list
 def test_the_shipped_recipe_validates_and_runs_on_the_threaded_path() -> None:
     from pathlib import Path
 
-    from feedfast.compile.plan import build_plan
+    from feedfast.compile.build import build_plan
     from feedfast.loader.backends.cpu.threads import fast_path_supported
     from feedfast.spec import load_spec
 
@@ -496,8 +496,8 @@ def test_dali_cpu_runs_the_recipe_ops_through_auto_aug(shards: list[str], op: An
 
 
 def test_the_gpu_plan_places_the_recipe_ops_on_the_gpu_and_dali_serializes_it() -> None:
+    from feedfast.compile.build import build_plan
     from feedfast.compile.dali import ReaderConfig, build_pipeline
-    from feedfast.compile.plan import build_plan
 
     plan = build_plan(_recipe_spec([*RECIPE[:3], {"trivial_augment_wide": {}}, {"rand_augment": {}},
                                     {"auto_augment": {}}, *RECIPE[4:]]), device="gpu")
@@ -511,8 +511,8 @@ def test_the_gpu_plan_places_the_recipe_ops_on_the_gpu_and_dali_serializes_it() 
 
 
 def test_timm_rand_augment_is_refused_by_dali_naming_why(shards: list[str]) -> None:
+    from feedfast.compile.build import build_plan
     from feedfast.compile.dali import ReaderConfig, build_pipeline
-    from feedfast.compile.plan import build_plan
     from feedfast.errors import BackendError
 
     plan = build_plan(_recipe_spec([*RECIPE[:2], {"rand_augment": {"flavour": "timm"}}]), device="cpu")

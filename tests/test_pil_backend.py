@@ -17,8 +17,8 @@ from PIL import Image
 import feedfast
 from feedfast import _env
 from feedfast.checks.decoders import DaliDecoder
+from feedfast.compile.build import build_plan
 from feedfast.compile.pil import compile_pil
-from feedfast.compile.plan import build_plan
 from feedfast.errors import BackendError, SampleError
 from feedfast.loader.backends.cpu.pil import run_pil_epoch
 from feedfast.loader.batch import Batch

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from feedfast.compile.build import build_plan
 from feedfast.compile.dali import ReaderConfig, build_pipeline
-from feedfast.compile.plan import build_plan
 from feedfast.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from feedfast import _env
-from feedfast.compile.plan import build_plan
+from feedfast.compile.build import build_plan
 from feedfast.errors import SampleError
 from feedfast.loader.backends.cpu import native, pil_fast, thread_sample
 from feedfast.loader.backends.cpu.pil import run_pil_epoch

@@ -12,7 +12,7 @@ import torch
 
 import feedfast
 from feedfast import _env
-from feedfast.compile.plan import build_plan
+from feedfast.compile.build import build_plan
 from feedfast.errors import SpecError
 from feedfast.loader import autotune as tune
 from feedfast.loader.autotune import CostModel, Figures, Observation, Tuner, budget_batches

@@ -48,7 +48,7 @@ def header(plan: Plan, *, asked: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Print the plan."""
-    from feedfast.compile.plan import build_plan
+    from feedfast.compile.build import build_plan
     from feedfast.spec.load import load_spec
 
     spec = load_spec(find_spec(args.spec), args.overrides)

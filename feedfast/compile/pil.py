@@ -20,7 +20,7 @@ import io
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from feedfast.compile.plan import build_plan
+from feedfast.compile.build import build_plan
 from feedfast.errors import BackendError
 from feedfast.ops.base import Rng, Signature, stream_for
 from feedfast.ops.generic import DecodeFailure

@@ -11,8 +11,9 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from feedfast import _env
+from feedfast.compile.build import build_plan, lower
 from feedfast.compile.passes import forced_onto_gpu
-from feedfast.compile.plan import Plan, build_plan, lower
+from feedfast.compile.plan import Plan
 from feedfast.errors import FeedfastError, UserError
 from feedfast.loader.accelerate_state import AccelerateEpoch
 from feedfast.loader.autotune import Tuner, budget_batches
