@@ -35,7 +35,7 @@ import rows  # noqa: E402
 def feedfast_default(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
     """feedfast.DataLoader on imagenet-train with no backend or device argument (on the CPU: the threaded path)."""
     import feedfast
-    from feedfast.cli.measure import forever
+    from feedfast.baseline.measure import forever
 
     loader = feedfast.DataLoader(rows.SPEC, shards=shards, batch_size=batch, num_workers=workers)
     print(f"feedfast default: backend {loader.backend}, placement {loader.plan.placement}", file=sys.stderr)

@@ -63,8 +63,8 @@ def torch_recipe(shards: list[str], batch: int, workers: int) -> Iterator[Any]:
     """The torchvision DataLoader recipe (:func:`feedfast.baseline.make_torch_loader`): PIL decode from a
     map-style dataset over the shards, torchvision's RandomResizedCrop, flip, PILToTensor, ConvertImageDtype,
     Normalize, a torch DataLoader with ``workers`` persistent worker processes."""
+    from feedfast.baseline.measure import forever
     from feedfast.baseline.torch_recipe import make_torch_loader
-    from feedfast.cli.measure import forever
     from feedfast.errors import UserError
 
     try:
@@ -192,8 +192,8 @@ def torch_recipe_trivial_augment(shards: list[str], batch: int, workers: int) ->
     """The torchvision DataLoader running the same torchvision transforms: RandomResizedCrop(176), flip,
     TrivialAugmentWide(bilinear), PILToTensor, ConvertImageDtype, Normalize, RandomErasing(0.1), and the
     recipe's batch mix as torchvision's reference collates it: RandomChoice([MixUp(0.2), CutMix(1.0)])."""
+    from feedfast.baseline.measure import forever
     from feedfast.baseline.torch_recipe import MixupCutmixCollate, make_torch_loader
-    from feedfast.cli.measure import forever
     from feedfast.errors import UserError
 
     try:
@@ -277,8 +277,8 @@ def time_row_cpu(make: Callable[[], Iterator[Any]], *, warmup: int, batches: int
     CPU cost per sample does much less, and ``cores / cost`` is the rate a quiet machine
     would reach if the row keeps its cores busy.
     """
+    from feedfast.baseline.measure import RunPlan
     from feedfast.baseline.timing import time_round
-    from feedfast.cli.measure import RunPlan
 
     figs, _ = time_round(make, RunPlan(warmup=warmup, count=batches))
     return figs["samples_per_s"], figs["cpu_s"] / figs["samples"] * 1e3

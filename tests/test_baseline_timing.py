@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
+from feedfast.baseline.measure import RunPlan
 from feedfast.baseline.rounds import round_order
 from feedfast.baseline.timing import samples_per_cpu_s, time_round
-from feedfast.cli.measure import RunPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -74,7 +74,7 @@ def test_every_command_has_help_with_examples(command: str, capsys: pytest.Captu
 def test_timed_run_counts_what_the_loader_delivered() -> None:
     import torch
 
-    from feedfast.cli.measure import RunPlan, timed_run
+    from feedfast.baseline.measure import RunPlan, timed_run
 
     counter = {"delivered": 0}
 
@@ -91,7 +91,7 @@ def test_timed_run_counts_what_the_loader_delivered() -> None:
 
 
 def test_combine_runs() -> None:
-    from feedfast.cli.measure import combine_runs
+    from feedfast.baseline.measure import combine_runs
 
     def run(rate: float, wall: float, stall: float | None) -> dict:
         return {"samples_per_s": rate, "batches": 10, "samples": int(rate * wall), "wall_s": wall, "cpu_s": wall / 2,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from feedfast.baseline.from_spec import BaselineSettings, settings_from_spec
-from feedfast.cli.measure import forever
+from feedfast.baseline.measure import forever
 from feedfast.errors import UserError
 
 BASELINES = ("torch", "dali")

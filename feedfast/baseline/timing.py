@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from feedfast.cli.measure import RunPlan, all_processes, timed_run
+from feedfast.baseline.measure import RunPlan, all_processes, timed_run
 from feedfast.meter import StallMeter
 
 
@@ -36,7 +36,7 @@ def time_round(make: Callable[[], Iterator[Any]], plan: RunPlan) -> tuple[dict[s
         plan: warm-up and timed batches (or seconds), simulated step, progress bar.
 
     Returns:
-        :func:`~feedfast.cli.measure.timed_run`'s figures (``samples_per_s``, ``samples``,
+        :func:`~feedfast.baseline.measure.timed_run`'s figures (``samples_per_s``, ``samples``,
         ``cpu_s``, ``time_to_first_batch_s`` counted from the call to ``make``, ...) and meter.
     """
     started = time.perf_counter()

@@ -1,7 +1,7 @@
 """``feedfast analyze``: where the input pipeline stalls, fetch or prep, and what would fix it.
 
 Three short runs in the manner of DS-Analyzer, each under a StallMeter and with the same
-simulated step (``--step-ms``, a sleep; see :mod:`feedfast.cli.measure`):
+simulated step (``--step-ms``, a sleep; see :mod:`feedfast.baseline.measure`):
 
 1. synthetic: pre-made tensors of the spec's output shapes, no loader (the compute ceiling);
 2. cached: the shards copied into RAM (``/dev/shm``) or the page cache: prep only;
@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from feedfast._env import usable_cores
+from feedfast.baseline.measure import RunPlan, forever, pil_decode_ms, timed_run
 from feedfast.cli import analyze_report
 from feedfast.cli.advice import MODEL, ReadWindow, Timings, decode_share
 from feedfast.cli.common import check_positive, demo_shards, find_spec, write_json
-from feedfast.cli.measure import RunPlan, forever, pil_decode_ms, timed_run
 from feedfast.cli.pagecache import drop_cached, stage_in_memory
 from feedfast.cli.recommend import Context, crop_area, recommend, target_short_side
 from feedfast.cli.shardstats import ShardStats, shard_stats

@@ -1,7 +1,7 @@
 """``feedfast bench``: throughput of a spec on shards, optionally beside a baseline.
 
 With ``--step-ms X`` the consumer simulates a model step of X ms (``time.sleep``, which frees
-the core as a GPU step does; see :mod:`feedfast.cli.measure`) and the run reports the stall
+the core as a GPU step does; see :mod:`feedfast.baseline.measure`) and the run reports the stall
 that loader would cause at that compute rate and what would remove it.
 
 With ``--compare torch`` (torchvision's transforms in a torch DataLoader) or ``--compare dali``
@@ -30,11 +30,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from feedfast._env import usable_cores
+from feedfast.baseline.measure import RunPlan, combine_runs
 from feedfast.baseline.rounds import ratio_spread, round_order
 from feedfast.baseline.timing import samples_per_cpu_s, time_round
 from feedfast.cli.advice import step_recommendation
 from feedfast.cli.common import check_positive, demo_shards, find_spec, gpu_cell, table, write_json
-from feedfast.cli.measure import RunPlan, combine_runs
 from feedfast.errors import UserError
 from feedfast.spec.runtime import BACKENDS
 

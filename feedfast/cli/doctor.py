@@ -13,9 +13,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from feedfast.baseline.measure import pil_decode_ms
 from feedfast.cli import sysprobe
 from feedfast.cli.common import check_positive, table, write_json
-from feedfast.cli.measure import pil_decode_ms
 
 EXAMPLES = """examples:
   feedfast doctor
