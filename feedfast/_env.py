@@ -1,4 +1,5 @@
-"""The one place feedfast reads its environment (variables, CUDA presence, cache folder)."""
+"""The one place feedfast reads its environment (variables, CUDA presence, cache folder), and the rank's CUDA
+device that follows from it: one rule for the loader and the stall meter, below both."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from feedfast.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def cache_dir() -> Path:
@@ -84,3 +89,25 @@ def launcher_local_rank() -> int | None:
         UserError: it is set but not an integer.
     """
     return launcher_int("LOCAL_RANK")
+
+
+def rank_cuda_index(*, local_rank: int | None, count: int, current: int) -> int:
+    """The CUDA index ``cuda`` means for this process: ``LOCAL_RANK`` when set and valid, else the current device."""
+    if local_rank is not None and 0 <= local_rank < count:
+        return local_rank
+    return current
+
+
+def rank_cuda_device() -> torch.device | None:
+    """The rank's CUDA device in this process (``cuda:{LOCAL_RANK}`` under a launcher, else the current
+    device), or None without CUDA: what ``device='cuda'`` means to the loader and to the stall meter.
+
+    It never initializes CUDA: before torch has, the current device is 0.
+    """
+    if not cuda_available():
+        return None
+    import torch
+
+    current = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    index = rank_cuda_index(local_rank=launcher_local_rank(), count=torch.cuda.device_count(), current=current)
+    return torch.device("cuda", index)

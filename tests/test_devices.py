@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import feedfast
+from feedfast._env import rank_cuda_index
 from feedfast.errors import UserError
-from feedfast.loader.devices import Delivery, rank_cuda_index, resolve_delivery
+from feedfast.loader.devices import Delivery, resolve_delivery
 from tests.helpers import SMALL_SPEC, FakeGpu
 
 ROOT = Path(__file__).resolve().parents[1]

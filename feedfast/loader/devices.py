@@ -33,7 +33,7 @@ before anything else, as torch's pin-memory thread does: a new thread's current 
 0, and ``torch.cuda.stream`` saves and restores the *current* device's stream, so an
 unbound producer of rank 1 would open a CUDA context on GPU 0.
 
-The stall meter finds its device with the same rule (:func:`rank_cuda_device`), so its
+The stall meter finds its device with the same rule (:func:`feedfast._env.rank_cuda_device`), so its
 events are recorded on the stream the loader delivers to.
 """
 
@@ -47,6 +47,7 @@ from typing import Any, ContextManager, Protocol
 import torch
 
 from feedfast import _env
+from feedfast._env import rank_cuda_index
 from feedfast.errors import UserError
 
 
@@ -57,26 +58,6 @@ class Delivery:
     placement: str
     device: torch.device
     device_id: int | None
-
-
-def rank_cuda_index(*, local_rank: int | None, count: int, current: int) -> int:
-    """The CUDA index ``cuda`` means for this process: ``LOCAL_RANK`` when set and valid, else the current device."""
-    if local_rank is not None and 0 <= local_rank < count:
-        return local_rank
-    return current
-
-
-def rank_cuda_device() -> torch.device | None:
-    """The rank's CUDA device in this process (``cuda:{LOCAL_RANK}`` under a launcher, else the current
-    device), or None without CUDA: what ``device='cuda'`` means to the loader and to the stall meter.
-
-    It never initializes CUDA: before torch has, the current device is 0.
-    """
-    if not _env.cuda_available():
-        return None
-    current = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
-    index = rank_cuda_index(local_rank=_env.launcher_local_rank(), count=torch.cuda.device_count(), current=current)
-    return torch.device("cuda", index)
 
 
 def resolve_delivery(placement: str, device: str | torch.device | None, *, cuda: bool, count: int = 0,

@@ -139,7 +139,7 @@ def resolve_events(device: str | None, events: EventFactory | None) -> EventFact
         device: ``"auto"`` (CUDA events when CUDA is available), ``"cpu"``/``None``
             (host wait only), or ``"cuda"``/``"cuda:N"`` (CUDA events, required).
             ``auto`` and ``cuda`` mean the rank's GPU by feedfast.DataLoader's rule
-            (:func:`~feedfast.loader.devices.rank_cuda_device`: ``cuda:{LOCAL_RANK}`` under
+            (:func:`~feedfast._env.rank_cuda_device`: ``cuda:{LOCAL_RANK}`` under
             torchrun, else the current device), so the events are recorded on the stream the
             loader delivers to even when the script never called ``set_device``.
         events: An explicit factory; wins over ``device``.
@@ -166,7 +166,7 @@ def resolve_events(device: str | None, events: EventFactory | None) -> EventFact
         raise UserError(
             f"StallMeter: device got {device!r}; allowed: 'auto', 'cpu', 'cuda', 'cuda:N'"
         )
-    from feedfast.loader.devices import rank_cuda_device
+    from feedfast._env import rank_cuda_device
 
     if device.startswith("cuda:"):
         return CudaEvents(device=device)
@@ -186,7 +186,7 @@ def gpu_index(events: EventFactory | None) -> int | None:
     """
     device = events.device if isinstance(events, CudaEvents) else None
     if device is None:
-        from feedfast.loader.devices import rank_cuda_device
+        from feedfast._env import rank_cuda_device
 
         device = rank_cuda_device()
     return None if device is None else int(device.index or 0)
