@@ -14,8 +14,8 @@ names are checked by type, checksum and size only, and keys by the part the bloc
 
 from __future__ import annotations
 
-from feedfast.shards.index.tarindex import split_name
 from feedfast.shards.tar.fields import ENCODING, first_bad_header, number
+from feedfast.shards.tar.members import split_name
 
 BLOCK = 512
 NAME_BYTES = 100
