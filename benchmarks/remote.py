@@ -13,7 +13,7 @@ order over ``--rounds`` rounds:
   moto, boto3 or s3fs is missing;
 - ``s3-fsspec`` (only when asked for in ``--sources``): the same bucket read as before
   2026-12-02, every range through fsspec's s3fs and a window a request (feedfast's signer
-  declined, :data:`feedfast.loader.backends.dali.feed.MERGE_BYTES` 0), to compare the two in the same rounds.
+  declined, :data:`feedfast.sources.windows.MERGE_BYTES` 0), to compare the two in the same rounds.
 
 Per round: the backend ``auto`` chose, the time from ``iter()`` to the first batch,
 samples per second over ``--batches`` batches after ``--warmup`` (epoch after epoch), CPU ms
@@ -223,14 +223,14 @@ def variant(name: str) -> Iterator[None]:
     if name != "s3-fsspec":
         yield
         return
-    from feedfast.loader.backends.dali import feed as feeder
     from feedfast.shards.transport import s3sign
-    signer, merge = s3sign.signer, feeder.MERGE_BYTES
-    s3sign.signer, feeder.MERGE_BYTES = lambda: None, 0  # type: ignore[assignment]
+    from feedfast.sources import windows
+    signer, merge = s3sign.signer, windows.MERGE_BYTES
+    s3sign.signer, windows.MERGE_BYTES = lambda: None, 0  # type: ignore[assignment]
     try:
         yield
     finally:
-        s3sign.signer, feeder.MERGE_BYTES = signer, merge  # type: ignore[assignment]
+        s3sign.signer, windows.MERGE_BYTES = signer, merge  # type: ignore[assignment]
 
 
 def measure(sources: dict[str, list[str]], args: argparse.Namespace, cache: Path) -> dict[str, list[dict[str, Any]]]:

@@ -123,8 +123,8 @@ def test_the_feed_reads_each_window_once_and_holds_about_a_block(tmp_path: Path)
     feeder = BatchFeeder(tuple(shards), ("file",) * 6, rows, lambda s: step_positions(s, 4, 60), steps=steps,
                          cache=None, transfer=Transfer(), workers=1, ahead=1)
     reads: list[list[int]] = []
-    fetch = feeder._windows._fetch
-    feeder._windows._fetch = lambda members: reads.append(members) or fetch(members)
+    fetch = feeder.reader._windows._fetch
+    feeder.reader._windows._fetch = lambda members: reads.append(members) or fetch(members)
     held = []
     try:
         for step in range(steps):
@@ -134,7 +134,7 @@ def test_the_feed_reads_each_window_once_and_holds_about_a_block(tmp_path: Path)
                 with open(shards[int(where.shard[i])], "rb") as f:
                     f.seek(int(where.offsets[i, 1]))
                     assert np.asarray(got).tobytes() == f.read(int(where.sizes[i, 1]))
-            held.append(feeder._windows.held())
+            held.append(feeder.reader._windows.held())
     finally:
         feeder.close()
     samples = rows.samples(np.arange(len(rows)))
@@ -243,12 +243,12 @@ def test_a_stretch_of_rows_equals_the_whole_epoch_sorted_at_once() -> None:
 
 def test_a_threaded_http_epoch_reads_each_shard_in_few_requests_and_every_sample_once(
         local: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from feedfast.loader.backends.dali import feed as feeder
+    from feedfast.sources import windows as windows_module
     spec = {**SMALL_SPEC, "shuffle": {"buffer": 64, "shards": True, "block": 64, "window": 1}}  # a window a sample
 
     def epoch_requests(widen: bool) -> tuple[int, list[str]]:
         if not widen:
-            monkeypatch.setattr(feeder.WindowCache, "_widen", lambda self, group, size, groups, later: None)
+            monkeypatch.setattr(windows_module.WindowCache, "_widen", lambda self, group, size, groups, later: None)
         with RangeServer(Path(local[0]).parent) as srv:
             loader = feedfast.DataLoader(spec, shards=[f"{srv.url}/{Path(p).name}" for p in local], shuffle=True,
                                          backend="threads", num_workers=2, cache_dir=tmp_path / str(widen))

@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 
 from feedfast.errors import ShardError
-from feedfast.loader.backends.dali import feed as feeder
-from feedfast.loader.backends.dali.feed import BatchFeeder, WindowCache
+from feedfast.loader.backends.dali.feed import BatchFeeder
 from feedfast.order.deal import plan_epoch, step_positions
 from feedfast.order.rows import epoch_rows
 from feedfast.shards.index.tarindex import format_index, scan_tar
 from feedfast.shards.transport.cache import ShardCache
 from feedfast.shards.transport.remote import Transfer
+from feedfast.sources import windows as windows_module
 from feedfast.sources.dataset import ShardSet
+from feedfast.sources.windows import WindowCache
 from tests.helpers import make_shards
 
 
@@ -98,7 +99,7 @@ def test_windows_wanted_at_once_that_follow_each_other_are_one_read_up_to_the_me
             raise OSError("connection reset")
         return {(s, 0): np.array([s], dtype=np.uint8) for s in samples}
 
-    monkeypatch.setattr(feeder, "MERGE_BYTES", 12)  # three windows of 4 one-byte samples a read
+    monkeypatch.setattr(windows_module, "MERGE_BYTES", 12)  # three windows of 4 one-byte samples a read
     cache = WindowCache(_Windows(32), fetch, nbytes=len)
     try:
         cache.want([0, 5, 9, 13, 17, 29])  # windows 0 to 4 (one read of three, one of two) and 7 alone
@@ -138,7 +139,7 @@ def _placed_cache(calls: list[list[int]], samples: int, *, spacing: int, horizon
 def test_a_read_is_widened_to_its_shards_next_windows_within_the_bytes_and_never_across_shards(
         monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[int]] = []
-    monkeypatch.setattr(feeder, "MERGE_BYTES", 12)
+    monkeypatch.setattr(windows_module, "MERGE_BYTES", 12)
     cache = _placed_cache(calls, 32, spacing=0, horizon=100)
     try:
         cache.rows([0])  # window 0, widened to 1 and 2: 12 bytes
@@ -153,7 +154,7 @@ def test_a_read_is_widened_to_its_shards_next_windows_within_the_bytes_and_never
 def test_two_reads_of_a_shard_asked_for_at_once_become_one_across_the_gap_between_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[int]] = []
-    monkeypatch.setattr(feeder, "MERGE_BYTES", 64)
+    monkeypatch.setattr(windows_module, "MERGE_BYTES", 64)
     cache = _placed_cache(calls, 32, spacing=0, horizon=100)
     try:
         cache.rows([1, 13, 17])  # windows 0 and 3 of shard 0 (1 and 2 between, not asked for), window 4 of shard 1
@@ -165,7 +166,7 @@ def test_two_reads_of_a_shard_asked_for_at_once_become_one_across_the_gap_betwee
 def test_a_read_is_widened_only_to_windows_read_within_the_horizon_and_never_to_one_served_already(
         monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[int]] = []
-    monkeypatch.setattr(feeder, "MERGE_BYTES", 64)
+    monkeypatch.setattr(windows_module, "MERGE_BYTES", 64)
     cache = _placed_cache(calls, 16, spacing=100, horizon=150)
     try:
         cache.rows([8])  # window 2 (row 200): windows 1 and 3 are within 150 rows, window 0 (row 0) is not

@@ -333,10 +333,10 @@ def test_a_chunk_whose_bytes_are_not_read_yet_is_counted_as_a_wait(caplog: pytes
 
 def test_the_readers_and_window_requests_grow_with_the_decoding_threads(
         small_spec: dict, local: list[str], server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from feedfast.loader.backends.dali import feed as feeder
     from feedfast.sources import rangeread
+    from feedfast.sources import windows as windows_module
     seen: list[tuple[str, int]] = []
-    steps, windows = rangeread.StepReads.__init__, feeder.WindowCache.__init__
+    steps, windows = rangeread.StepReads.__init__, windows_module.WindowCache.__init__
 
     def step_reads(self: Any, *args: Any, readers: int = rangeread.READERS, **kw: Any) -> None:
         seen.append(("readers", readers))
@@ -347,7 +347,7 @@ def test_the_readers_and_window_requests_grow_with_the_decoding_threads(
         windows(self, *args, requests=requests, **kw)
 
     monkeypatch.setattr(rangeread.StepReads, "__init__", step_reads)
-    monkeypatch.setattr(feeder.WindowCache, "__init__", window_cache)
+    monkeypatch.setattr(windows_module.WindowCache, "__init__", window_cache)
     for workers, expect in ((2, 8), (12, 24)):
         seen.clear()
         loader = feedfast.DataLoader(small_spec, shards=server.urls(local), backend="threads", num_workers=workers,

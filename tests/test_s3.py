@@ -24,13 +24,13 @@ import torch
 
 import feedfast
 from feedfast.errors import ShardError
-from feedfast.loader.backends.dali import feed as feeder
 from feedfast.shards.index import remote as remote_index_module
 from feedfast.shards.index.remote import remote_index
 from feedfast.shards.index.tarindex import format_index, scan_tar
 from feedfast.shards.transport import objectstore, s3http, s3sign
 from feedfast.shards.transport.remote import RemoteError, Transfer
 from feedfast.shards.transport.transport import transport_for
+from feedfast.sources import windows as windows_module
 from tests.helpers import keys_of_epoch, shard_with_bad_sample
 from tests.s3server import moto_s3
 
@@ -297,7 +297,7 @@ def test_neighbouring_s3_windows_wanted_at_once_are_one_request_and_the_epoch_is
         return _batches(loader), len(requests)
 
     merged, merged_requests = epoch()
-    monkeypatch.setattr(feeder, "MERGE_BYTES", 0)  # a window a request
+    monkeypatch.setattr(windows_module, "MERGE_BYTES", 0)  # a window a request
     single, single_requests = epoch()
     assert single_requests >= 14  # the 23 samples' windows of 2 (3 in each shard of 5, 2 in the last), each once
     # (the next epoch's, read ahead as this one ends, may follow)

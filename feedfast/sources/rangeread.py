@@ -3,7 +3,7 @@
 The threaded path reads local shards with ``pread`` (:mod:`.shardfiles`); a dataset with any
 shard of another kind (``http``, ``s3``, ``gs``, ``cache``: a ``pipe:`` shard, or one downloaded
 for ``on_error: skip``) is read here instead, through the transport layer
-(:mod:`.transport`) and the stream transport's reader (:class:`~feedfast.loader.backends.dali.feed.BatchFeeder`),
+(:mod:`.transport`) and the reader DALI's feed reads through too (:class:`~feedfast.sources.memberread.MemberReader`),
 so the rules are the ones DALI's feed already keeps:
 
 - the order is the epoch's rows (:mod:`.rows`): under the global order every sample is one
@@ -33,8 +33,8 @@ Read-ahead (:class:`StepReads`): a step's rows are read in parts of :data:`PART`
 threads of their own, two per decoding thread and at least :data:`READERS` (the requests wait on
 sockets without the GIL); under the block shuffle the windows of the steps queued at once are
 asked for together first, as many requests at once, so that neighbouring windows of a shard become
-one request (up to 16 MB, :data:`~feedfast.loader.backends.dali.feed.MERGE_BYTES`), widened to the shard's next
-windows read within the block (:class:`~feedfast.loader.backends.dali.feed.WindowCache`). A step's
+one request (up to 16 MB, :data:`~feedfast.sources.windows.MERGE_BYTES`), widened to the shard's next
+windows read within the block (:class:`~feedfast.sources.windows.WindowCache`). A step's
 reads are queued when its batch is queued for decoding and :data:`AHEAD` steps further, so the
 reads are ``prefetch + 1 + AHEAD`` batches ahead of the consumer and a batch's decoding starts
 on bytes that are already there while the network keeps up. What is held is bounded by the
@@ -52,11 +52,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 from feedfast.errors import ShardError
-from feedfast.loader.backends.dali.feed import MISSING, BatchFeeder
 from feedfast.shards.transport import schemes
 from feedfast.shards.transport.cache import ShardCache
 from feedfast.shards.transport.remote import RemoteError, Transfer
 from feedfast.sources.lostrows import LostShards
+from feedfast.sources.memberread import MISSING, MemberReader
 
 PART = 16
 """Rows read by one task: a step of 64 is read in 4 parts at once (per-sample requests of a global order overlap)."""
@@ -123,7 +123,7 @@ class RangeSource:
         self.names, self.kinds, self.rows, self.cache, self.transfer = names, kinds, rows, cache, transfer
         self.windows, self.skip, self.requests = windows, skip, requests
         self.lost_shards = LostShards(names, rows.shards, rows.index.components) if skip else None
-        self._feeder: BatchFeeder | None = None
+        self._member_reader: MemberReader | None = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -135,13 +135,13 @@ class RangeSource:
                       transfer=state["transfer"], windows=state["windows"], skip=state["skip"],
                       requests=state["requests"])
 
-    def _reader(self) -> BatchFeeder:
+    def _reader(self) -> MemberReader:
         with self._lock:
-            if self._feeder is None:
-                self._feeder = BatchFeeder(self.names, self.kinds, self.rows, None, steps=0, cache=self.cache,
-                                           transfer=self.transfer, workers=1, ahead=0, windows=self.windows,
-                                           requests=self.requests)
-            return self._feeder
+            if self._member_reader is None:
+                self._member_reader = MemberReader(self.names, self.kinds, self.rows, cache=self.cache,
+                                                   transfer=self.transfer, windows=self.windows,
+                                                   requests=self.requests)
+            return self._member_reader
 
     @property
     def lost(self) -> dict[int, str]:
@@ -151,7 +151,7 @@ class RangeSource:
     def want(self, rows: list[int]) -> None:
         """Start reading the windows of ``rows`` (whole steps of a read-ahead), without waiting: under the block
         shuffle, neighbouring windows of a shard wanted at once are read in one request
-        (:class:`~feedfast.loader.backends.dali.feed.WindowCache`); a failure is raised by the :meth:`read` that needs them."""
+        (:class:`~feedfast.sources.windows.WindowCache`); a failure is raised by the :meth:`read` that needs them."""
         self._reader().want(self.lost_shards.live(rows) if self.lost_shards is not None else rows)
 
     def read(self, rows: list[int]) -> Columns:
@@ -191,9 +191,9 @@ class RangeSource:
     def close(self) -> None:
         """Stop the reader's window threads and close the local shards it opened."""
         with self._lock:
-            feeder, self._feeder = self._feeder, None
-        if feeder is not None:
-            feeder.close()
+            reader, self._member_reader = self._member_reader, None
+        if reader is not None:
+            reader.close()
 
 
 class StepReads:

@@ -30,8 +30,8 @@ The random operators after the source get the seeds they get after DALI's reader
 as a native one, byte for byte.
 
 Bytes are read per batch (per window when shuffling in windows), per shard, in offset
-order, and members less than ``feeder.MAX_GAP`` bytes apart are fetched in one read: a batch
-or a window of one shard is one ranged request (see :mod:`feedfast.loader.backends.dali.feed`).
+order, and members less than ``MAX_GAP`` bytes apart are fetched in one read: a batch
+or a window of one shard is one ranged request (see :mod:`feedfast.sources.memberread`).
 ``external_source`` data has no ``source_info``, so :meth:`StreamEpoch.origins` names each
 step's samples instead.
 """
