@@ -236,7 +236,8 @@ def _start_workers(loader: torch.utils.data.DataLoader) -> Iterator[Any]:  # typ
 
 
 def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
-                  workers: int, seed: int, epoch: int, start: int = 0, prefetch_factor: int = 2) -> Iterator[Batch]:
+                  workers: int, seed: int, epoch: int, start: int = 0, prefetch_factor: int = 2,
+                  program: PilProgram | None = None) -> Iterator[Batch]:
     """Yield this rank's batches of the epoch from step ``start`` on, computed with PIL.
 
     Args:
@@ -249,6 +250,7 @@ def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
         seed, epoch: fix the shuffle and every sample's augmentation.
         start: the first step to yield (resume).
         prefetch_factor: batches each worker prepares ahead.
+        program: the plan's spec as a PIL program, compiled once by the backend (None: compiled here).
 
     Raises:
         BackendError: an op has no PIL form (raised by the first ``next``, before any data is
@@ -257,7 +259,7 @@ def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
         SampleError: a sample could not be decoded; names the shard and key.
         ShardError: a shard or its index cannot be read.
     """
-    program, rows = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
+    program, rows = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch, program=program)
     source = RangeSource(shards.paths, shards.read_kinds, rows, cache=shards.cache, transfer=shards.transfer,
                          windows=workers == 0,  # a worker process sees some of the steps
                          skip=plan.spec.on_error == "skip") if remote(shards.read_kinds) else None

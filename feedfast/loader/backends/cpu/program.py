@@ -11,6 +11,7 @@ import threading
 from abc import abstractmethod
 from typing import Any, Callable, Iterator
 
+from feedfast.compile.pil import compile_pil
 from feedfast.loader.backends.base import Backend, BackendSettings
 from feedfast.loader.batch import Batch
 from feedfast.order.deal import EpochPlan
@@ -26,6 +27,7 @@ class ProgramBackend(Backend):
     def __init__(self, settings: BackendSettings) -> None:
         super().__init__(settings)
         self.plan, self.shards_for, self.plan_for = settings.plan, settings.shards_for, settings.plan_for
+        self.program = compile_pil(self.plan.spec)  # once per loader, not per epoch
         self.ahead: tuple[int, StartedEpoch] | None = None  # the next epoch, started while this one drains
 
     @abstractmethod
@@ -123,7 +125,7 @@ class ThreadsBackend(ProgramBackend):
         s = self.settings
         return run_thread_epoch(self.plan, self.shards_for(epoch), ep, rank=s.rank, world=s.world,
                                 batch_size=s.batch_size, workers=s.threads, seed=s.seed, epoch=epoch, start=start,
-                                prefetch_factor=s.prefetch, knobs=s.knobs)
+                                prefetch_factor=s.prefetch, knobs=s.knobs, program=self.program)
 
     def prepare(self, epoch: int) -> None:
         """Start ``epoch``'s first batches (as many as the knobs' batches ahead) while this epoch drains."""
@@ -152,4 +154,4 @@ class PilBackend(ProgramBackend):
         s = self.settings
         return run_pil_epoch(self.plan, self.shards_for(epoch), ep, rank=s.rank, world=s.world,
                              batch_size=s.batch_size, workers=s.workers, seed=s.seed, epoch=epoch, start=start,
-                             prefetch_factor=s.prefetch)
+                             prefetch_factor=s.prefetch, program=self.program)

@@ -28,14 +28,14 @@ log = logging.getLogger("feedfast.pil")
 
 
 def epoch_samples(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, seed: int,
-                  epoch: int) -> tuple[PilProgram, Rows]:
+                  epoch: int, program: PilProgram | None = None) -> tuple[PilProgram, Rows]:
     """The plan's PIL program and this rank's rows of the epoch, checked against the epoch plan.
 
     Under ``ep.partition == "global"`` (a shuffled epoch), the rank's share of the epoch's global
     order; else its contiguous range, permuted inside the range when the spec shuffles
-    (:func:`~feedfast.order.rows.epoch_rows`).
+    (:func:`~feedfast.order.rows.epoch_rows`). ``program``: the backend's, compiled once (None: compiled here).
     """
-    program = compile_pil(plan.spec)
+    program = program or compile_pil(plan.spec)
     rows = epoch_rows(shards, program.exts, ep, rank=rank, world=world, seed=seed, epoch=epoch,
                       shuffle=plan.spec.shuffle_buffer > 0, block=shards.shuffle)
     if len(rows) != ep.rank_samples:

@@ -593,7 +593,8 @@ def _constants(params: dict[str, Any], chw: bool) -> tuple[np.ndarray, np.ndarra
 
 def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
                      workers: int | None, seed: int, epoch: int, start: int = 0,
-                     prefetch_factor: int = 2, knobs: Knobs | None = None) -> Iterator[Batch]:
+                     prefetch_factor: int = 2, knobs: Knobs | None = None,
+                     program: PilProgram | None = None) -> Iterator[Batch]:
     """Yield this rank's batches of the epoch from step ``start`` on, computed in threads.
 
     Args:
@@ -609,13 +610,14 @@ def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, 
         prefetch_factor: batches in flight ahead of the one being consumed (at least 1).
         knobs: threads and batches in flight read live (:mod:`feedfast.loader.knobs`), in place
             of ``workers`` and ``prefetch_factor``; a change applies from the next chunk queued.
+        program: the plan's spec as a PIL program, compiled once by the backend (None: compiled here).
 
     Raises:
         BackendError: an op has no PIL form (raised by the first ``next``), or a thread failed.
         SampleError: a sample could not be decoded; names the shard and key.
         ShardError: a shard or its index cannot be read.
     """
-    program, rows = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch)
+    program, rows = epoch_samples(plan, shards, ep, rank=rank, world=world, seed=seed, epoch=epoch, program=program)
     knobs = knobs or Knobs(threads=workers or _env.usable_cores(), prefetch=max(1, prefetch_factor))
     work = _Epoch(plan, program, shards.paths, rows, ep, batch_size=batch_size, knobs=knobs, seed=seed, epoch=epoch,
                   reads=epoch_reads(shards, rows, ep, batch_size=batch_size, skip=plan.spec.on_error == "skip",
