@@ -24,7 +24,7 @@ from feedfast.loader.backends.dali import convert, nativelog, rescue
 from feedfast.loader.backends.dali.checkpoint import check_operators, pipeline_operators
 from feedfast.loader.backends.dali.diagnose import diagnose
 from feedfast.loader.backends.dali.pipe import CHECKPOINT_EVERY, EpochPipe, make_pipeline, release_memory
-from feedfast.loader.backends.dali.stream import StreamEpoch
+from feedfast.loader.backends.dali.stream import StreamEpoch, epoch_stream
 from feedfast.loader.batch import Batch
 from feedfast.order.deal import EpochPlan
 from feedfast.order.rows import epoch_rows
@@ -115,7 +115,7 @@ class DaliBackend(Backend):
         return [(shard, key, reason) for (shard, key), reason in self.patches.reasons.items()]
 
     def _stream(self, epoch: int, ep: EpochPlan) -> StreamEpoch:
-        return rescue.epoch_stream(self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world,
+        return epoch_stream(self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world,
                                    batch_size=self.batch_size, seed=self.seed, epoch=epoch)
 
     def _suspects(self, epoch: int, ep: EpochPlan, depth: int, step: int) -> list[tuple[str, str]]:

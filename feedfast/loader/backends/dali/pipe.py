@@ -11,7 +11,8 @@ from feedfast.compile.dali import ReaderConfig, build_pipeline
 from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError
 from feedfast.loader.backends.dali.diagnose import first_line
-from feedfast.loader.backends.dali.rescue import PatchedFeed, Patches, epoch_stream, wrap_checkpoint
+from feedfast.loader.backends.dali.rescue import PatchedFeed, Patches, wrap_checkpoint
+from feedfast.loader.backends.dali.stream import epoch_stream
 from feedfast.order.deal import EpochPlan
 from feedfast.sources.dataset import ShardSet
 

@@ -44,7 +44,6 @@ from feedfast.errors import SampleError
 from feedfast.loader.backends.dali.diagnose import HINT
 from feedfast.loader.backends.dali.stream import StreamEpoch
 from feedfast.loader.backends.pil_warnings import routed
-from feedfast.order.deal import EpochPlan
 from feedfast.shards.transport import schemes
 from feedfast.sources.dataset import ShardSet
 
@@ -79,15 +78,6 @@ def image_components(plan: Plan) -> list[int]:
 def rescuable(shards: ShardSet) -> bool:
     """Whether the stream transport can read these shards (DALI's s3/gs reader has no stand-in)."""
     return all(kind in RESCUABLE_KINDS for kind in shards.read_kinds)
-
-
-def epoch_stream(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int, seed: int,
-                 epoch: int, workers: int = 2, ahead: int = 2) -> StreamEpoch:
-    """This rank's epoch over the stream transport: the samples and order of the epoch's DALI reader (under
-    ``on_error: skip``, a shard that cannot be read mid-epoch loses its rows: :mod:`feedfast.sources.lostrows`)."""
-    return StreamEpoch(shards, ep, plan.component_exts(), rank=rank, world=world, batch_size=batch_size,
-                       shuffle_window=plan.spec.shuffle_buffer, seed=seed, epoch=epoch, workers=workers, ahead=ahead,
-                       skip=plan.spec.on_error == "skip")
 
 
 class PatchedFeed:

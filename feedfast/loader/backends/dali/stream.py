@@ -42,11 +42,13 @@ from functools import partial
 from typing import Any, Sequence
 
 from feedfast.checks.validate import probe_image
+from feedfast.compile.plan import Plan
 from feedfast.errors import ShardError
 from feedfast.loader.backends.dali.feed import BatchFeeder
 from feedfast.order.deal import EpochPlan, step_positions
 from feedfast.order.rows import epoch_rows
 from feedfast.shards.index.columnar import Origins
+from feedfast.sources.dataset import ShardSet
 
 
 class StreamEpoch:
@@ -108,3 +110,12 @@ class StreamEpoch:
                 if v.status != "ok":
                     return shard, key, v.reason
         return None
+
+
+def epoch_stream(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int, seed: int,
+                 epoch: int, workers: int = 2, ahead: int = 2) -> StreamEpoch:
+    """This rank's epoch over the stream transport: the samples and order of the epoch's DALI reader (under
+    ``on_error: skip``, a shard that cannot be read mid-epoch loses its rows: :mod:`feedfast.sources.lostrows`)."""
+    return StreamEpoch(shards, ep, plan.component_exts(), rank=rank, world=world, batch_size=batch_size,
+                       shuffle_window=plan.spec.shuffle_buffer, seed=seed, epoch=epoch, workers=workers, ahead=ahead,
+                       skip=plan.spec.on_error == "skip")
