@@ -16,7 +16,7 @@ import torch
 import feedfast
 from feedfast._env import rank_cuda_index
 from feedfast.errors import UserError
-from feedfast.loader.devices import Delivery, resolve_delivery
+from feedfast.loader.devices import Route, resolve_route
 from tests.helpers import SMALL_SPEC, FakeGpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ WITH_CUDA = {
 
 @pytest.mark.parametrize(("placement", "device"), sorted(WITH_CUDA, key=str))
 def test_every_combination_on_a_cuda_machine(placement: str, device: str | None) -> None:
-    got = resolve_delivery(placement, device, cuda=True, count=2, current=0)
+    got = resolve_route(placement, device, cuda=True, count=2, current=0)
     assert (got.placement, got.device, got.device_id) == WITH_CUDA[(placement, device)]
 
 
@@ -50,9 +50,9 @@ def test_every_combination_on_a_cuda_machine(placement: str, device: str | None)
 def test_every_combination_without_cuda(placement: str, device: str | None) -> None:
     if placement == "gpu" or (device or "").startswith("cuda"):
         with pytest.raises(UserError, match="needs a usable CUDA device"):
-            resolve_delivery(placement, device, cuda=False)
+            resolve_route(placement, device, cuda=False)
     else:
-        assert resolve_delivery(placement, device, cuda=False) == Delivery("cpu", CPU, None)
+        assert resolve_route(placement, device, cuda=False) == Route("cpu", CPU, None)
 
 
 def test_cuda_means_the_rank_gpu_under_torchrun_else_the_current_device() -> None:
@@ -60,16 +60,16 @@ def test_cuda_means_the_rank_gpu_under_torchrun_else_the_current_device() -> Non
     assert rank_cuda_index(local_rank=None, count=2, current=1) == 1
     assert rank_cuda_index(local_rank=5, count=2, current=0) == 0  # more ranks than GPUs: the current device
     for device in (None, "cuda"):
-        got = resolve_delivery("auto", device, cuda=True, count=2, current=0, local_rank=1)
-        assert got == Delivery("gpu", C1, 1)
-    assert resolve_delivery("cpu", "cuda", cuda=True, count=2, current=0, local_rank=1).device == C1
-    assert resolve_delivery("auto", "cuda:0", cuda=True, count=2, current=0, local_rank=1) == Delivery("gpu", C0, 0)
+        got = resolve_route("auto", device, cuda=True, count=2, current=0, local_rank=1)
+        assert got == Route("gpu", C1, 1)
+    assert resolve_route("cpu", "cuda", cuda=True, count=2, current=0, local_rank=1).device == C1
+    assert resolve_route("auto", "cuda:0", cuda=True, count=2, current=0, local_rank=1) == Route("gpu", C0, 0)
 
 
 @pytest.mark.parametrize("device", ["cuda:2", "tpu", "cuda:x"])
 def test_bad_devices_are_named(device: str) -> None:
     with pytest.raises(UserError, match="device"):
-        resolve_delivery("auto", device, cuda=True, count=2, current=0)
+        resolve_route("auto", device, cuda=True, count=2, current=0)
 
 
 def _fake_cuda(monkeypatch: pytest.MonkeyPatch, count: int = 1, current: int = 0) -> FakeGpu:

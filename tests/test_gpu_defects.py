@@ -20,7 +20,7 @@ import torch
 
 import feedfast
 from feedfast.errors import UserError
-from feedfast.loader.devices import Delivery
+from feedfast.loader.devices import Route
 from tests.helpers import FakeGpu
 
 
@@ -94,7 +94,7 @@ def test_the_producer_thread_sets_the_delivery_device_before_any_cuda_call(
     import feedfast.loader.dataloader as dl
 
     gpu = fake_cuda(monkeypatch)
-    monkeypatch.setattr(dl, "delivery_here", lambda placement, device: Delivery("cpu", torch.device("cuda", 1), None))
+    monkeypatch.setattr(dl, "route_here", lambda placement, device: Route("cpu", torch.device("cuda", 1), None))
     loader = feedfast.DataLoader(small_spec, shards=shards, num_workers=1, backend=backend)
     assert loader.ring.device == torch.device("cuda", 1)
     assert sum(1 for _ in loader) == 6

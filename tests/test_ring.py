@@ -17,7 +17,7 @@ import torch
 
 import feedfast
 from feedfast.errors import UserError
-from feedfast.loader.devices import Delivery, HostLayer
+from feedfast.loader.devices import HostLayer, Route
 from feedfast.loader.ring import NullEvent, NullStream, PinnedRing
 from tests.helpers import FakeGpu
 
@@ -176,7 +176,7 @@ def _fake_cuda_loader(monkeypatch: pytest.MonkeyPatch, gpu: FakeGpu, spec: dict,
     """A loader that believes it delivers to cuda:0 through ``gpu`` (a CPU pipeline, the pinned-ring path)."""
     import feedfast.loader.dataloader as dl
 
-    monkeypatch.setattr(dl, "delivery_here", lambda placement, device: Delivery("cpu", torch.device("cuda", 0), None))
+    monkeypatch.setattr(dl, "route_here", lambda placement, device: Route("cpu", torch.device("cuda", 0), None))
     monkeypatch.setattr(dl.DataLoader, "_layer", lambda self: gpu)
     return feedfast.DataLoader(spec, shards=shards, num_workers=2, **kw)
 

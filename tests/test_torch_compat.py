@@ -150,7 +150,7 @@ def test_hook_runs_on_the_side_stream_and_the_training_stream_waits_for_it(monke
                                                                            small_spec: dict,
                                                                            shards: list[str]) -> None:
     import feedfast.loader.dataloader as dl
-    from feedfast.loader.devices import Delivery
+    from feedfast.loader.devices import Route
 
     gpu = FakeGpu()
     streams: list[str] = []
@@ -159,7 +159,7 @@ def test_hook_runs_on_the_side_stream_and_the_training_stream_waits_for_it(monke
         streams.append(gpu.active)
         return batch[0] * 2, batch[1]
 
-    monkeypatch.setattr(dl, "delivery_here", lambda placement, device: Delivery("cpu", torch.device("cuda", 0), None))
+    monkeypatch.setattr(dl, "route_here", lambda placement, device: Route("cpu", torch.device("cuda", 0), None))
     monkeypatch.setattr(dl.DataLoader, "_layer", lambda self: gpu)
     loader = feedfast.DataLoader(small_spec, shards=shards, num_workers=2, collate_fn=hook)
     got = list(loader)

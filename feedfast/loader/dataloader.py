@@ -23,7 +23,7 @@ from feedfast.loader.backends.dali.pipe import CHECKPOINT_EVERY
 from feedfast.loader.batch import batch_info
 from feedfast.loader.batchmix_stage import mix_stage
 from feedfast.loader.deliver import Delivered, Delivery
-from feedfast.loader.devices import DeviceLayer, delivery_here, layer_for
+from feedfast.loader.devices import DeviceLayer, layer_for, route_here
 from feedfast.loader.epochs import EpochData
 from feedfast.loader.options import check_pin_memory_device, check_torch_kwargs, rank_cores, settle_spec
 from feedfast.loader.producer import Ahead
@@ -166,13 +166,13 @@ class DataLoader(TorchAttributes):
 
             compile_pil(self.spec)
         cpu_only = kind is not None and kind.cpu_only
-        delivery = delivery_here(self._placement("cpu" if cpu_only else settings.placement or self.spec.device),
-                                 settings.device)
-        self.device = delivery.device
+        route = route_here(self._placement("cpu" if cpu_only else settings.placement or self.spec.device),
+                           settings.device)
+        self.device = route.device
         check_pin_memory_device(settings.pin_memory_device, self.device.type)
-        self.device_id = delivery.device_id  # DALI's GPU: the same index as the output tensors and streams
+        self.device_id = route.device_id  # DALI's GPU: the same index as the output tensors and streams
         consumer = "cpu" if kind is not None and kind.host_normalize else self.device.type
-        self.plan: Plan = build_plan(self.spec, device=delivery.placement, consumer=consumer)
+        self.plan: Plan = build_plan(self.spec, device=route.placement, consumer=consumer)
         # the stages: the data of each epoch, the backend, the delivery (ring slots: the producer's queue as
         # deep as a tuner may make it, the batch being made, and a spare), the tuner
         self.data = EpochData(shards, self.spec, self._cache_dir, settings.open_kw, rank=self.rank, world=self.world)

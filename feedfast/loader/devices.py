@@ -1,6 +1,6 @@
 """Where the pipeline runs and where batches go: one rule, and the device layer the loader uses.
 
-The rule (:func:`resolve_delivery`), for ``placement`` (``auto``, ``cpu``, ``gpu``; the spec's
+The rule (:func:`resolve_route`), for ``placement`` (``auto``, ``cpu``, ``gpu``; the spec's
 ``device`` when the loader gets none) and the loader's ``device`` (unset, ``cpu``, ``cuda``,
 ``cuda:N``):
 
@@ -52,7 +52,7 @@ from feedfast.errors import UserError
 
 
 @dataclass(frozen=True)
-class Delivery:
+class Route:
     """The resolved rule: ``placement`` of the pipeline, ``device`` of the batches, DALI's ``device_id``."""
 
     placement: str
@@ -60,8 +60,8 @@ class Delivery:
     device_id: int | None
 
 
-def resolve_delivery(placement: str, device: str | torch.device | None, *, cuda: bool, count: int = 0,
-                     current: int = 0, local_rank: int | None = None) -> Delivery:
+def resolve_route(placement: str, device: str | torch.device | None, *, cuda: bool, count: int = 0,
+                     current: int = 0, local_rank: int | None = None) -> Route:
     """Apply the rule in this module's docstring (a pure function of its arguments).
 
     Args:
@@ -92,7 +92,7 @@ def resolve_delivery(placement: str, device: str | torch.device | None, *, cuda:
         runs = "cpu" if placement == "cpu" else "gpu"
         target = torch.device("cuda", index if wanted.index is None else wanted.index)
     device_id = (target.index if target.type == "cuda" else index) if runs == "gpu" else None
-    return Delivery(runs, target, device_id)
+    return Route(runs, target, device_id)
 
 
 def _parse_device(device: str | torch.device | None) -> torch.device | None:
@@ -107,13 +107,13 @@ def _parse_device(device: str | torch.device | None) -> torch.device | None:
     return parsed
 
 
-def delivery_here(placement: str, device: str | torch.device | None) -> Delivery:
-    """:func:`resolve_delivery` for this process: torch's CUDA state and the launcher's ``LOCAL_RANK``."""
+def route_here(placement: str, device: str | torch.device | None) -> Route:
+    """:func:`resolve_route` for this process: torch's CUDA state and the launcher's ``LOCAL_RANK``."""
     cuda = _env.cuda_available()
     count = torch.cuda.device_count() if cuda else 0
     current = torch.cuda.current_device() if cuda else 0
     local = _env.launcher_local_rank()
-    found = resolve_delivery(placement, device, cuda=cuda, count=count, current=current, local_rank=local)
+    found = resolve_route(placement, device, cuda=cuda, count=count, current=current, local_rank=local)
     if found.placement == "gpu" and found.device.type == "cpu":
         warnings.warn("placement='gpu' with device='cpu': batches are decoded on the GPU and copied back to "
                       "host memory every step; use placement='cpu' for CPU tensors without the round trip",
