@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from feedfast.ops.base import Param
 from feedfast.spec.batchmix_settings import MixSettings
-from feedfast.spec.runtime import LoaderSettings, TuneSettings
+from feedfast.spec.runtime import LoaderSection, TuneSettings
 
 ComponentKind = Literal["image", "label", "json", "npy", "bytes"]
 LastBatch = Literal["partial", "pad", "drop"]
@@ -151,7 +151,7 @@ class Spec:
     shuffle_block: int = SHUFFLE_BLOCK
     shuffle_window: int = SHUFFLE_WINDOW
     decoder: DecoderSettings = field(default_factory=DecoderSettings)
-    loader: LoaderSettings = field(default_factory=LoaderSettings)
+    loader: LoaderSection = field(default_factory=LoaderSection)
     tune: TuneSettings = field(default_factory=TuneSettings)
     version: int = 1
     file: str = "<spec>"

@@ -31,7 +31,7 @@ BACKENDS = ("auto", "dali", "threads", "pil")
 
 
 @dataclass(frozen=True)
-class LoaderSettings:
+class LoaderSection:
     """The ``loader`` section: defaults for ``num_workers``, ``prefetch_factor`` and ``backend``."""
 
     threads: int | None = None

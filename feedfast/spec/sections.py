@@ -9,7 +9,7 @@ from feedfast.ops.base import Signature, SignatureError
 from feedfast.ops.registry import OPS, suggest
 from feedfast.spec import model as m
 from feedfast.spec.params import coerce
-from feedfast.spec.runtime import BACKENDS, LoaderSettings, TuneSettings
+from feedfast.spec.runtime import BACKENDS, LoaderSection, TuneSettings
 
 DEFAULT_COMPONENTS = {
     "image": {"ext": "jpg;jpeg;png", "kind": "image"},
@@ -253,7 +253,7 @@ def _count(v: Any, key: str, file: str, low: int, high: int) -> int | None:
     return v
 
 
-def parse_loader(v: Any, file: str) -> LoaderSettings:
+def parse_loader(v: Any, file: str) -> LoaderSection:
     """The ``loader`` section (every key optional)."""
     d = _mapping(v, "loader", file, "{threads: 2, prefetch: 2}")
     _no_unknown(d, ("threads", "prefetch", "backend"), "loader", file)
@@ -261,7 +261,7 @@ def parse_loader(v: Any, file: str) -> LoaderSettings:
     if backend is not None and backend not in BACKENDS:
         raise SpecError("bad value", file=file, key="loader.backend", value=backend,
                         allowed="one of " + ", ".join(BACKENDS), fix="remove the key for 'auto'")
-    return LoaderSettings(threads=_count(d.get("threads"), "loader.threads", file, 1, 1024),
+    return LoaderSection(threads=_count(d.get("threads"), "loader.threads", file, 1, 1024),
                           prefetch=_count(d.get("prefetch"), "loader.prefetch", file, 1, 64), backend=backend)
 
 
