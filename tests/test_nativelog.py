@@ -34,7 +34,7 @@ print(json.dumps(said))
 
 
 def test_native_lines_go_to_logging_and_the_rest_to_stderr() -> None:
-    path = str(Path(__file__).resolve().parents[1] / "feedfast" / "loader" / "nativelog.py")
+    path = str(Path(__file__).resolve().parents[1] / "feedfast" / "loader" / "backends" / "dali" / "nativelog.py")
     proc = subprocess.run([sys.executable, "-c", SCRIPT.format(path=path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     said = json.loads(proc.stdout)
@@ -59,7 +59,7 @@ os._exit(139)  # dies at once: no release, no flush, no atexit
 
 def test_what_a_crashing_process_writes_last_still_reaches_stderr() -> None:
     """The relay is a process of its own: it passes on what is left in the pipe after its parent died."""
-    path = str(Path(__file__).resolve().parents[1] / "feedfast" / "loader" / "nativelog.py")
+    path = str(Path(__file__).resolve().parents[1] / "feedfast" / "loader" / "backends" / "dali" / "nativelog.py")
     proc = subprocess.run([sys.executable, "-c", CRASH.format(path=path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 139
     assert proc.stderr == "Fatal Python error: Segmentation fault (the last words)\n"
