@@ -5,7 +5,7 @@ repository: each test replays the lines of theirs that touch the loader (quoted 
 copied), on a feedfast loader. Lines cited as "timm train.py:N" are of
 huggingface/pytorch-image-models at aa4b5850; "torchvision train.py:N" and "utils.py" of
 pytorch/vision's references/classification at 017e9b99. Both scripts were also run whole, two
-epochs on feedfast-made shards, with the README's swap (see the README).
+epochs on feedfast-made shards, with docs/swap.md's swap (see that page).
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def test_torchvision_mixup_collate_given_unchanged_is_refused_with_why(small_spe
     loader = _loader(small_spec, shards, collate_fn=lambda batch: mixupcutmix(*default_collate(batch)))
     with pytest.raises(FeedfastError, match="receives the finished batch"):
         next(iter(loader))
-    fixed = _loader(small_spec, shards, collate_fn=lambda batch: mixupcutmix(*batch))  # the README's swap
+    fixed = _loader(small_spec, shards, collate_fn=lambda batch: mixupcutmix(*batch))  # docs/swap.md's swap
     assert [x.shape[0] for x, _ in fixed] == [4, 4, 4, 4, 4, 3]
     # torch's default, passed along by a script that swapped only its loader, means no hook: the same batches
     plain = [torch.equal(a, b) for (a, _), (b, _) in zip(_loader(small_spec, shards, collate_fn=default_collate),
@@ -263,7 +263,7 @@ def test_timm_validate_reaches_its_last_index(small_spec: dict, shards: list[str
 def test_timm_mixup_in_its_training_loop_over_feedfast_batches(small_spec: dict, shards: list[str]) -> None:
     """timm train.py:1283-1286 with --no-prefetcher: the batch is moved, then timm's own Mixup mixes it.
 
-    timm's ``Mixup`` needs an even batch (``drop_last=True``, as the README's swap gives) and yields
+    timm's ``Mixup`` needs an even batch (``drop_last=True``, as docs/swap.md's swap gives) and yields
     soft targets for ``SoftTargetCrossEntropy``; with the prefetcher timm would mix in its collate
     function instead (``FastCollateMixup``, a per-sample collate), which a feedfast loader cannot take.
     """
@@ -304,7 +304,7 @@ def test_torchvision_log_every_and_evaluate_as_written(small_spec: dict, shards:
 
 def test_torchvision_train_sampler_of_the_swap_moves_the_loader_to_each_epoch(small_spec: dict,
                                                                               shards: list[str]) -> None:
-    """The README's torchvision swap sets ``train_sampler = data_loader.sampler``; train.py:340-343 then runs
+    """docs/swap.md's torchvision swap sets ``train_sampler = data_loader.sampler``; train.py:340-343 then runs
     ``if args.distributed: train_sampler.set_epoch(epoch)`` before each ``train_one_epoch``."""
     reference = _loader(small_spec, shards, shuffle=True)
     epochs = [keys_of_epoch(reference) for _ in range(3)]
@@ -317,7 +317,7 @@ def test_torchvision_train_sampler_of_the_swap_moves_the_loader_to_each_epoch(sm
 
 def test_torchvision_v2_mixup_cutmix_as_the_batch_hook(small_spec: dict, shards: list[str]) -> None:
     """torchvision's current get_mixup_cutmix (v2 MixUp / CutMix in a RandomChoice), given the finished batch
-    as the README's swap does: ``collate_fn=lambda batch: mixup_cutmix(*batch)``."""
+    as docs/swap.md's swap does: ``collate_fn=lambda batch: mixup_cutmix(*batch)``."""
     v2 = extra("torchvision.transforms.v2")
     mixup_cutmix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=10), v2.CutMix(alpha=1.0, num_classes=10)])
     data_loader = _loader(small_spec, shards, shuffle=True,

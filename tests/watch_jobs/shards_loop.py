@@ -1,7 +1,7 @@
 """One training loop over WebDataset shards, read by torch's DataLoader, feedfast's, or both at once (``--loader``).
 
 For tests/test_cli_watch.py (``both``: two loaders read at once, torch's with forked workers)
-and the README's ``feedfast watch`` example (the same job on either loader). The torch side is
+and docs/stall-meter.md's ``feedfast watch`` example (the same job on either loader). The torch side is
 the usual WebDataset recipe (PIL decode, a crop and resize, tensors); the step is simulated
 (``--step-ms``, a sleep: a GPU step frees the core).
 """
