@@ -54,7 +54,7 @@ def apply_array(pixels: Any, choices: Sequence[Choice], fill: Sequence[int]) -> 
     (degenerate, value) pairs (the gray and smoothed images in C where they are the installed PIL's, by
     a probe). Whole-pixel translations are a copy, Identity no work. Without it, the
     tables and copies run in NumPy and the rest through PIL. Measured on 176 x 176 RGB, one thread: see
-    BENCHMARKS.md ("The recipe row").
+    docs/benchmarks-history.md ("The recipe row").
     """
     import numpy as np
 

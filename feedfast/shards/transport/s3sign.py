@@ -3,7 +3,7 @@
 fsspec's ``cat_file`` (s3fs, aiobotocore) cost the reading process 3.8 ms of CPU a 1.4 MB ranged
 GET on 127.0.0.1 (signing, aiohttp's reads, the hop to fsspec's event-loop thread); the same GET by
 :func:`~feedfast.shards.transport.remote.fetch_range` on a URL signed beforehand cost 1.0 ms (the shards of
-``benchmarks/remote.py`` in moto's server; BENCHMARKS.md, 2026-12-02). A URL is signed once per
+``benchmarks/remote.py`` in moto's server; docs/benchmarks-history.md, 2026-12-02). A URL is signed once per
 object and reused (a signature costs about 0.45 ms), so a read costs one kept-alive request.
 
 Settings are botocore's own, resolved as boto3 and s3fs resolve them: the credentials
