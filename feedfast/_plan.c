@@ -13,6 +13,16 @@
  *   A read that fails or comes short gives None in its place (the caller reads it again in
  *   Python, which raises the error that names the shard).
  *
+ * read_packed(fds, offsets, sizes, out) -> int
+ *   One member per entry (int32 fds, int64 offsets and sizes; a size <= 0 reads nothing): pread of each into
+ *   `out`, end to end in the order given, the GIL released: a step's members of one component in one call, in
+ *   one reused buffer (DALI's feed). -1 when every read was whole, else the first member whose read failed.
+ *
+ * parse_labels(data, starts, lengths, offset, out) -> int
+ *   The labels at data[starts[i] : starts[i] + lengths[i]] as the `label` op reads them (ASCII whitespace,
+ *   a sign, decimal digits; the value less `offset`, within int64) into the int64 `out`, the GIL released.
+ *   -1 when all parse, else the first that does not (Python raises its error, as the op does).
+ *
  * gather(fd, offsets, width, out) -> bool
  *   pread of `width` bytes at each of the int64 `offsets` of `fd`, into consecutive `width`-byte
  *   slots of the writable buffer `out`, the GIL released; False when a read fails or comes short.
@@ -467,10 +477,125 @@ gather(PyObject *self, PyObject *args)
     return PyBool_FromLong(ok);
 }
 
+static PyObject *
+read_packed(PyObject *self, PyObject *args)
+{
+    Py_buffer fds, offsets, sizes, out;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*", &fds, &offsets, &sizes, &out))
+        return NULL;
+    Py_ssize_t n = fds.len / (Py_ssize_t)sizeof(int32_t), failed = -1, need = 0;
+    PyObject *result = NULL;
+    const int64_t *size = sizes.buf, *offset = offsets.buf;
+    const int32_t *fd = fds.buf;
+    if (offsets.len != n * (Py_ssize_t)sizeof(int64_t) || sizes.len != n * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "read_packed: fds, offsets and sizes differ in length");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        need += size[i] > 0 ? (Py_ssize_t)size[i] : 0;
+    if (out.len < need) {
+        PyErr_Format(PyExc_ValueError, "read_packed: out holds %zd bytes, %zd needed", out.len, need);
+        goto done;
+    }
+    char *dst = out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (size[i] <= 0)
+            continue;
+        if (!pread_full(fd[i], dst, (size_t)size[i], offset[i])) {
+            failed = i;
+            break;
+        }
+        dst += size[i];
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSsize_t(failed);
+done:
+    PyBuffer_Release(&fds);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&sizes);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+/* One label as feedfast.ops.generic's `label` op reads it: ASCII whitespace, a sign, decimal digits (leading
+ * zeros dropped, at most 19 left), ASCII whitespace; its value less `offset` within int64. 0: refused. */
+static int
+parse_label(const unsigned char *p, Py_ssize_t len, int64_t offset, int64_t *value)
+{
+    Py_ssize_t i = 0, end = len;
+    while (i < end && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n'))
+        i++;
+    while (end > i && (p[end - 1] == ' ' || p[end - 1] == '\t' || p[end - 1] == '\r' || p[end - 1] == '\n'))
+        end--;
+    int negative = 0;
+    if (i < end && (p[i] == '+' || p[i] == '-'))
+        negative = p[i++] == '-';
+    if (i >= end)
+        return 0;
+    for (Py_ssize_t j = i; j < end; j++)
+        if (p[j] < '0' || p[j] > '9')
+            return 0;
+    while (i < end - 1 && p[i] == '0')
+        i++;
+    if (end - i > 19)
+        return 0;
+    /* |digits| < 10^19 fits an unsigned 64-bit value; the result is checked against int64 after the offset */
+    uint64_t magnitude = 0;
+    for (; i < end; i++)
+        magnitude = magnitude * 10u + (uint64_t)(p[i] - '0');
+    /* value = +-magnitude - offset, computed in 128 bits where the compiler has them */
+    __int128 v = negative ? -(__int128)magnitude : (__int128)magnitude;
+    v -= offset;
+    if (v < INT64_MIN || v > INT64_MAX)
+        return 0;
+    *value = (int64_t)v;
+    return 1;
+}
+
+static PyObject *
+parse_labels(PyObject *self, PyObject *args)
+{
+    Py_buffer data, starts, lengths, out;
+    long long offset;
+    if (!PyArg_ParseTuple(args, "y*y*y*Lw*", &data, &starts, &lengths, &offset, &out))
+        return NULL;
+    Py_ssize_t n = starts.len / (Py_ssize_t)sizeof(int64_t), bad = -1;
+    PyObject *result = NULL;
+    const int64_t *start = starts.buf, *length = lengths.buf;
+    if (lengths.len != starts.len || out.len < n * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "parse_labels: starts, lengths and out differ in length");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (start[i] < 0 || length[i] < 0 || start[i] + length[i] > data.len) {
+            PyErr_Format(PyExc_ValueError, "parse_labels: label %zd lies outside the data", i);
+            goto done;
+        }
+    const unsigned char *base = data.buf;
+    int64_t *value = out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!parse_label(base + start[i], (Py_ssize_t)length[i], (int64_t)offset, &value[i])) {
+            bad = i;
+            break;
+        }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSsize_t(bad);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS, "pread of fixed-size records at many offsets, the GIL released."},
     {"plan_batch", plan_batch, METH_VARARGS, "A batch's image geometry (see the module's comment)."},
     {"read_batch", read_batch, METH_VARARGS, "pread of each sample's bytes, the GIL released."},
+    {"read_packed", read_packed, METH_VARARGS, "pread of members into one buffer, end to end, the GIL released."},
+    {"parse_labels", parse_labels, METH_VARARGS, "A batch of ASCII decimal labels to int64, the GIL released."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -59,24 +59,38 @@ class ReaderConfig:
 
 @dataclass
 class DaliOutputs:
-    """Which pipeline output holds what: DALI field outputs, then raw components."""
+    """Which pipeline output holds what: DALI field outputs, then raw components (none from a feed, whose
+    ``stream`` names the samples and hands over the components only host ops read: ``fed`` lists those
+    DALI takes, in the order the feed returns them)."""
 
     fields: list[str]
     raw: list[str]
     deferred: dict[str, dict[str, Any]] = field(default_factory=dict)
     stream: Any = None
+    fed: list[int] = field(default_factory=list)
+
+
+def dali_components(plan: Plan) -> list[int]:
+    """The components DALI itself reads: those a node that runs in DALI, or an output, takes. A component only
+    host ops read (a ``.cls`` label) need not pass through DALI when feedfast's feed reads it."""
+    count = len(plan.components)
+    used = {i for n in plan.nodes[count:] if n.device != "host" for i in n.inputs if i < count}
+    used.update(nid for nid in plan.outputs.values() if nid < count)
+    return sorted(used) or [0]
 
 
 def emit(plan: Plan, reader: ReaderConfig) -> tuple[list[Any], DaliOutputs]:
     """Build the graph inside an open ``with pipe:`` block; return outputs and their map.
 
-    Fields computed on the host (generic ops, deferred normalize) are fed by raw component
-    outputs; every pipeline also returns the first component raw, whose ``source_info``
-    names each sample's shard and key (the reader's), or ``reader.stream`` does (a feed's).
+    Behind DALI's reader, fields computed on the host (generic ops) are fed by raw component
+    outputs, and the first component's ``source_info`` names each sample's shard and key. Behind
+    a feed (``reader.feed``), DALI is given only the components it reads (:func:`dali_components`)
+    and returns no raw output: ``reader.stream`` names the samples and hands over the rest.
     """
     exts = [plan.nodes[i].params["ext"] for i in range(len(plan.components))]
-    raw = _source(reader, exts)
-    values: dict[int, Any] = {i: raw[i] for i in range(len(plan.components))}
+    fed = dali_components(plan) if reader.feed is not None else list(range(len(exts)))
+    raw = _source(reader, [exts[c] for c in fed])
+    values: dict[int, Any] = dict(zip(fed, raw))
     sizes: dict[int, Any] = {}
     for n in plan.nodes[len(plan.components):]:
         if n.device == "host" or n.deferred:
@@ -96,7 +110,9 @@ def emit(plan: Plan, reader: ReaderConfig) -> tuple[list[Any], DaliOutputs]:
         elif node.device != "host":
             fields.append(name)
             outs.append(values[nid])
-    return outs + raw, DaliOutputs(fields, list(plan.components), deferred, reader.stream)
+    if reader.feed is not None:  # the feed names its samples and hands host-only components over itself
+        return outs, DaliOutputs(fields, [], deferred, reader.stream, fed)
+    return outs + raw, DaliOutputs(fields, list(plan.components), deferred, reader.stream, fed)
 
 
 def _source(reader: ReaderConfig, exts: list[str]) -> list[Any]:
@@ -105,6 +121,7 @@ def _source(reader: ReaderConfig, exts: list[str]) -> list[Any]:
         # not parallel=True: two live pipelines with parallel external sources corrupt data (DALI 2.4)
         return list(d.fn().external_source(
             source=reader.feed, num_outputs=len(exts), batch=True, batch_info=True, dtype=d.types().UINT8, ndim=1,
+            no_copy=bool(getattr(reader.feed, "retains", False)),  # a feed whose buffers outlive DALI's use
         ))
     raw = d.fn().readers.webdataset(
         paths=reader.paths, index_paths=reader.index_paths, ext=exts,

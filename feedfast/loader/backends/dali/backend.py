@@ -231,7 +231,7 @@ def run_epoch(ep_pipe: EpochPipe, plan: Plan, ep: EpochPlan, rng: random.Random,
         where = omap.stream.origins(step, size) if omap.stream else convert.origins(outs[raw_at], size)
         lost = omap.stream.lost(step) if omap.stream else None  # under skip: rows of a shard unreadable mid-epoch
         valid, skipped = lost if lost is not None else (ep.valid[step], ())
-        fields = _fields(outs, omap, plan, size, rng, where)
+        fields = _fields(outs, omap, plan, size, rng, where, step)
         step += 1
         yield Batch(fields, where, valid, checkpoint, lost=skipped)
 
@@ -263,12 +263,14 @@ class DaliOutput:
 
 
 def _fields(outs: Any, omap: Any, plan: Plan, size: int, rng: random.Random,
-            where: list[tuple[str, str]]) -> dict[str, Any]:
-    """One batch's fields: DALI's outputs as they are (the delivery stage copies them), host ops run."""
+            where: list[tuple[str, str]], step: int) -> dict[str, Any]:
+    """One batch's fields: DALI's outputs as they are (the delivery stage copies them), host ops run on the raw
+    component DALI returned, or (behind a feed) on the members the feed kept for them."""
     fields: dict[str, Any] = {name: DaliOutput.of(outs[i], size) for i, name in enumerate(omap.fields)}
     for name, nid in plan.outputs.items():
         if plan.nodes[nid].device == "host":
             comp, chain = convert.host_chain(plan.nodes, nid)
-            raw = outs[len(omap.fields) + plan.components.index(comp)]
-            fields[name] = convert.collate(convert.run_host_ops(chain, raw, size, rng, where), plan.nodes[nid].sig.kind)
+            c = plan.components.index(comp)
+            raw = omap.stream.host(step, c) if omap.stream is not None else outs[len(omap.fields) + c]
+            fields[name] = convert.host_field(chain, raw, size, rng, where, plan.nodes[nid].sig.kind)
     return fields

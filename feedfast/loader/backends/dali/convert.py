@@ -9,10 +9,16 @@ import numpy as np
 import torch
 
 from feedfast.errors import BackendError, SampleError
+from feedfast.loader.backends.dali.feed import StepBytes
 from feedfast.ops.base import Rng
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.registry import OPS
 from feedfast.shards.index.tarindex import split_name, unescape_name
+
+try:
+    from feedfast import _plan
+except ImportError:  # not built at install: labels are parsed one at a time
+    _plan = None
 
 _INFO = re.compile(r"^(.*?):(\d+):(.*)$", re.S)
 
@@ -56,9 +62,27 @@ def dali_dtype_to_torch(tl: Any) -> torch.dtype:
     return to_torch_type[tl.dtype]
 
 
-def raw_bytes(tl: Any, i: int) -> bytes:
-    """Sample ``i`` of a raw (uint8) DALI TensorList as bytes."""
-    return np.asarray(tl[i]).tobytes()
+def raw_bytes(raw: Any, i: int) -> bytes:
+    """Sample ``i`` of a raw (uint8) component as bytes: a DALI TensorList, a feed's list of arrays or its
+    :class:`~feedfast.loader.backends.dali.feed.StepBytes`."""
+    if isinstance(raw, StepBytes):
+        start, size = int(raw.starts[i]), max(int(raw.sizes[i]), 0)
+        return raw.data[start:start + size].tobytes()
+    return np.asarray(raw[i]).tobytes()
+
+
+def host_field(chain: list[Any], raw: Any, n: int, rng: Rng, where: list[tuple[str, str]], kind: str) -> Any:
+    """A field made by host ops from ``n`` raw samples, collated. A lone ``label`` op over a feed's
+    :class:`~feedfast.loader.backends.dali.feed.StepBytes` parses the batch in one call of ``feedfast._plan``
+    (the GIL released); a label it refuses goes through the op itself, which raises the op's own error."""
+    if _plan is not None and isinstance(raw, StepBytes) and [node.op for node in chain] == ["label"]:
+        labels = np.empty(n, dtype=np.int64)
+        sizes = raw.sizes[:n]
+        bad = _plan.parse_labels(raw.data, np.ascontiguousarray(raw.starts[:n]),
+                                 np.ascontiguousarray(np.maximum(sizes, 0)), int(chain[0].params["offset"]), labels)
+        if bad < 0 and (sizes >= 0).all():
+            return torch.from_numpy(labels)
+    return collate(run_host_ops(chain, raw, n, rng, where), kind)
 
 
 def host_chain(plan_nodes: list[Any], node_id: int) -> tuple[str, list[Any]]:

@@ -1,24 +1,32 @@
-"""The batch callable behind the stream transport: reads a step's samples, a few steps ahead.
+"""The batch callable behind DALI's ``external_source``: a step's members, read a few steps ahead.
 
-DALI's ``external_source`` calls it with a ``BatchInfo`` (or an iteration number) and gets
-one list of ``batch_size`` uint8 arrays per component. Reads are I/O (HTTP ranges, or
-``pread`` of local and cached shards), so they run in a small thread pool of this
-process, ``ahead`` steps ahead of what DALI asked for, instead of in DALI's
-``parallel=True`` worker processes: two pipelines with parallel external sources alive
-at once in one process (the loader builds the next epoch's while the current one drains)
-were seen to hand the decoder corrupted bytes under DALI 2.4, and threads need no
-``fork``/``spawn`` choice, no pickling and no ``__main__`` guard.
+DALI's ``external_source`` calls it with a ``BatchInfo`` (or an iteration number) and gets one
+TensorList of ``batch_size`` uint8 samples per component. Reads are I/O, so they run on a small
+thread pool of this process, ``ahead`` steps ahead of what DALI asked for, in step order, instead
+of in DALI's ``parallel=True`` worker processes: two pipelines with parallel external sources alive
+at once in one process were seen to hand the decoder corrupted bytes under DALI 2.4, and threads
+need no ``fork``/``spawn`` choice, no pickling and no ``__main__`` guard.
 
-The result for a step depends only on the step, so calls may come in any order, and a
-pipeline restored from a checkpoint simply starts asking at the saved step.
+Local shards (the common case: a shuffled epoch reads its global order sample by sample) take the
+packed path, with no Python per sample where it can be avoided: a step's members of one component
+are read in one call of ``feedfast._plan.read_packed`` (``pread`` of each, end to end, the GIL
+released) into a buffer of a reused ring, and handed to DALI as one TensorList sharing that
+buffer (``external_source(no_copy=True)``: no copy on either side). The ring holds more steps than
+DALI and the read-ahead can hold at once, so a buffer is written again only after DALI is done
+with it. Remote and cached shards, and epochs under ``on_error: skip``, are read by
+:class:`~feedfast.sources.memberread.MemberReader` (which checks each remote member against its
+tar header) and copied into TensorLists.
 
-The members are read by :class:`~feedfast.sources.memberread.MemberReader`.
+The result for a step depends only on the step, so calls may come in any order, and a pipeline
+restored from a checkpoint simply starts asking at the saved step.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -27,11 +35,56 @@ from feedfast.errors import ShardError
 from feedfast.shards.transport.cache import ShardCache
 from feedfast.shards.transport.remote import Transfer
 from feedfast.sources.lostrows import LostShards, lost_last
-from feedfast.sources.memberread import MemberReader
+from feedfast.sources.memberread import EMPTY, MISSING, MemberReader
+
+try:
+    from feedfast import _plan
+except ImportError:  # not built at install: the member reader reads (Python per sample)
+    _plan = None
+
+HOST_KEPT = 64
+"""Steps a host component's members are kept after DALI asked for a later step (an epoch left mid-way)."""
+DALI_HOLDS = 4
+"""Steps DALI may hold after asking for them (its prefetch queue and the iteration it runs): a ring slot
+is written again only after this many more steps, plus the read-ahead, were asked for."""
+
+
+@dataclass
+class StepBytes:
+    """One step's members of one component, end to end in ``data``: member ``i`` is
+    ``data[starts[i] : starts[i] + max(sizes[i], 0)]``; a size of -1 is no such member."""
+
+    data: np.ndarray
+    starts: np.ndarray
+    sizes: np.ndarray
+
+    def views(self) -> list[np.ndarray]:
+        """Each member as a view of ``data`` (an empty array for none)."""
+        ends = (self.starts + np.maximum(self.sizes, 0)).tolist()
+        data = self.data
+        views = [data[a:b] for a, b in zip(self.starts.tolist(), ends)]
+        for i in np.flatnonzero(self.sizes <= 0).tolist():
+            views[i] = MISSING if self.sizes[i] < 0 else EMPTY
+        return views
+
+
+class _Ring:
+    """``slots`` reusable byte buffers per component, one slot a step (``step % slots``), grown when a step needs more."""
+
+    def __init__(self, components: int, slots: int) -> None:
+        self.slots = slots
+        self._buffers = [[np.empty(0, dtype=np.uint8) for _ in range(slots)] for _ in range(components)]
+
+    def take(self, component: int, step: int, nbytes: int) -> np.ndarray:
+        slot = step % self.slots
+        buffer = self._buffers[component][slot]
+        if len(buffer) < nbytes:
+            buffer = self._buffers[component][slot] = np.empty(max(nbytes, len(buffer)) * 5 // 4, dtype=np.uint8)
+        return buffer
 
 
 class BatchFeeder:
-    """``BatchInfo`` -> per component, the step's ``batch_size`` samples as uint8 arrays.
+    """``BatchInfo`` -> per component, the step's ``batch_size`` samples as a DALI TensorList.
 
     Args:
         names: shard names (paths or URLs), by shard number.
@@ -40,67 +93,148 @@ class BatchFeeder:
         step_rows: maps a step to its row numbers (padding included).
         steps: steps in the epoch; later steps raise ``StopIteration``.
         cache, transfer: the shard cache and the remote settings.
-        workers, ahead: reader threads, and how many steps past the asked one they fetch.
-        windows: read a windowed or block order's samples a whole window at a time, held until served
-            (False: only the samples asked for, merged where near: a reader that sees only some of the
-            steps, such as one DataLoader worker process of several, would hold windows it never finishes).
+        workers, ahead: reader threads (at most two on the packed path, where each reads a whole step per call),
+            and how many steps past the asked one they read.
+        windows: read a windowed or block order's samples a whole window at a time, held until served.
         requests: window reads at once (:class:`~feedfast.sources.windows.WindowCache`).
         valid: under ``on_error: skip`` (DALI's feed), each step's count of samples (``EpochPlan.valid``): a
             shard that cannot be read mid-epoch loses its rows (:mod:`.lostrows`), each step's batch made
             whole by :meth:`batch` and recorded in :attr:`filled`. None: the read fails.
+        holds: steps DALI may hold after asking for them (the ring's margin, :data:`DALI_HOLDS`).
+        dali: the components DALI takes, in that order (None: all); the others (read by host ops alone, such as
+            a ``.cls`` label) are kept for :meth:`host`, never made into TensorLists.
     """
 
     def __init__(self, names: tuple[str, ...], kinds: tuple[str, ...], rows: Any, step_rows: Any, *, steps: int,
                  cache: ShardCache | None, transfer: Transfer, workers: int = 2, ahead: int = 4,
-                 windows: bool = True, requests: int = 8, valid: Sequence[int] | None = None) -> None:
+                 windows: bool = True, requests: int = 8, valid: Sequence[int] | None = None,
+                 holds: int = DALI_HOLDS, dali: Sequence[int] | None = None) -> None:
         self.names = names
         self.rows = rows
         self.components = rows.index.components
+        self.dali = list(range(self.components)) if dali is None else list(dali)
+        self._host: dict[int, dict[int, Any]] = {}  # step -> component -> its members, for host ops
         self.step_rows, self.steps = step_rows, steps
         self.ahead = ahead
         self.reader = MemberReader(names, kinds, rows, cache=cache, transfer=transfer, windows=windows,
                                    requests=requests)
-        self._pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="feedfast-stream")
-        self._pending: dict[int, Future[list[list[np.ndarray]]]] = {}
+        # local shards read sample by sample: a windowed order's windows and skip's lost rows take the reader
+        self.packed = (_plan is not None and all(kind == "file" for kind in kinds) and valid is None
+                       and not (windows and rows.window is not None))
+        self._ring = _Ring(self.components, ahead + holds + 2) if self.packed else None
+        threads = min(workers, 2) if self.packed else workers  # a packed read is a step per call, the GIL released
+        self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="feedfast-feed")
+        self._pending: dict[int, Future[list[Any]]] = {}
+        self._lock = threading.Lock()
         self.valid = valid
         self.lost = LostShards(names, rows.shards, self.components) if valid is not None else None
         self.filled: dict[int, Filled] = {}  # steps with rows lost, made whole (under skip)
         self._spare: list[np.ndarray] | None = None  # a sample read earlier: fills a batch all of whose rows are lost
         weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
 
-    def __call__(self, info: Any) -> list[list[np.ndarray]]:
+    @property
+    def retains(self) -> bool:
+        """Whether what :meth:`__call__` returns stays untouched until DALI is done with it (``no_copy`` is safe):
+        on the packed path, whose ring is written again only :data:`DALI_HOLDS` steps plus the read-ahead later."""
+        return self._ring is not None
+
+    def __call__(self, info: Any) -> list[Any]:
         step = int(getattr(info, "iteration", info))
         if step >= self.steps:
             raise StopIteration
-        for s in range(step, min(step + self.ahead + 1, self.steps)):
-            if s not in self._pending:
-                self._pending[s] = self._pool.submit(self._dali_batch, s)
-        for stale in [s for s in self._pending if s < step]:
-            self._pending.pop(stale).cancel()
-        return self._pending.pop(step).result()
+        with self._lock:
+            for s in range(step, min(step + self.ahead + 1, self.steps)):
+                if s not in self._pending:
+                    self._pending[s] = self._pool.submit(self._dali_batch, s)
+            for stale in [s for s in self._pending if s < step]:
+                self._pending.pop(stale).cancel()
+            for stale in [s for s in self._host if s < step - HOST_KEPT]:
+                del self._host[stale]
+            pending = self._pending.pop(step)
+        return pending.result()
 
     def close(self) -> None:
         """Stop the reader threads and close the shards; pending reads are dropped."""
-        self._pending.clear()
+        with self._lock:
+            self._pending.clear()
+            self._host.clear()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.reader.close()
 
     def _dali_batch(self, step: int) -> list[Any]:
-        """The samples of step ``step`` as one DALI ``TensorListCPU`` per component, made in a reader thread.
+        """The samples of step ``step`` as one DALI ``TensorListCPU`` per component, made in a reader thread:
+        on the packed path sharing a ring buffer (no copy), else copied from the member reader's arrays."""
+        from nvidia.dali.tensors import TensorCPU, TensorListCPU
 
-        Handed to ``external_source`` whole, a TensorList skips DALI's Python checks of each sample's
-        array (its ``_prep_data_for_feed_input``): measured with 256 samples of two components, 9.6 to
-        12.6 us a sample of the pipeline thread's time for lists of arrays, 0.7 us for TensorLists made
-        beforehand (1.8 us a sample and component to make one, here, ahead of DALI's asking).
+        parts: list[Any] = self.step_bytes(step, self._ring) if self._ring is not None else self.batch(step)
+        host = {c: parts[c] for c in range(self.components) if c not in self.dali}
+        if host:
+            with self._lock:
+                self._host[step] = host
+        if self._ring is not None:  # TensorCPU shares each view's memory; the list then shares them (measured:
+            # 1.4 us a sample, where a list of arrays takes 1.6 and a contiguous TensorList copies, 31 us at 55 KB)
+            return [TensorListCPU([TensorCPU(v) for v in parts[c].views()], contiguous=False) for c in self.dali]
+        return [TensorListCPU(parts[c]) for c in self.dali]
+
+    def host(self, step: int, component: int) -> Any:
+        """Step ``step``'s members of ``component`` for host ops: a :class:`StepBytes` on the packed path, else a
+        list of arrays; those read for DALI's call, taken once, else read now."""
+        with self._lock:
+            kept = self._host.get(step)
+            part = kept.pop(component, None) if kept is not None else None
+            if kept is not None and not kept:
+                del self._host[step]
+        if part is not None:
+            return part
+        return self.step_bytes(step)[component] if self.packed else self.batch(step)[component]
+
+    def want(self, rows: list[int]) -> None:
+        """Start reading the windows of ``rows`` ahead (:meth:`MemberReader.want`)."""
+        self.reader.want(rows)
+
+    def step_bytes(self, step: int, ring: _Ring | None = None) -> list[StepBytes]:
+        """Per component, step ``step``'s members end to end in one buffer (for a component DALI takes, a slot of
+        ``ring``; else a new one), each component's read one call with the GIL released (local shards; see
+        :attr:`packed`).
+
+        Raises:
+            ShardError: a read failed or came short; names the shard and the sample.
         """
-        from nvidia.dali.tensors import TensorListCPU
+        rows = self.step_rows(step)
+        where = self.rows.take(rows)
+        fds = self.reader.files.fds(where.shard)
+        out: list[StepBytes] = []
+        for c in range(self.components):
+            sizes = np.ascontiguousarray(where.sizes[:, c])
+            lengths = np.maximum(sizes, 0)
+            starts = np.zeros(len(sizes), dtype=np.int64)
+            np.cumsum(lengths[:-1], out=starts[1:])
+            nbytes = int(starts[-1] + lengths[-1]) if len(sizes) else 0
+            data = ring.take(c, step, nbytes) if ring is not None and c in self.dali else np.empty(nbytes, np.uint8)
+            offsets = np.ascontiguousarray(where.offsets[:, c])
+            assert _plan is not None
+            failed = _plan.read_packed(fds, offsets, sizes, data)
+            if failed >= 0:
+                self._read_failed(where, int(failed), c)
+            out.append(StepBytes(data, starts, sizes))
+        return out
 
-        return [TensorListCPU(arrays) for arrays in self.batch(step)]
+    def _read_failed(self, where: Any, i: int, component: int) -> None:
+        """Raise the error of member ``i``'s read, read again in Python (which names what went wrong)."""
+        shard, key = self.names[int(where.shard[i])], self.rows.index.batch_keys(where)[i]
+        try:
+            self.reader.files.read(int(where.shard[i]), int(where.offsets[i, component]),
+                                   int(where.sizes[i, component]))
+        except ShardError as exc:
+            raise ShardError(f"cannot read sample {key!r} of shard {shard!r}: {exc}") from exc
+        raise ShardError(f"cannot read sample {key!r} of shard {shard!r}: the read came short, then was whole")
 
     def batch(self, step: int) -> list[list[np.ndarray]]:
         """The samples of step ``step``, read now (in the calling thread). Under skip, a step with rows lost is
         made whole (:func:`~.lostrows.lost_last`): its samples first, its lost rows after them, each a copy of
         one of its samples (of a sample read earlier when none is left), then its padding; see :attr:`filled`."""
+        if self.packed:
+            return [part.views() for part in self.step_bytes(step)]
         rows = self.step_rows(step)
         if self.lost is None or self.valid is None:
             return self.reader.members(rows)
@@ -134,10 +268,6 @@ class BatchFeeder:
         first = next(iter(self.lost.dead.values()), "")
         raise ShardError(f"under on_error: skip, no shard of this rank's epoch can be read, so nothing is left to "
                          f"fill its batches with ({len(self.lost.dead)} shards lost mid-epoch; the first {first})")
-
-    def want(self, rows: list[int]) -> None:
-        """Start reading the windows of ``rows`` ahead (:meth:`MemberReader.want`)."""
-        self.reader.want(rows)
 
 
 class Filled(NamedTuple):

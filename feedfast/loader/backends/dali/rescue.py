@@ -92,14 +92,16 @@ class PatchedFeed:
 
     def __call__(self, info: Any) -> list[Any]:
         step = int(getattr(info, "iteration", info)) + self.first_step
-        arrays = self.stream.feeder(step)  # a TensorListCPU per component
+        arrays = self.stream.feeder(step)  # a TensorListCPU per component DALI takes (images among them)
+        fed = self.stream.feeder.dali
         patched: list[list[np.ndarray]] | None = None
         for i, where in enumerate(self.stream.origins(step, self.stream.batch_size)):
             for c in sorted(self.patches.images.get(where, ())):
-                patched = patched or [[np.asarray(sample) for sample in column] for column in arrays]
+                patched = patched or [[np.array(sample) for sample in column] for column in arrays]
+                column = patched[fed.index(c)]
                 with routed(where):  # PIL read it in a check worker, under the time limit, already
-                    png = rescue_png(patched[c][i].tobytes())  # PIL's re-encoding, else DALI's own pixels
-                patched[c][i] = np.frombuffer(png, dtype=np.uint8)
+                    png = rescue_png(column[i].tobytes())  # PIL's re-encoding, else DALI's own pixels
+                column[i] = np.frombuffer(png, dtype=np.uint8)
         return patched or arrays
 
 

@@ -42,6 +42,7 @@ from functools import partial
 from typing import Any, Sequence
 
 from feedfast.checks.validate import probe_image
+from feedfast.compile.dali import dali_components
 from feedfast.compile.plan import Plan
 from feedfast.errors import ShardError
 from feedfast.loader.backends.dali.feed import BatchFeeder
@@ -56,12 +57,13 @@ class StreamEpoch:
 
     ``workers`` threads read ``ahead`` steps ahead of the step DALI asks for. ``skip`` (``on_error: skip``): a
     shard that cannot be read mid-epoch loses its rows (:mod:`.lostrows`); a step with rows lost is fed with
-    its samples first (see :meth:`origins` and :meth:`lost`).
+    its samples first (see :meth:`origins` and :meth:`lost`). ``fed``: the components DALI takes (None: all);
+    host ops read the others through :meth:`host`.
     """
 
     def __init__(self, shards: Any, ep: EpochPlan, exts: Sequence[set[str] | frozenset[str]], *, rank: int,
                  world: int, batch_size: int, shuffle_window: int, seed: int, epoch: int, workers: int = 2,
-                 ahead: int = 4, skip: bool = False) -> None:
+                 ahead: int = 4, skip: bool = False, fed: Sequence[int] | None = None) -> None:
         # global: local shards under shuffle, read sample by sample; block: remote shards under shuffle,
         # windows of many shards interleaved; shards: unshuffled (or windows of the rank's range)
         rows = epoch_rows(shards, exts, ep, rank=rank, world=world, seed=seed, epoch=epoch,
@@ -73,7 +75,7 @@ class StreamEpoch:
         self.feeder = BatchFeeder(shards.paths, shards.read_kinds, rows,
                                   partial(step_positions, batch_size=batch_size, count=len(rows)), steps=ep.steps,
                                   cache=shards.cache, transfer=shards.transfer, workers=workers, ahead=ahead,
-                                  valid=ep.valid if skip else None)
+                                  valid=ep.valid if skip else None, dali=fed)
 
     def origins(self, step: int, size: int) -> Origins:
         """(shard, key) of the first ``size`` rows of step ``step`` as fed (a step with rows lost: its samples
@@ -83,6 +85,10 @@ class StreamEpoch:
         if filled is not None:
             positions = [positions[i] for i in filled.order]
         return Origins(self.rows.index, self.names, self.rows.take(positions[:size]))
+
+    def host(self, step: int, component: int) -> Any:
+        """Step ``step``'s members of ``component`` (one DALI does not take), as fed: for host ops."""
+        return self.feeder.host(step, component)
 
     def lost(self, step: int) -> tuple[int, tuple[tuple[str, str, str], ...]] | None:
         """Under skip, a step fed with rows lost: its samples left (its batch's ``valid``) and its lost samples as
@@ -118,4 +124,5 @@ def epoch_stream(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, worl
     ``on_error: skip``, a shard that cannot be read mid-epoch loses its rows: :mod:`feedfast.sources.lostrows`)."""
     return StreamEpoch(shards, ep, plan.component_exts(), rank=rank, world=world, batch_size=batch_size,
                        shuffle_window=plan.spec.shuffle_buffer, seed=seed, epoch=epoch, workers=workers, ahead=ahead,
+                       fed=dali_components(plan),
                        skip=plan.spec.on_error == "skip")
