@@ -76,19 +76,19 @@ def test_a_failure_no_image_explains_is_named_from_dalis_message(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """As when nvJPEG rejects a file DALI's CPU decoder reads: the rescue finds no image to blame, so the failure is
     raised, naming the sample DALI's message names, with DALI's reason."""
-    from feedfast.loader.backends.dali.pipe import EpochPipe
+    from feedfast.loader.backends.dali.life import LifePipe
 
     shard = str(write_hostile(tmp_path, ["jpeg", "ppm", "bmp", "png16"]))
 
-    real, calls = EpochPipe.next, []
+    real, calls = LifePipe.take, []
 
-    def failing(self: EpochPipe) -> object:
+    def failing(self: LifePipe, segment: int, step: int) -> object:
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError(DALI_TEXT.format(info=f"{shard}:4096:bmp.jpg"))
-        return real(self)
+        return real(self, segment, step)
 
-    monkeypatch.setattr(EpochPipe, "next", failing)
+    monkeypatch.setattr(LifePipe, "take", failing)
     loader = feedfast.DataLoader(_loader(shard).spec, shards=shard, batch_size=2, num_workers=1, backend="dali")
     with pytest.raises(SampleError) as info:
         list(loader)

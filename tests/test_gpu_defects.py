@@ -234,7 +234,7 @@ def test_the_batch_that_triggers_the_next_epochs_build_is_handed_over_before_the
     made: list[int] = []
     handed: list[int] = []
     at_build: list[tuple[int, int]] = []
-    run_epoch, prepare = backends.run_epoch, backends.DaliBackend.prepare
+    run_epoch, prepare = backends.run_life_epoch, backends.DaliBackend.prepare
 
     def counting_run_epoch(*args: Any, **kwargs: Any) -> Any:
         for batch in run_epoch(*args, **kwargs):
@@ -245,7 +245,7 @@ def test_the_batch_that_triggers_the_next_epochs_build_is_handed_over_before_the
         at_build.append((len(made), len(handed)))
         prepare(self, epoch)
 
-    monkeypatch.setattr(backends, "run_epoch", counting_run_epoch)
+    monkeypatch.setattr(backends, "run_life_epoch", counting_run_epoch)
     monkeypatch.setattr(backends.DaliBackend, "prepare", spying_prepare)
     loader = feedfast.DataLoader(small_spec, shards=shards, backend="dali", num_workers=1, prefetch_factor=2)
     batches = loader._backend.batches
@@ -264,16 +264,16 @@ def test_the_batch_that_triggers_the_next_epochs_build_is_handed_over_before_the
 
 # ---------------------------------------------------------------------------- 7: DALI checkpoints
 def _checkpoints(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    from feedfast.loader.backends.dali.pipe import EpochPipe
+    from feedfast.loader.backends.dali.life import LifePipe
 
     taken: list[int] = []
-    original = EpochPipe.checkpoint
+    original = LifePipe.checkpoint
 
     def counted(self: Any) -> str:
         taken.append(1)
         return original(self)
 
-    monkeypatch.setattr(EpochPipe, "checkpoint", counted)
+    monkeypatch.setattr(LifePipe, "checkpoint", counted)
     return taken
 
 
@@ -286,7 +286,7 @@ def test_dali_checkpoints_only_when_a_state_needs_one(monkeypatch: pytest.Monkey
     assert sum(1 for _ in plain) == 23 and len(taken) < 23, f"{len(taken)} checkpoints in 23 batches"
     from feedfast.loader.backends.dali.pipe import CHECKPOINT_EVERY
 
-    assert len(taken) == 23 // CHECKPOINT_EVERY
+    assert len(taken) == 23 // CHECKPOINT_EVERY + 1  # and after the epoch's last batch: the pipeline runs on
     taken.clear()
     with_info = feedfast.DataLoader(spec, shards=shards, backend="dali", num_workers=1, sample_info=True)
     assert sum(1 for _ in with_info) == 23 and len(taken) == 23  # every batch carries its state

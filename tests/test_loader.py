@@ -115,8 +115,8 @@ def test_close_and_context_manager(small_spec: dict, shards: list[str]) -> None:
     with _loader(small_spec, shards, backend="dali") as loader:
         it = iter(loader)
         next(it)
-        assert loader._backend.pipe is not None and loader._producer is not None and loader._producer.alive
-    assert loader._backend.pipe is None and loader._producer is None
+        assert loader._backend.life is not None and loader._producer is not None and loader._producer.alive
+    assert loader._backend.life is None and loader._producer is None
     assert sum(1 for _ in loader) == 6  # usable again after close
 
 
@@ -152,15 +152,21 @@ def test_tiny_cnn_trains_on_the_loader(small_spec: dict, shards: list[str]) -> N
         torch.nn.functional.cross_entropy(model(images), labels).backward()
 
 
-def test_state_at_the_last_batch_points_to_the_next_epoch(small_spec: dict, shards: list[str]) -> None:
-    loader = _loader(small_spec, shards, shuffle=True)
+@pytest.mark.parametrize("backend", ["threads", "dali"])
+def test_state_at_the_last_batch_points_to_the_next_epoch(small_spec: dict, shards: list[str], backend: str) -> None:
+    """Taken after an epoch's last batch, a state resumes the next epoch as the uninterrupted run makes it, pixels
+    too: DALI's pipeline runs on from one epoch into the next, so the state carries its checkpoint (step 0)."""
+    loader = _loader(small_spec, shards, shuffle=True, backend=backend)
     for _ in loader:
         state = loader.state_dict()
-    assert (state["epoch"], state["step"], state["dali"]) == (1, 0, None)
-    nxt = [list(loader.last_origins) for _ in loader]
-    resumed = _loader(small_spec, shards, shuffle=True)
-    resumed.load_state_dict(state)
-    assert [list(resumed.last_origins) for _ in resumed] == nxt
+    assert (state["epoch"], state["step"]) == (1, 0)
+    assert state["dali"] is None if backend == "threads" else state["dali"]["step"] == 0
+    nxt = [(x.clone(), list(loader.last_origins)) for x, _ in loader]
+    resumed = _loader(small_spec, shards, shuffle=True, backend=backend)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    again = [(x.clone(), list(resumed.last_origins)) for x, _ in resumed]
+    assert [k for _, k in again] == [k for _, k in nxt]
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(again, nxt))
 
 
 def test_set_epoch_after_load_state_dict_keeps_the_resume_point(small_spec: dict, shards: list[str]) -> None:
@@ -186,25 +192,33 @@ def test_set_epoch_between_iter_and_next_counts(small_spec: dict, shards: list[s
     assert [list(b.last_origins) for _ in it] == want
 
 
-def test_pipelines_are_built_off_the_training_thread_and_the_next_epoch_ahead(
-        monkeypatch: pytest.MonkeyPatch, small_spec: dict, shards: list[str]) -> None:
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_one_pipeline_is_built_off_the_training_thread_for_the_loaders_life(
+        monkeypatch: pytest.MonkeyPatch, small_spec: dict, shards: list[str], shuffle: bool) -> None:
+    """Issue 36: DALI's ``Pipeline.build`` once per loader, over six epochs, on the producer thread; the next epoch's
+    steps are queued while this one's last are in flight."""
     import threading
 
-    import feedfast.loader.backends.dali.backend as backends
+    from nvidia.dali import Pipeline
 
-    built: list[tuple[int, str]] = []
-    real = backends.make_pipeline
+    built: list[str] = []
+    real = Pipeline.build
 
-    def spy(*args: Any, **kw: Any) -> Any:
-        built.append((kw["epoch"], threading.current_thread().name))
-        return real(*args, **kw)
+    def spy(self: Any, *args: Any, **kw: Any) -> Any:
+        if not self._built:  # DALI calls build() before each run too; it builds once
+            built.append(threading.current_thread().name)
+        return real(self, *args, **kw)
 
-    monkeypatch.setattr(backends, "make_pipeline", spy)
-    loader = _loader(small_spec, shards, backend="dali")
-    for _ in range(2):
-        assert sum(1 for _ in loader) == 6
-    assert [e for e, _ in built] == [0, 1, 2]  # epoch 1 built while epoch 0 drained, epoch 2 while 1 drained
-    assert all(name != threading.main_thread().name for _, name in built), built
+    monkeypatch.setattr(Pipeline, "build", spy)
+    loader = _loader(small_spec, shards, backend="dali", shuffle=shuffle)
+    queued_early = []
+    for _ in range(6):
+        it = iter(loader)
+        for i, _batch in enumerate(it):
+            if i == len(loader) - 1:  # the last batch: the next epoch is queued already
+                queued_early.append(loader._backend.life.queue.find(loader.epoch, loader.epoch_plan(), 0) is not None)
+    assert len(built) == 1 and built[0] != threading.main_thread().name, built
+    assert all(queued_early), queued_early
     loader.close()
 
 

@@ -110,8 +110,10 @@ def emit(plan: Plan, reader: ReaderConfig) -> tuple[list[Any], DaliOutputs]:
         elif node.device != "host":
             fields.append(name)
             outs.append(values[nid])
-    if reader.feed is not None:  # the feed names its samples and hands host-only components over itself
+    if reader.feed is not None and outs:  # the feed names its samples and hands host-only components over itself
         return outs, DaliOutputs(fields, [], deferred, reader.stream, fed)
+    if reader.feed is not None:  # nothing for DALI to compute (labels only): it passes the fed bytes through
+        return raw, DaliOutputs(fields, [plan.components[c] for c in fed], deferred, reader.stream, fed)
     return outs + raw, DaliOutputs(fields, list(plan.components), deferred, reader.stream, fed)
 
 

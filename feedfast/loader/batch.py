@@ -53,6 +53,8 @@ class Batch:
         checkpoint: the backend's state after this batch when it took one (DALI's checkpoint), else None.
         lost: samples of this batch's step skipped while it was made, as (shard, key, reason): under
             ``on_error: skip``, those of a shard that could not be read mid-epoch (their rows are padding).
+        before: the backend's state before this batch, where it ran on from earlier batches (DALI's life
+            pipeline at an epoch's first batch: its checkpoint there), else None.
     """
 
     fields: dict[str, Any]
@@ -60,6 +62,7 @@ class Batch:
     valid: int
     checkpoint: str | None = None
     lost: tuple[tuple[str, str, str], ...] = ()
+    before: str | None = None
 
 
 @dataclass(frozen=True)

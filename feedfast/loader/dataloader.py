@@ -189,7 +189,7 @@ class DataLoader(TorchAttributes):
                             "pass shuffle=True (backend='threads' or 'pil' for remote shards), or remove shuffle.repeats")
         self._batch_mix = mix_stage(self.spec, self.plan, rank=self.rank, world=self.world)
         self._backend: Backend = make_backend(self.backend, self._backend_settings())
-        if self._backend.reads_rows(self._partition, self.shards.transport):
+        if self._backend.reads_rows(self._partition, self.shards.transport, self.shards.read_kinds):
             self.data.build_row_index(self.plan)
         self.delivery = Delivery(self._layer(), depth=self.knobs.max_prefetch + 2, pin=settings.pin_memory,
                                  deferred=self.plan.deferred_outputs(), outputs=tuple(self.spec.outputs),
@@ -333,6 +333,8 @@ class DataLoader(TorchAttributes):
                     producer.resize(self.knobs.prefetch)
                 fresh = False
                 batch = delivered.batch
+                if batch.before is not None:  # where the backend's pipeline stood when this epoch began
+                    self._anchor = (self._step, batch.before)
                 self._step += 1
                 if batch.checkpoint is not None:
                     self._anchor = (self._step, batch.checkpoint)
@@ -412,7 +414,10 @@ class DataLoader(TorchAttributes):
         mid = self._open and 0 < self._step < ep.steps
         global_order = mid and ep.partition == "global"
         consumed = ep.consumed + self._step * self.world * self.spec.batch_size if global_order else 0
-        if not mid:
+        ended = self._open and self._step == ep.steps and self._anchor[0] == ep.steps
+        if ended and self._backend.runs_on(self._anchor[1]):  # the next epoch starts where the pipeline stands
+            resume = ResumePoint(self.epoch, 0, 0, self._anchor[1], 0)
+        elif not mid:
             resume = ResumePoint(self.epoch)
         elif self._backend.checkpoints:
             resume = ResumePoint(self.epoch, self._step, consumed, self._anchor[1], self._anchor[0])
@@ -460,7 +465,7 @@ class DataLoader(TorchAttributes):
         self._chosen = True
         self._stats = dict(parsed.stats)
         self._lost = list(parsed.lost)  # the interrupted run's mid-epoch skips, named by skipped_samples()
-        self._resume = point if point.step or point.consumed else None
+        self._resume = point if point.step or point.consumed or point.checkpoint is not None else None
         if self._tuner is not None and parsed.tuner is not None:  # a resumed tuned run keeps its settings
             self._tuner.pin(parsed.tuner["threads"], parsed.tuner["prefetch"], "resumed with the tuned settings")
 

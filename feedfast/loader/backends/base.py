@@ -3,8 +3,9 @@
 =========  ==========================================================  ==========================
 backend    what makes the batches                                      resumes from
 =========  ==========================================================  ==========================
-dali       a DALI pipeline per epoch (CPU or GPU placement); local,    DALI's checkpoint
-           s3/gs (DALI's reader) and http/pipe (the stream transport)
+dali       one DALI pipeline for the loader's life (CPU or GPU         DALI's checkpoint
+           placement), fed by feedfast's feed; unshuffled s3/gs by
+           DALI's reader, a pipeline per epoch
 threads    pillow-simd in threads, reduced-size JPEG decode, one       the step (per-sample RNG)
            crop-and-resize call per image (:mod:`.threads`)
 pil        the PIL program in torch DataLoader worker processes        the step (per-sample RNG)
@@ -105,9 +106,10 @@ class Backend(ABC):
     def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings
 
-    def reads_rows(self, partition: str, transport: str) -> bool:
-        """Whether it reads the dataset's rows itself (from the columnar index) for this partition and transport."""
-        del partition, transport
+    def reads_rows(self, partition: str, transport: str, read_kinds: tuple[str, ...] = ()) -> bool:
+        """Whether it reads the dataset's rows itself (from the columnar index) for this partition, transport and
+        the shards' read kinds."""
+        del partition, transport, read_kinds
         return True
 
     @property
@@ -135,6 +137,12 @@ class Backend(ABC):
     def rescued(self) -> list[tuple[str, str, str]]:
         """(shard, key, reason) of every image its decoder failed and another read (delivered re-encoded)."""
         return []
+
+    def runs_on(self, checkpoint: str | None) -> bool:
+        """Whether ``checkpoint``, taken after an epoch's last batch, is where the next epoch starts (a pipeline
+        that runs on from one epoch into the next: a state taken there carries it)."""
+        del checkpoint
+        return False
 
     def check_checkpoint(self, checkpoint: str, epoch: int) -> None:
         """Refuse (UserError naming ``dali.checkpoint``) a checkpoint this backend cannot restore for ``epoch``."""

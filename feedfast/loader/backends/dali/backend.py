@@ -1,9 +1,11 @@
-"""The DALI backend: one rank's epoch through a DALI pipeline per epoch (CPU or GPU placement).
+"""The DALI backend: one rank's epochs through DALI (CPU or GPU placement).
 
-The pipeline of each epoch is built by :mod:`.dali_pipe`; a batch DALI fails is rescued by
+An epoch feedfast's feed reads (the global order of a shuffled epoch, remote shards, rescued images) runs
+through one pipeline built for the loader's life (:mod:`.life`); an unshuffled epoch of local shards, read by
+DALI's own reader, through a pipeline of its own (:mod:`.pipe`). A batch DALI fails is rescued by
 :mod:`feedfast.loader.backends.dali.rescue` where the shards allow it (PIL reads the images DALI could not,
 delivered re-encoded), or named by :mod:`feedfast.loader.backends.dali.diagnose`; a state's checkpoint is
-checked against this spec's pipeline on load (:mod:`.dali_checkpoint`). Outputs leave DALI's
+checked against this spec's pipeline on load (:mod:`.checkpoint`). Outputs leave DALI's
 memory through the delivery stage, which this backend never sees.
 """
 
@@ -23,28 +25,42 @@ from feedfast.loader.backends.base import Backend, BackendSettings
 from feedfast.loader.backends.dali import convert, nativelog, rescue
 from feedfast.loader.backends.dali.checkpoint import check_operators, pipeline_operators
 from feedfast.loader.backends.dali.diagnose import diagnose
-from feedfast.loader.backends.dali.pipe import CHECKPOINT_EVERY, EpochPipe, make_pipeline, release_memory
+from feedfast.loader.backends.dali.life import LifePipe, StepQueue
+from feedfast.loader.backends.dali.pipe import (
+    CHECKPOINT_EVERY,
+    EpochPipe,
+    epoch_seed,
+    make_life,
+    make_pipeline,
+    release_memory,
+)
 from feedfast.loader.backends.dali.stream import StreamEpoch, epoch_stream
 from feedfast.loader.batch import Batch
 from feedfast.order.deal import EpochPlan
 from feedfast.order.rows import epoch_rows
 from feedfast.sources.dataset import ShardSet
 
+GPU_DEPTH = 3
+"""DALI's queue on a GPU at least: the producer thread's work between two batches (the host ops, the checkpoint,
+the copy's events) must not leave the GPU waiting."""
+
 
 class DaliBackend(Backend):
-    """A DALI pipeline per epoch; the next epoch's is built and started while this one drains.
+    """DALI pipelines: one for the loader's life behind the feed, else one per epoch behind DALI's reader (the next
+    epoch's built and started while this one drains).
 
-    On a GPU (a GPU-placed plan) DALI's memory pools are kept across epochs: nvJPEG's pools are
-    not grown again each epoch; :meth:`close` gives them back. DALI's checkpoint is taken after
-    every ``settings.checkpoint_every`` steps (``Batch.checkpoint``).
+    On a GPU (a GPU-placed plan) DALI's queue is at least :data:`GPU_DEPTH` deep and its memory pools are kept
+    across pipelines; :meth:`close` gives them back. DALI's checkpoint is taken after every
+    ``settings.checkpoint_every`` steps (``Batch.checkpoint``), and after an epoch's last step behind the feed,
+    whose pipeline runs on into the next epoch.
     """
 
     name = "dali"
     checkpoints = True
 
-    def reads_rows(self, partition: str, transport: str) -> bool:
-        """DALI's reader reads a local rank range itself; feedfast's feed (a shuffled or streamed epoch) reads rows."""
-        return partition != "shards" or transport != "native"
+    def reads_rows(self, partition: str, transport: str, read_kinds: tuple[str, ...] = ()) -> bool:
+        """feedfast's feed reads rows (every epoch but an unshuffled one over s3/gs: DALI's reader reads that)."""
+        return _feeds(partition, transport, read_kinds)
 
     def __init__(self, settings: BackendSettings) -> None:
         super().__init__(settings)
@@ -56,18 +72,32 @@ class DaliBackend(Backend):
         self.max_pixels, self.checkpoint_every = s.max_pixels, s.checkpoint_every
         self.patches = rescue.Patches()  # images DALI rejected and PIL decoded, re-encoded (kept across epochs)
         self.capture: nativelog.Capture | None = None  # DALI's native log lines to logging while pipelines live
-        self.pipe: EpochPipe | None = None  # the open epoch's pipeline
+        self.pipe: EpochPipe | None = None  # the open epoch's pipeline behind DALI's reader
         self.ahead: EpochPipe | None = None  # the next epoch's, started early
+        self.life: LifePipe | None = None  # the pipeline behind the feed, for the loader's life
+        self.segment: int | None = None  # the open epoch's steps in the life pipeline's queue
+        self.depth = max(self.prefetch, GPU_DEPTH) if s.plan.placement == "gpu" else max(1, self.prefetch)
+
+    def fed(self, epoch: int, ep: EpochPlan) -> bool:
+        """Whether ``epoch`` is read by feedfast's feed (and so runs through the life pipeline): every epoch but an
+        unshuffled one over s3/gs shards, which DALI's reader opens itself."""
+        shards = self.shards_for(epoch)
+        return bool(self.patches) or _feeds(ep.partition, shards.transport, shards.read_kinds)
 
     def batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Batch]:
         """The epoch's batches, each with DALI's checkpoint after it; a failed batch is rescued
         (:mod:`~feedfast.loader.backends.dali.rescue`) when the shards allow it."""
+        if self.fed(epoch, ep):
+            yield from self._fed_batches(epoch, ep, start, checkpoint)
+            return
+        self._drop_life()
         ahead, self.ahead = self.ahead, None
-        if ahead is not None and (ahead.epoch, start, checkpoint) == (epoch, 0, None) and not ahead.lost_shards:
-            self.pipe = ahead  # (one that lost a shard while prepared is built again: the epoch asks its source again)
+        if ahead is not None and (ahead.epoch, start, checkpoint) == (epoch, 0, None):
+            self.pipe = ahead
         else:
             self._drop(ahead)
             self.pipe = self._build(epoch, ep, start, checkpoint)
+        refeed: _Refeed | None = None
         try:
             rng = random.Random(f"{self.seed}/{epoch}/{self.rank}/{start}")
             shards = self.shards_for(epoch)
@@ -75,48 +105,90 @@ class DaliBackend(Backend):
             suspects = partial(self._suspects, epoch, ep, self.pipe.depth)
             yield from run_epoch(self.pipe, self.plan, ep, rng, shards, max_pixels=self.max_pixels,
                                  suspects=suspects, recover=recover, every=self.checkpoint_every)
+        except _Refeed as exc:
+            refeed = exc
         finally:  # the delivery stage finished its copies out of DALI's buffers before it asked again
             pipe, self.pipe = self.pipe, None
             self._drop(pipe)
+        if refeed is not None:  # images rescued: the epoch goes on behind the feed, with them as PNG
+            yield from self._fed_batches(epoch, ep, refeed.step, None, rescued_at=refeed.step)
+
+    def _fed_batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None,
+                     rescued_at: int | None = None) -> Iterator[Batch]:
+        """The epoch's batches through the life pipeline: the prepared steps of this epoch where they match, else
+        its steps queued now; built first when there is none, a state's checkpoint is restored, or a rescue
+        starts it again (``rescued_at``: the step the rescue resumes)."""
+        self._drop(self.ahead)
+        self.ahead = None
+        life = self.life
+        if life is None or checkpoint is not None or rescued_at is not None:
+            self._drop_life()
+            life = self._build_life(epoch, ep, start, checkpoint, first_step=rescued_at or 0)
+        segment = life.queue.find(epoch, ep, start)
+        if segment is not None and life.queue.segments[segment].stream.lost_any():
+            segment = None  # prepared while a shard could not be read: the epoch asks its source again
+        life.queue.keep_only(segment)  # steps fed for another epoch, or an epoch left mid-way, are dropped
+        if segment is None:
+            segment = self._queue_epoch(life, epoch, ep, start)
+        self.segment = segment
+        shards = self.shards_for(epoch)
+        rng = random.Random(f"{self.seed}/{epoch}/{self.rank}/{start}")
+        step = start
+        while step < ep.steps:
+            try:
+                for batch in run_life_epoch(life, segment, self.plan, ep, rng, shards, step,
+                                            max_pixels=self.max_pixels, every=self.checkpoint_every):
+                    step += 1
+                    yield batch
+            except RuntimeError as exc:
+                if not rescue.rescuable(shards):
+                    stream = life.queue.segments[segment].stream
+                    raise diagnose(exc, self.plan, step, shards, stream, max_pixels=self.max_pixels) from exc
+                self._rescue(epoch, ep, step, exc, life.queue.segments[segment].stream, life.depth)
+                life = self._build_life(epoch, ep, step, None, first_step=step)
+                segment = self.segment = self._queue_epoch(life, epoch, ep, step)
+        life.queue.retire(segment)
+        self.segment = None
 
     def _recover(self, epoch: int, ep: EpochPlan, step: int, exc: RuntimeError) -> EpochPipe:
-        """After DALI failed ``step``: rescue the images that broke it and go on from ``step`` in a new pipeline.
+        """After DALI's reader pipeline failed ``step``: rescue the images that broke it; the epoch then goes on
+        from ``step`` behind the feed (:class:`_Refeed`)."""
+        failed = self.pipe
+        assert failed is not None
+        stream = self._stream(epoch, ep)
+        try:
+            self._rescue(epoch, ep, step, exc, stream, failed.depth, reader=True)
+        finally:
+            stream.feeder.close()
+        raise _Refeed(step)
+
+    def _rescue(self, epoch: int, ep: EpochPlan, step: int, exc: RuntimeError, stream: StreamEpoch, depth: int,
+                reader: bool = False) -> None:
+        """Rescue the images of the steps DALI had in flight from ``step``, or raise what failed.
 
         Raises:
             SampleError: an image of the steps in flight that neither DALI nor PIL decodes, or (no image
                 being to blame on the CPU) the sample DALI's message names.
             FeedfastError: nothing names a sample.
         """
-        failed = self.pipe
-        assert failed is not None
-        stream = failed.omap.stream or self._stream(epoch, ep)
-        seconds = self.plan.spec.check_seconds
-        steps = range(step, min(ep.steps, step + failed.depth + 1))
-        try:
-            found = rescue.examine(stream, steps, rescue.image_components(self.plan), self.patches,
-                                   max_pixels=self.max_pixels, seconds=seconds)
-        finally:
-            if stream is not failed.omap.stream:
-                stream.feeder.close()
+        steps = range(step, min(ep.steps, step + depth + 1))
+        found = rescue.examine(stream, steps, rescue.image_components(self.plan), self.patches,
+                               max_pixels=self.max_pixels, seconds=self.plan.spec.check_seconds)
         if not found:  # a GPU decoder or another operator failed: named from DALI's message where it can be
-            suspects = None if failed.omap.stream else self._suspects(epoch, ep, failed.depth, step)
-            raise diagnose(exc, self.plan, step, self.shards_for(epoch), failed.omap.stream,
+            suspects = self._suspects(epoch, ep, depth, step) if reader else None
+            raise diagnose(exc, self.plan, step, self.shards_for(epoch), None if reader else stream,
                            max_pixels=self.max_pixels, candidates=suspects) from exc
         for where in found:
             rescue.log.info("shard %r, sample %r: %s", where[0], where[1], self.patches.reasons[where])
-        self._drop(failed)
-        ahead, self.ahead = self.ahead, None  # built without these images: rebuilt with them when needed
-        self._drop(ahead)
-        self.pipe = self._build(epoch, ep, step, None, first_step=step)
-        return self.pipe
 
     def rescued(self) -> list[tuple[str, str, str]]:
         """(shard, key, reason) of every image rescued so far: delivered as PNG in place (see :mod:`.rescue`)."""
         return [(shard, key, reason) for (shard, key), reason in self.patches.reasons.items()]
 
-    def _stream(self, epoch: int, ep: EpochPlan) -> StreamEpoch:
+    def _stream(self, epoch: int, ep: EpochPlan, **feed: Any) -> StreamEpoch:
         return epoch_stream(self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world,
-                                   batch_size=self.batch_size, seed=self.seed, epoch=epoch)
+                            batch_size=self.batch_size, seed=self.seed, epoch=epoch,
+                            workers=max(2, self.threads), ahead=max(2, self.threads) + self.depth, **feed)
 
     def _suspects(self, epoch: int, ep: EpochPlan, depth: int, step: int) -> list[tuple[str, str]]:
         """(shard, key) of the samples DALI's native reader holds for steps ``step`` .. ``step + depth``.
@@ -132,12 +204,30 @@ class DaliBackend(Backend):
         where = rows.take(np.arange(lo, hi))
         return [(shards.paths[s], k) for s, k in zip(where.shard.tolist(), rows.index.batch_keys(where))]
 
-    def _build(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None,
-               first_step: int = 0) -> EpochPipe:
-        """The epoch's pipeline from ``start``; a checkpoint taken after a rescue rebuilds that rescue."""
+    def _capture(self) -> None:
         if self.capture is None or not self.capture.held:
             self.capture = nativelog.Capture()
-        checkpoint, saved_first, keys = rescue.unwrap_checkpoint(checkpoint)
+
+    def _build(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> EpochPipe:
+        """The epoch's pipeline behind DALI's reader, from ``start``."""
+        self._capture()
+        return make_pipeline(
+            self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world, batch_size=self.batch_size,
+            threads=self.threads, device_id=self.device_id, seed=self.seed, epoch=epoch,
+            prefetch=self.prefetch, checkpoint=checkpoint, start=start,
+        )
+
+    def _build_life(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None,
+                    first_step: int = 0) -> LifePipe:
+        """The pipeline for the loader's life, from ``epoch``'s step ``start``: restored from a state's checkpoint
+        (a rescue it holds rescued again), or new (seeded for ``epoch``; after a rescue, started at
+        ``first_step``). Its first steps are queued, the next epoch's too when this one has fewer left than
+        DALI's first call runs."""
+        self._capture()
+        dali, saved_first, keys = rescue.unwrap_checkpoint(checkpoint)
+        iteration = rescue.wrapped_iteration(checkpoint)
+        if checkpoint is not None and iteration is None:  # a pipeline per epoch's: it numbered from first_step
+            iteration = start - saved_first
         if keys:
             first_step = saved_first
             stream = self._stream(epoch, ep)
@@ -146,54 +236,126 @@ class DaliBackend(Backend):
                                    max_pixels=self.max_pixels, seconds=self.plan.spec.check_seconds)
             finally:
                 stream.feeder.close()
-        return make_pipeline(
-            self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world, batch_size=self.batch_size,
-            threads=self.threads, device_id=self.device_id, seed=self.seed, epoch=epoch,
-            prefetch=self.prefetch, checkpoint=checkpoint, start=start,
-            patches=self.patches if self.patches else None, first_step=first_step,
-        )
+        queue = StepQueue(self.patches if self.patches else None, holds=self.depth + 1)
+        pipe, omap = make_life(self.plan, queue, batch_size=self.batch_size, threads=self.threads,
+                               device_id=self.device_id, seed=epoch_seed(self.seed, epoch, self.rank),
+                               depth=self.depth, checkpoint=dali)
+        rescued = tuple(sorted(self.patches.images)) if self.patches else ()
+        self.life = LifePipe(pipe, omap, queue, self.depth, taken=iteration or 0, first_step=first_step,
+                             rescued=rescued)
+        return self.life
+
+    def _queue_epoch(self, life: LifePipe, epoch: int, ep: EpochPlan, start: int) -> int:
+        """Queue ``epoch``'s steps from ``start`` (and the next epoch's, when this one ends before DALI's first call
+        has run a full queue: a restored run then feeds what the uninterrupted one fed)."""
+        segment = self._queue(life, epoch, ep, start)
+        if not life.started and ep.steps - start < life.depth:
+            self._queue(life, epoch + 1, self.plan_for(epoch + 1), 0)
+        return segment
+
+    def _queue(self, life: LifePipe, epoch: int, ep: EpochPlan, start: int) -> int:
+        return life.queue.add(epoch, ep, lambda base: self._stream(epoch, ep, holds=life.depth + 1,
+                                                                   ring=life.queue.ring, ring_base=base),
+                              start, ep.steps)
 
     def all_in_flight(self) -> bool:
         """Whether every step of the open epoch has been handed to DALI."""
+        if self.segment is not None and self.life is not None:
+            return self.life.all_scheduled(self.segment)
         return self.pipe is not None and self.pipe.all_scheduled
 
     def prepare(self, epoch: int) -> None:
-        """Build the next epoch's pipeline and start it while this epoch's last batches finish.
+        """Start the next epoch while this epoch's last batches finish.
 
-        Training loops iterate epoch after epoch, so the next epoch's first batches are
-        decoded while the current epoch drains instead of after it. If the next iteration
-        asks for another epoch (``set_epoch``) or never comes, the prepared pipeline is
-        dropped; the cost is at most ``prefetch_factor`` batches of decoding.
+        Behind the feed its steps are queued to the life pipeline, which runs them as this epoch's last
+        ones are taken; behind DALI's reader its pipeline is built and started. Training loops iterate
+        epoch after epoch, so the next epoch's first batches are decoded while the current epoch drains
+        instead of after it. If the next iteration asks for another epoch (``set_epoch``) or never comes,
+        what was started is dropped; the cost is at most DALI's queue of batches.
         """
+        ep = self.plan_for(epoch)
+        if self.fed(epoch, ep):
+            life = self.life
+            if life is not None and life.queue.find(epoch, ep, 0) is None:
+                self._queue(life, epoch, ep, 0)
+            return
         if self.ahead is not None and self.ahead.epoch == epoch:
             return
         self._drop(self.ahead)
         self.ahead = None
-        ahead = self._build(epoch, self.plan_for(epoch), 0, None)
+        ahead = self._build(epoch, ep, 0, None)
         ahead.prefetch()
         self.ahead = ahead
+
+    def runs_on(self, checkpoint: str | None) -> bool:
+        """A life pipeline's checkpoint (it says the DALI iteration it resumes at) runs on into the next epoch."""
+        return rescue.wrapped_iteration(checkpoint) is not None
 
     def check_checkpoint(self, checkpoint: str, epoch: int) -> None:
         """Refuse a checkpoint whose operators are not this spec's pipeline's (a one-line UserError naming
         ``dali.checkpoint``): DALI would otherwise fail, or restore the wrong operators, mid-epoch."""
         inner, _, keys = rescue.unwrap_checkpoint(checkpoint)
-        shards, ep = self.shards_for(epoch), self.plan_for(epoch)
-        fed = bool(keys) or bool(self.patches) or shards.transport == "stream" or ep.partition == "global"
-        check_operators(inner or "", pipeline_operators(self.plan, shards, fed=fed, batch_size=self.batch_size))
+        ep = self.plan_for(epoch)
+        fed = bool(keys) or self.fed(epoch, ep)
+        check_operators(inner or "", pipeline_operators(self.plan, self.shards_for(epoch), fed=fed,
+                                                        batch_size=self.batch_size))
 
     def _drop(self, ep_pipe: EpochPipe | None) -> None:
         if ep_pipe is not None:
             pipe, ep_pipe.pipe = ep_pipe.pipe, None
             release_memory(pipe, pools=not self.keep_pools)
 
+    def _drop_life(self) -> None:
+        life, self.life, self.segment = self.life, None, None
+        if life is not None:
+            life.queue.close()
+            pipe, life.pipe = life.pipe, None
+            release_memory(pipe, pools=not self.keep_pools)
+
     def close(self) -> None:
-        """Drop the prepared pipeline, give back DALI's pooled memory, stop capturing DALI's log lines."""
+        """Drop the pipelines, give back DALI's pooled memory, stop capturing DALI's log lines."""
         ahead, self.ahead = self.ahead, None
         self._drop(ahead)
+        self._drop_life()
         if self.keep_pools:
             release_memory(None)
         if self.capture is not None:
             self.capture.release()
+
+
+def _feeds(partition: str, transport: str, read_kinds: tuple[str, ...]) -> bool:
+    return partition != "shards" or transport != "native" or all(kind == "file" for kind in read_kinds)
+
+
+class _Refeed(Exception):
+    """Images DALI's reader pipeline failed on were rescued: the epoch goes on from ``step`` behind the feed."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(step)
+        self.step = step
+
+
+def run_life_epoch(life: LifePipe, segment: int, plan: Plan, ep: EpochPlan, rng: random.Random, shards: ShardSet,
+                   start: int, *, max_pixels: int = DEFAULT_MAX_PIXELS, every: int = CHECKPOINT_EVERY) -> Iterator[Batch]:
+    """Yield the epoch's batches from ``start`` out of the life pipeline (run on the producer thread).
+
+    As :func:`run_epoch`, but the samples are named, and the components host ops read handed over, by the
+    epoch's feed; DALI's checkpoint is also taken after the epoch's last step, since the pipeline runs on
+    into the next epoch (a state taken there resumes with the draws the uninterrupted run made), and before
+    the first batch where the pipeline made others before it (``Batch.before``). A failure
+    of DALI is raised as DALI's ``RuntimeError`` for the backend to rescue or name.
+    """
+    stream = life.queue.segments[segment].stream
+    for step in range(start, ep.steps):
+        outs, before = life.take(segment, step, before=step == start)
+        last = step + 1 == ep.steps
+        checkpoint = life.checkpoint() if (step + 1) % every == 0 or last else None
+        size = ep.batch_sizes[step]
+        where = stream.origins(step, size)
+        lost = stream.lost(step)  # under skip: rows of a shard unreadable mid-epoch
+        valid, skipped = lost if lost is not None else (ep.valid[step], ())
+        fields = _fields(outs, life.omap, plan, size, rng, where, partial(stream.host, step))
+        yield Batch(fields, where, valid, checkpoint, lost=skipped, before=before)
 
 
 def run_epoch(ep_pipe: EpochPipe, plan: Plan, ep: EpochPlan, rng: random.Random,
@@ -231,7 +393,7 @@ def run_epoch(ep_pipe: EpochPipe, plan: Plan, ep: EpochPlan, rng: random.Random,
         where = omap.stream.origins(step, size) if omap.stream else convert.origins(outs[raw_at], size)
         lost = omap.stream.lost(step) if omap.stream else None  # under skip: rows of a shard unreadable mid-epoch
         valid, skipped = lost if lost is not None else (ep.valid[step], ())
-        fields = _fields(outs, omap, plan, size, rng, where, step)
+        fields = _fields(outs, omap, plan, size, rng, where, partial(_raw_output, outs, len(omap.fields)))
         step += 1
         yield Batch(fields, where, valid, checkpoint, lost=skipped)
 
@@ -263,14 +425,18 @@ class DaliOutput:
 
 
 def _fields(outs: Any, omap: Any, plan: Plan, size: int, rng: random.Random,
-            where: list[tuple[str, str]], step: int) -> dict[str, Any]:
-    """One batch's fields: DALI's outputs as they are (the delivery stage copies them), host ops run on the raw
-    component DALI returned, or (behind a feed) on the members the feed kept for them."""
+            where: Any, raw: Callable[[int], Any]) -> dict[str, Any]:
+    """One batch's fields: DALI's outputs as they are (the delivery stage copies them), host ops run on a raw
+    component (``raw(c)``: the one DALI returned, or behind the feed the members the feed kept for them)."""
     fields: dict[str, Any] = {name: DaliOutput.of(outs[i], size) for i, name in enumerate(omap.fields)}
     for name, nid in plan.outputs.items():
         if plan.nodes[nid].device == "host":
             comp, chain = convert.host_chain(plan.nodes, nid)
-            c = plan.components.index(comp)
-            raw = omap.stream.host(step, c) if omap.stream is not None else outs[len(omap.fields) + c]
-            fields[name] = convert.host_field(chain, raw, size, rng, where, plan.nodes[nid].sig.kind)
+            values = raw(plan.components.index(comp))
+            fields[name] = convert.host_field(chain, values, size, rng, where, plan.nodes[nid].sig.kind)
     return fields
+
+
+def _raw_output(outs: Any, first: int, component: int) -> Any:
+    """The raw output of ``component`` among DALI's outputs (after the ``first`` field outputs)."""
+    return outs[first + component]

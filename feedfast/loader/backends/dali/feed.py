@@ -42,6 +42,9 @@ try:
 except ImportError:  # not built at install: the member reader reads (Python per sample)
     _plan = None
 
+PACKED_AHEAD = 4
+"""Steps read ahead on the packed path: a step is one call a component (about 5 ms for 256 members of 55 KB),
+so a few steps cover DALI's asking; more would only hold ring buffers."""
 HOST_KEPT = 64
 """Steps a host component's members are kept after DALI asked for a later step (an epoch left mid-way)."""
 DALI_HOLDS = 4
@@ -68,15 +71,18 @@ class StepBytes:
         return views
 
 
-class _Ring:
-    """``slots`` reusable byte buffers per component, one slot a step (``step % slots``), grown when a step needs more."""
+class Ring:
+    """``slots`` reusable byte buffers per component, one a step (slot ``n % slots`` for the ``n``-th step fed),
+    grown when a step needs more: a slot is written again ``slots`` steps after it was, when DALI and the
+    read-ahead no longer hold it (``slots`` > DALI's queue + the read-ahead + 1)."""
 
     def __init__(self, components: int, slots: int) -> None:
         self.slots = slots
         self._buffers = [[np.empty(0, dtype=np.uint8) for _ in range(slots)] for _ in range(components)]
 
-    def take(self, component: int, step: int, nbytes: int) -> np.ndarray:
-        slot = step % self.slots
+    def take(self, component: int, number: int, nbytes: int) -> np.ndarray:
+        """The buffer of step ``number`` (of the steps fed, in order), at least ``nbytes`` long."""
+        slot = number % self.slots
         buffer = self._buffers[component][slot]
         if len(buffer) < nbytes:
             buffer = self._buffers[component][slot] = np.empty(max(nbytes, len(buffer)) * 5 // 4, dtype=np.uint8)
@@ -103,25 +109,29 @@ class BatchFeeder:
         holds: steps DALI may hold after asking for them (the ring's margin, :data:`DALI_HOLDS`).
         dali: the components DALI takes, in that order (None: all); the others (read by host ops alone, such as
             a ``.cls`` label) are kept for :meth:`host`, never made into TensorLists.
+        ring, ring_base: a ring shared with the feeds of other epochs of one pipeline (step ``s`` takes slot
+            ``ring_base + s``, numbered on from the epoch before), else one of its own.
     """
 
     def __init__(self, names: tuple[str, ...], kinds: tuple[str, ...], rows: Any, step_rows: Any, *, steps: int,
                  cache: ShardCache | None, transfer: Transfer, workers: int = 2, ahead: int = 4,
                  windows: bool = True, requests: int = 8, valid: Sequence[int] | None = None,
-                 holds: int = DALI_HOLDS, dali: Sequence[int] | None = None) -> None:
+                 holds: int = DALI_HOLDS, dali: Sequence[int] | None = None, ring: Ring | None = None,
+                 ring_base: int = 0) -> None:
         self.names = names
         self.rows = rows
         self.components = rows.index.components
         self.dali = list(range(self.components)) if dali is None else list(dali)
         self._host: dict[int, dict[int, Any]] = {}  # step -> component -> its members, for host ops
         self.step_rows, self.steps = step_rows, steps
-        self.ahead = ahead
         self.reader = MemberReader(names, kinds, rows, cache=cache, transfer=transfer, windows=windows,
                                    requests=requests)
         # local shards read sample by sample: a windowed order's windows and skip's lost rows take the reader
         self.packed = (_plan is not None and all(kind == "file" for kind in kinds) and valid is None
                        and not (windows and rows.window is not None))
-        self._ring = _Ring(self.components, ahead + holds + 2) if self.packed else None
+        self.ahead = min(ahead, PACKED_AHEAD) if self.packed else ahead
+        self._ring = (ring or Ring(self.components, self.ahead + holds + 2)) if self.packed else None
+        self._ring_base = ring_base
         threads = min(workers, 2) if self.packed else workers  # a packed read is a step per call, the GIL released
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="feedfast-feed")
         self._pending: dict[int, Future[list[Any]]] = {}
@@ -192,7 +202,7 @@ class BatchFeeder:
         """Start reading the windows of ``rows`` ahead (:meth:`MemberReader.want`)."""
         self.reader.want(rows)
 
-    def step_bytes(self, step: int, ring: _Ring | None = None) -> list[StepBytes]:
+    def step_bytes(self, step: int, ring: Ring | None = None) -> list[StepBytes]:
         """Per component, step ``step``'s members end to end in one buffer (for a component DALI takes, a slot of
         ``ring``; else a new one), each component's read one call with the GIL released (local shards; see
         :attr:`packed`).
@@ -210,7 +220,8 @@ class BatchFeeder:
             starts = np.zeros(len(sizes), dtype=np.int64)
             np.cumsum(lengths[:-1], out=starts[1:])
             nbytes = int(starts[-1] + lengths[-1]) if len(sizes) else 0
-            data = ring.take(c, step, nbytes) if ring is not None and c in self.dali else np.empty(nbytes, np.uint8)
+            data = (ring.take(c, self._ring_base + step, nbytes) if ring is not None and c in self.dali
+                    else np.empty(nbytes, np.uint8))
             offsets = np.ascontiguousarray(where.offsets[:, c])
             assert _plan is not None
             failed = _plan.read_packed(fds, offsets, sizes, data)

@@ -1,18 +1,18 @@
-"""A DALI pipeline per epoch: built for one rank's range of the epoch, driven for exactly its steps, released."""
+"""Building DALI pipelines: one for the loader's life behind feedfast's feed (:mod:`.life`), or, behind DALI's
+own reader (an unshuffled epoch of local shards), one per epoch, driven for exactly its steps and released."""
 
 from __future__ import annotations
 
 import sys
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from feedfast.compile.dali import ReaderConfig, build_pipeline
 from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError
 from feedfast.loader.backends.dali.diagnose import first_line
-from feedfast.loader.backends.dali.rescue import PatchedFeed, Patches, wrap_checkpoint
-from feedfast.loader.backends.dali.stream import epoch_stream
+from feedfast.loader.backends.dali.life import StepQueue
 from feedfast.order.deal import EpochPlan
 from feedfast.sources.dataset import ShardSet
 
@@ -27,42 +27,43 @@ from the last one and makes at most this many batches again (see :mod:`feedfast.
 
 def make_pipeline(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
                   threads: int, device_id: int | None, seed: int, epoch: int, prefetch: int,
-                  checkpoint: str | None, start: int = 0, patches: Patches | None = None,
-                  first_step: int = 0) -> EpochPipe:
-    """Build the epoch's DALI pipeline: shards in the epoch's order, this rank's range.
-
-    With ``patches`` (images rescued after a failed batch, see :mod:`feedfast.loader.backends.dali.rescue`)
-    the stream transport feeds it, with the rescued images in place, its first iteration being
-    step ``first_step``; its checkpoints then carry what rebuilding it needs.
-    """
-    spec = plan.spec
-    if plan.placement == "gpu" and device_id is None:  # DALI would limit the pipeline to CPU operators
-        raise BackendError("a GPU-placed plan needs DALI's device_id (the delivery rule gave none): "
-                           "this is a feedfast bug; please report it")
+                  checkpoint: str | None, start: int = 0) -> EpochPipe:
+    """Build the epoch's DALI pipeline behind DALI's reader: shards in the epoch's order, this rank's range."""
     reader = ReaderConfig(
         paths=[shards.paths[i] for i in ep.shard_order],
         index_paths=[shards.index_paths[i] for i in ep.shard_order],
-        shard_id=rank, num_shards=world, shuffle_buffer=spec.shuffle_buffer,
-        missing=spec.missing, stick_to_shard=True, seed=_epoch_seed(seed, epoch, rank),
+        shard_id=rank, num_shards=world, shuffle_buffer=plan.spec.shuffle_buffer,
+        missing=plan.spec.missing, stick_to_shard=True, seed=epoch_seed(seed, epoch, rank),
     )
-    if patches or shards.transport == "stream" or ep.partition == "global":
-        stream = epoch_stream(plan, shards, ep, rank=rank, world=world, batch_size=batch_size, seed=seed,
-                              epoch=epoch, workers=max(2, threads), ahead=max(2, threads) + prefetch)
-        reader.feed, reader.stream = stream.feeder, stream
-        if patches:
-            reader.feed = PatchedFeed(stream, patches, first_step)
     remaining = ep.steps - start
     depth = max(1, min(prefetch, remaining))
-    pipe, omap = build_pipeline(
-        plan, reader, batch_size=batch_size, num_threads=threads, device_id=device_id,
-        seed=_epoch_seed(seed, epoch, rank), prefetch_queue_depth=depth, checkpoint=checkpoint,
-    )
+    pipe, omap = _built(plan, reader, batch_size=batch_size, threads=threads, device_id=device_id,
+                        seed=epoch_seed(seed, epoch, rank), depth=depth, checkpoint=checkpoint)
+    return EpochPipe(pipe, omap, epoch, start, remaining, depth)
+
+
+def make_life(plan: Plan, queue: StepQueue, *, batch_size: int, threads: int, device_id: int | None, seed: int,
+              depth: int, checkpoint: str | None) -> tuple[Any, Any]:
+    """Build the pipeline fed by ``queue`` for the loader's life (:mod:`.life`), restored from ``checkpoint`` (DALI's
+    own, unwrapped) when given; ``seed``: the pipeline's (:func:`epoch_seed` of the epoch it starts at)."""
+    reader = ReaderConfig(paths=[], index_paths=[], feed=queue)
+    return _built(plan, reader, batch_size=batch_size, threads=threads, device_id=device_id, seed=seed,
+                  depth=depth, checkpoint=checkpoint)
+
+
+def _built(plan: Plan, reader: ReaderConfig, *, batch_size: int, threads: int, device_id: int | None, seed: int,
+           depth: int, checkpoint: str | None) -> tuple[Any, Any]:
+    """The plan's pipeline, built (``Pipeline.build``)."""
+    if plan.placement == "gpu" and device_id is None:  # DALI would limit the pipeline to CPU operators
+        raise BackendError("a GPU-placed plan needs DALI's device_id (the delivery rule gave none): "
+                           "this is a feedfast bug; please report it")
+    pipe, omap = build_pipeline(plan, reader, batch_size=batch_size, num_threads=threads, device_id=device_id,
+                                seed=seed, prefetch_queue_depth=depth, checkpoint=checkpoint)
     try:
         pipe.build()
     except RuntimeError as exc:
-        raise BackendError(f"DALI could not build the pipeline for {spec.file}: {first_line(exc)}") from exc
-    rescued = sorted(patches.images) if patches else []
-    return EpochPipe(pipe, omap, epoch, start, remaining, depth, first_step=first_step, rescued=rescued)
+        raise BackendError(f"DALI could not build the pipeline for {plan.spec.file}: {first_line(exc)}") from exc
+    return pipe, omap
 
 
 def release_memory(pipe: Any = None, *, pools: bool = True) -> None:
@@ -110,7 +111,8 @@ def _malloc_trim() -> None:
         return  # not glibc (musl has no malloc_trim): nothing to trim
 
 
-def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """The seed of a pipeline that starts at ``epoch`` (DALI's random operators draw from it)."""
     return (seed * 1_000_003 + epoch * 7919 + rank * 104_729) % (2**31 - 1)
 
 
@@ -131,8 +133,6 @@ class EpochPipe:
     remaining: int
     depth: int
     scheduled: int = 0
-    first_step: int = 0  # the epoch step of the pipeline's first iteration (a pipeline started after a rescue)
-    rescued: list[tuple[str, str]] = field(default_factory=list)  # the samples whose images it is fed as PNG
 
     def prefetch(self) -> None:
         """Start computing the first batches, without waiting for them."""
@@ -150,17 +150,9 @@ class EpochPipe:
         return self.pipe.outputs()
 
     def checkpoint(self) -> str:
-        """DALI's checkpoint after the last batch (as text, the form a resumed state gives back), with the
-        rescue this pipeline was built with."""
+        """DALI's checkpoint after the last batch (as text, the form a resumed state gives back)."""
         state = self.pipe.checkpoint()
-        text = state.decode("latin-1") if isinstance(state, bytes) else str(state)
-        return wrap_checkpoint(text, self.first_step, self.rescued) if self.rescued else text
-
-    @property
-    def lost_shards(self) -> bool:
-        """Whether its feed lost a shard it could not read (under ``on_error: skip``)."""
-        stream = self.omap.stream
-        return stream is not None and stream.feeder.lost is not None and bool(stream.feeder.lost.dead)
+        return state.decode("latin-1") if isinstance(state, bytes) else str(state)
 
     @property
     def all_scheduled(self) -> bool:

@@ -14,7 +14,8 @@ skip, and its pipeline is then unusable. The DALI backend recovers as follows:
    decoder or another operator failed), the failure is named from DALI's message
    (:func:`~feedfast.loader.backends.dali.diagnose.diagnose`);
 3. otherwise the rescued samples are remembered (for this loader's later epochs too) and the
-   epoch goes on from the failed step in a new pipeline fed by feedfast's stream transport
+   epoch goes on from the failed step in a new pipeline (for the loader's life, :mod:`.life`) fed by
+   feedfast's stream transport
    (:mod:`feedfast.loader.backends.dali.stream`), which reads the same samples in the same order as
    DALI's reader and hands DALI a PNG in place of each rescued image, re-encoded by PIL as
    the step is read (a few milliseconds an image: only keys are held, not pixels).
@@ -80,29 +81,18 @@ def rescuable(shards: ShardSet) -> bool:
     return all(kind in RESCUABLE_KINDS for kind in shards.read_kinds)
 
 
-class PatchedFeed:
-    """The stream's batch callable from step ``first_step`` on, with rescued images in place.
-
-    DALI numbers a new pipeline's iterations from 0 (a restored one from its checkpoint's),
-    so iteration ``i`` is the epoch's step ``first_step + i``.
-    """
-
-    def __init__(self, stream: StreamEpoch, patches: Patches, first_step: int) -> None:
-        self.stream, self.patches, self.first_step = stream, patches, first_step
-
-    def __call__(self, info: Any) -> list[Any]:
-        step = int(getattr(info, "iteration", info)) + self.first_step
-        arrays = self.stream.feeder(step)  # a TensorListCPU per component DALI takes (images among them)
-        fed = self.stream.feeder.dali
-        patched: list[list[np.ndarray]] | None = None
-        for i, where in enumerate(self.stream.origins(step, self.stream.batch_size)):
-            for c in sorted(self.patches.images.get(where, ())):
-                patched = patched or [[np.array(sample) for sample in column] for column in arrays]
-                column = patched[fed.index(c)]
-                with routed(where):  # PIL read it in a check worker, under the time limit, already
-                    png = rescue_png(column[i].tobytes())  # PIL's re-encoding, else DALI's own pixels
-                column[i] = np.frombuffer(png, dtype=np.uint8)
-        return patched or arrays
+def patch_step(stream: StreamEpoch, step: int, arrays: list[Any], patches: Patches) -> list[Any]:
+    """Step ``step``'s TensorLists as fed (one per component DALI takes), with each rescued image as PNG in place."""
+    fed = stream.feeder.dali
+    patched: list[list[np.ndarray]] | None = None
+    for i, where in enumerate(stream.origins(step, stream.batch_size)):
+        for c in sorted(patches.images.get(where, ())):
+            patched = patched or [[np.array(sample) for sample in column] for column in arrays]
+            column = patched[fed.index(c)]
+            with routed(where):  # PIL read it in a check worker, under the time limit, already
+                png = rescue_png(column[i].tobytes())  # PIL's re-encoding, else DALI's own pixels
+            column[i] = np.frombuffer(png, dtype=np.uint8)
+    return patched or arrays
 
 
 def examine(stream: StreamEpoch, steps: range, components: list[int], patches: Patches, *, max_pixels: int,
@@ -159,9 +149,22 @@ def rescue_keys(stream: StreamEpoch, keys: list[Where], components: list[int], p
                           "resume from the start of the epoch")
 
 
-def wrap_checkpoint(checkpoint: str, first_step: int, keys: list[Where]) -> str:
-    """A DALI checkpoint of a patched pipeline, with what rebuilding that pipeline needs."""
-    return _MARK + json.dumps({"first_step": first_step, "rescued": [list(k) for k in keys], "dali": checkpoint})
+def wrap_checkpoint(checkpoint: str, first_step: int, keys: list[Where], *, iteration: int | None = None) -> str:
+    """A DALI checkpoint of a fed pipeline, with what rebuilding it needs: the rescued keys, and the DALI iteration
+    a pipeline restored from it resumes at (a lifelong pipeline's, :mod:`.life`; None: the step's number less
+    ``first_step``, as a pipeline per epoch numbered them)."""
+    data: dict[str, Any] = {"first_step": first_step, "rescued": [list(k) for k in keys], "dali": checkpoint}
+    if iteration is not None:
+        data["iteration"] = iteration
+    return _MARK + json.dumps(data)
+
+
+def wrapped_iteration(checkpoint: str | None) -> int | None:
+    """The DALI iteration a wrapped checkpoint resumes at, None where it does not say."""
+    if checkpoint is None or not checkpoint.startswith(_MARK):
+        return None
+    iteration = json.loads(checkpoint[len(_MARK):]).get("iteration")
+    return None if iteration is None else int(iteration)
 
 
 def unwrap_checkpoint(checkpoint: str | None) -> tuple[str | None, int, list[Where]]:
