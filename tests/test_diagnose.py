@@ -82,11 +82,11 @@ def test_a_failure_no_image_explains_is_named_from_dalis_message(tmp_path: Path,
 
     real, calls = LifePipe.take, []
 
-    def failing(self: LifePipe, segment: int, step: int) -> object:
+    def failing(self: LifePipe, segment: int, step: int, **kw: bool) -> object:
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError(DALI_TEXT.format(info=f"{shard}:4096:bmp.jpg"))
-        return real(self, segment, step)
+        return real(self, segment, step, **kw)
 
     monkeypatch.setattr(LifePipe, "take", failing)
     loader = feedfast.DataLoader(_loader(shard).spec, shards=shard, batch_size=2, num_workers=1, backend="dali")
