@@ -58,6 +58,10 @@ class StepQueue:
             iterations, as ``no_copy`` asks.
     """
 
+    retains = True
+    """What it hands DALI stays untouched until DALI is done with it (``external_source(no_copy=True)``): the last
+    ``holds + 1`` batches are referenced here, and a packed feed's ring is written again only later still."""
+
     def __init__(self, patches: Patches | None, holds: int) -> None:
         self.patches = patches
         self.segments: dict[int, Segment] = {}
