@@ -109,8 +109,9 @@ def handwritten(paths: list[str], index_paths: list[str], threads: int, epochs: 
 
 
 def feedfast_loader(paths: list[str], threads: int, epochs: int) -> tuple[float, int]:
-    import feedfast
     from nvidia.dali import Pipeline
+
+    import feedfast
 
     builds = []
     real = Pipeline.build

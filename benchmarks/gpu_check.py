@@ -23,9 +23,12 @@ the next section runs.
 ``readme_default``      the README's call, ``feedfast.DataLoader("pipelines/imagenet-train.yaml",
                         shards=..., batch_size=64)`` with no device or placement: with CUDA it must
                         yield CUDA tensors on the current device from a GPU-placed plan.
+``dali_anchor``         a hand-written DALI pipeline of the same graph on the same shards (batch 256,
+                        ``mixed`` decode): the rate every GPU row is divided by (``gpucheck_anchor.py``).
 ``decode_gpu``          GPU decode + augment alone (imagenet-train, DALI GPU-placed, batch 256, no
                         model): samples/s against one H200's feeding target, 7,950 images/s (MLPerf
-                        Training v4.0, NVIDIA's single-node H200 ResNet-50, ~63,400 over 8 GPUs).
+                        Training v4.0, NVIDIA's single-node H200 ResNet-50, ~63,400 over 8 GPUs),
+                        and as a share of ``dali_anchor`` (at least 0.9), first batch against its.
 ``pixels_hw``           every measured batch of hardware-decoded images (``hw_decoder_load=1.0``,
                         imagenet-val) against DALI's CPU decode of the same samples: one image off
                         by more than a few levels fails the check (a decoder race must not pass as
@@ -43,6 +46,8 @@ the next section runs.
                         ``torch.cuda.set_sync_debug_mode("error")``: any host sync fails it.
 ``loader_gpu``          imagenet-train images/s alone, GPU-placed to ``cuda``.
 ``loader_cpu_cuda``     the same CPU-placed, delivered to ``cuda`` (pinned ring, uint8 transfer).
+``placement``           ``loader_gpu`` against ``loader_cpu_cuda``: GPU placement (what ``auto`` picks on a
+                        GPU machine) under 0.9 of CPU placement's rate fails.
 ``loader_cpu_cpu``      the same CPU-placed, delivered to the CPU.
 ``stall``               StallMeter's CUDA-event stall against an injected one: a loader sleeping S
                         ms per batch while each step enqueues T ms of calibrated GPU matmuls, so
@@ -93,6 +98,7 @@ if str(REPO) not in sys.path:  # this checkout's feedfast, pip-installed or not
 if str(HERE) not in sys.path:  # the gpucheck_* modules beside this script, from any cwd
     sys.path.insert(0, str(HERE))
 
+from gpucheck_anchor import dali_anchor_section, placement_section  # noqa: E402
 from gpucheck_common import (  # noqa: E402
     DEFAULT_BUDGET,
     DEFAULT_LIMIT,
@@ -143,6 +149,7 @@ STEPS = (
     Step("setup", "setup", setup_section),
     Step("dataset", "dataset", dataset_section),
     Step("readme_default", "README call, no device/placement", readme_default_section),
+    Step("dali_anchor", "hand-written DALI, the anchor", dali_anchor_section),
     Step("decode_gpu", "GPU decode + augment alone", decode_gpu_section),
     Step("pixels_hw", "hardware-decoded pixels vs DALI CPU", pixels_hw_section),
     Step("train_feedfast_gpu", "(a) ResNet-50 <- feedfast DALI GPU-placed", train_feedfast_gpu_section,
@@ -154,6 +161,7 @@ STEPS = (
     Step("sync_debug", "sync-debug epoch", sync_debug_section),
     Step("loader_gpu", "loader GPU-placed -> cuda", loader_gpu_section, needs_cuda=True),
     Step("loader_cpu_cuda", "loader CPU-placed -> cuda", loader_cpu_cuda_section, needs_cuda=True),
+    Step("placement", "auto: GPU- against CPU-placed", placement_section, needs_cuda=True),
     Step("loader_cpu_cpu", "loader CPU-placed -> cpu", loader_cpu_cpu_section),
     Step("stall", "stall meter", stall_section),
     Step("nvml", "NVML sampler", nvml_section),

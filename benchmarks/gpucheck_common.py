@@ -73,6 +73,14 @@ class Context:
     shards: str | None = None
     shard_paths: list[str] = field(default_factory=list)
     samples: int = 0
+    results: dict[str, float] = field(default_factory=dict)  # figures a later section compares with
+
+    @property
+    def threads(self) -> int:
+        """The CPU threads a pipeline gets here (the usable cores)."""
+        from feedfast._env import usable_cores
+
+        return usable_cores()
 
     @property
     def overrides(self) -> list[str]:

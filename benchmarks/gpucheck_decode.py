@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import torch
+from gpucheck_anchor import anchor_share
 from gpucheck_common import FEED_TARGET, REPO, SPEC, CheckFailed, Context, Section
 from gpucheck_sections import forever, need_shards, synchronizer
 
@@ -71,6 +72,7 @@ def decode_gpu_section(ctx: Context, sec: Section) -> None:
             + ("" if ctx.cuda else "; a dry run's CPU rate, not a GPU figure"))
     sec.data.update(images_per_s=rate, target=FEED_TARGET, share_of_target=share, verdict=verdict,
                     placement=loader.plan.placement, backend=loader.backend, batch=size, batches=count)
+    anchor_share(ctx, sec, rate, first_s)
 
 
 # ---------------------------------------------------------------------------- (b) pixels against DALI's CPU decode

@@ -104,6 +104,7 @@ def loader_rate(ctx: Context, sec: Section, placement: str, device: str) -> None
     sec.add("plan", loader.plan.placement, "", f"decode: {decode.device if decode else '?'} "
             f"{decode.dali_op if decode else ''}; deferred to {device}: {deferred or 'none'}")
     sec.data.update(images_per_s=rate, pinned_bytes=pinned, placement=loader.plan.placement, backend=loader.backend)
+    ctx.results[sec.name] = rate
 
 
 def loader_gpu_section(ctx: Context, sec: Section) -> None:

@@ -21,10 +21,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-SECTIONS = ["setup", "dataset", "readme_default", "decode_gpu", "pixels_hw", "train_feedfast_gpu", "train_feedfast_cpu",
-            "train_threads", "train_torch", "train_tuned", "sync_debug", "loader_gpu", "loader_cpu_cuda",
+SECTIONS = ["setup", "dataset", "readme_default", "dali_anchor", "decode_gpu", "pixels_hw", "train_feedfast_gpu", "train_feedfast_cpu",
+            "train_threads", "train_torch", "train_tuned", "sync_debug", "loader_gpu", "loader_cpu_cuda", "placement",
             "loader_cpu_cpu", "stall", "nvml"]
-NEEDS_CUDA = ("train_feedfast_gpu", "loader_gpu", "loader_cpu_cuda")
+NEEDS_CUDA = ("train_feedfast_gpu", "loader_gpu", "loader_cpu_cuda", "placement")
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_dry_run_prints_one_table_and_records_every_section(tmp_path: Path) -> N
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["what", "samples/s", "stall", "GPU", "util", "%", "1st", "batch", "s", "figure", "note"]
     assert set(lines[1]) == {"-"} and sum(set(line) == {"-"} for line in lines) == 1  # one table
-    assert "16 sections" in proc.stdout and "all ran" in proc.stdout
+    assert f"{len(SECTIONS)} sections" in proc.stdout and "all ran" in proc.stdout
 
     report = json.loads(out.read_text())
     assert report["exit_code"] == 0 and report["environment"]["dry_run"] is True and report["complete"] is True
@@ -119,6 +119,9 @@ def test_dry_run_prints_one_table_and_records_every_section(tmp_path: Path) -> N
     decode = sections["decode_gpu"]["data"]
     assert decode["images_per_s"] > 0 and decode["target"] == 7950 and decode["backend"] == "dali"
     assert decode["share_of_target"] == pytest.approx(decode["images_per_s"] / 7950)
+    anchor = sections["dali_anchor"]["data"]  # the hand-written DALI pipeline every GPU row is divided by
+    assert anchor["images_per_s"] > 0 and decode["anchor_share"] == pytest.approx(decode["images_per_s"] /
+                                                                                 anchor["images_per_s"])
     pixels = sections["pixels_hw"]["data"]
     assert pixels["bad_batches"] == [] and pixels["images"] > 0 and pixels["mean_levels"] == 0.0
     rows = report["table"]
