@@ -4,7 +4,8 @@ Issue 36's CPU proxy. 32 shards x 256 members of about 55 KB (random bytes named
 does not decode) plus a ``.cls``, warm page cache, the global permutation of a shuffled epoch
 (``partition="global"``), batch 256. The feed (:class:`feedfast.loader.backends.dali.feed.BatchFeeder`)
 is called step after step from this thread, as DALI's executor calls it, and each TensorList it
-returns is held for ``DALI_HOLDS`` steps, as DALI holds them.
+returns is held for ``DALI_HOLDS`` steps, as DALI holds them; the images go to DALI, the labels
+are taken as the loader's producer takes them (:meth:`~feedfast.loader.backends.dali.feed.BatchFeeder.host`).
 
 Measured, each a median of ``--rounds`` rounds, the packed path (one ``read_packed`` call a
 step and component, the GIL released, TensorLists sharing a reused ring) and, in the same
@@ -95,7 +96,7 @@ def epoch_feed(paths: list[str], folder: Path, epoch: int, *, workers: int, pack
     rows = epoch_rows(sset, [{"jpg"}, {"cls"}], ep, rank=0, world=1, seed=0, epoch=epoch, shuffle=True)
     feed = BatchFeeder(tuple(paths), ("file",) * SHARDS, rows,
                        partial(step_positions, batch_size=BATCH, count=len(rows)), steps=ep.steps,
-                       cache=None, transfer=Transfer(), workers=workers, ahead=ahead)
+                       cache=None, transfer=Transfer(), workers=workers, ahead=ahead, dali=[0])
     if not packed:  # the member reader's path, as every step went before the packed read
         feed.packed, feed._ring = False, None
     return feed
@@ -117,6 +118,7 @@ def drive(feed: Any, steps: int, period: float = 0.0) -> tuple[float, list[float
         t = time.perf_counter()
         held.append(feed(step))
         waits.append(time.perf_counter() - t)
+        feed.host(step, 1)  # the labels, as the loader's producer takes them (they do not go through DALI)
     return time.perf_counter() - start, waits
 
 
@@ -156,6 +158,9 @@ class _From:
     def __call__(self, step: int) -> Any:
         return self.feed(step + self.first)
 
+    def host(self, step: int, component: int) -> Any:
+        return self.feed.host(step + self.first, component)
+
 
 def gil_per_sample(folder: Path, epochs: int = 4) -> float | None:
     """Microseconds a sample the GIL is held by the feed, from ``py-spy record --gil`` on a child process running
@@ -169,7 +174,7 @@ def gil_per_sample(folder: Path, epochs: int = 4) -> float | None:
     rate = 1000
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "gil.txt"
-        cmd = [str(spy), "record", "--gil", "--threads", "--rate", str(rate), "--format", "raw", "-o", str(raw),
+        cmd = [str(spy), "record", "--nonblocking", "--gil", "--threads", "--rate", str(rate), "--format", "raw", "-o", str(raw),
                "--", sys.executable, __file__, "--child", str(folder), "--epochs", str(epochs)]
         subprocess.run(cmd, check=True, capture_output=True)
         held = 0
