@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from gpucheck_common import CheckFailed, Context, Section, Skip
-from gpucheck_sections import forever, need_shards, synchronizer
+from gpucheck_sections import first_and_rate, forever, need_shards
 
 ANCHOR_SHARE = 0.9
 """The default GPU-placed loader's rate must be at least this share of the hand-written pipeline's."""
@@ -37,19 +37,8 @@ def dali_anchor_section(ctx: Context, sec: Section) -> None:
     loader = DaliRecipeLoader(paths, index_paths, recipe=recipe, batch_size=size, threads=ctx.threads,
                               device_id=0 if ctx.cuda else None, seed=0, shuffle=True)
     batches = forever(loader)
-    sync = synchronizer(ctx.cuda)
     try:
-        first = next(batches)
-        first_s = time.perf_counter() - started
-        for _ in range(ctx.sizes.warmup):
-            next(batches)
-        sync()
-        t0, images = time.perf_counter(), 0
-        for _ in range(count):
-            images += int(next(batches)[0].shape[0])
-            ctx.budget.check()
-        sync()
-        rate = images / (time.perf_counter() - t0)
+        first, first_s, rate = first_and_rate(batches, ctx, started, count)
     finally:
         batches.close()
         del loader

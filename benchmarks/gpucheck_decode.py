@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from gpucheck_anchor import anchor_share
 from gpucheck_common import FEED_TARGET, REPO, SPEC, CheckFailed, Context, Section
-from gpucheck_sections import forever, need_shards, synchronizer
+from gpucheck_sections import first_and_rate, forever, need_shards
 
 VAL_SPEC = REPO / "pipelines" / "imagenet-val.yaml"
 """The deterministic recipe (resize, centre crop, normalize): the same pixels whichever decoder runs."""
@@ -44,19 +44,8 @@ def decode_gpu_section(ctx: Context, sec: Section) -> None:
     loader = feedfast.DataLoader(SPEC, shards=need_shards(ctx), batch_size=size, placement=placement, device=device,
                                  backend="dali", overrides=ctx.overrides, timeout=ctx.sizes.loader_timeout)
     batches = forever(loader)
-    sync = synchronizer(ctx.cuda)
     try:
-        first = next(batches)
-        first_s = time.perf_counter() - started
-        for _ in range(ctx.sizes.warmup):
-            next(batches)
-        sync()
-        t0, images = time.perf_counter(), 0
-        for _ in range(count):
-            images += int(next(batches)[0].shape[0])
-            ctx.budget.check()
-        sync()
-        rate = images / (time.perf_counter() - t0)
+        first, first_s, rate = first_and_rate(batches, ctx, started, count)
     finally:
         batches.close()
         loader.close()

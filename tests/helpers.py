@@ -55,6 +55,19 @@ def unindexed_shards(out: Path) -> list[str]:
     return paths
 
 
+def labels_of(shards: list[str]) -> dict[str, int]:
+    """Each sample key's label, read from the tars' ``.cls`` members."""
+    import tarfile
+
+    out = {}
+    for path in shards:
+        with tarfile.open(path) as tar:
+            for member in tar:
+                if member.name.endswith(".cls"):
+                    out[member.name[:-4]] = int(tar.extractfile(member).read())  # type: ignore[union-attr]
+    return out
+
+
 def keys_of_epoch(loader: Any) -> list[str]:
     """The real (non-padded) sample keys one epoch of ``loader`` yields."""
     keys: list[str] = []

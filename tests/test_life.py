@@ -5,14 +5,13 @@ resumes what the uninterrupted run delivers, pixels included."""
 from __future__ import annotations
 
 import json
-import tarfile
 from typing import Any
 
 import pytest
 import torch
 
 import feedfast
-from tests.helpers import keys_of_epoch
+from tests.helpers import keys_of_epoch, labels_of
 
 
 def _loader(spec: dict, shards: list[str], **kw: Any) -> feedfast.DataLoader:
@@ -22,16 +21,6 @@ def _loader(spec: dict, shards: list[str], **kw: Any) -> feedfast.DataLoader:
 
 def _epochs(loader: feedfast.DataLoader, count: int) -> list[tuple[torch.Tensor, list[str]]]:
     return [(x.clone(), [k for _, k in loader.last_origins]) for _ in range(count) for x, _ in loader]
-
-
-def _truth(shards: list[str]) -> dict[str, int]:
-    out = {}
-    for path in shards:
-        with tarfile.open(path) as tar:
-            for member in tar:
-                if member.name.endswith(".cls"):
-                    out[member.name[:-4]] = int(tar.extractfile(member).read())  # type: ignore[union-attr]
-    return out
 
 
 @pytest.mark.parametrize(("stop", "sample_info"), [(8, False), (9, False), (13, True), (12, False)])
@@ -73,7 +62,7 @@ def test_another_epoch_asked_for_drops_the_one_started_ahead(small_spec: dict, s
 
 
 def test_an_epoch_left_mid_way_is_dropped_and_the_next_is_whole(small_spec: dict, shards: list[str]) -> None:
-    truth = _truth(shards)
+    truth = labels_of(shards)
     loader = _loader(small_spec, shards)
     it = iter(loader)
     next(it), next(it)  # DALI has the rest of the epoch in flight
@@ -87,7 +76,7 @@ def test_an_epoch_left_mid_way_is_dropped_and_the_next_is_whole(small_spec: dict
 
 
 def test_labels_stay_with_their_images_over_epochs(small_spec: dict, shards: list[str]) -> None:
-    truth = _truth(shards)
+    truth = labels_of(shards)
     loader = _loader(small_spec, shards)
     for _ in range(3):
         for _, labels in loader:
