@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tarfile
 from collections import Counter
 from typing import Any
 
@@ -12,17 +11,7 @@ import torch
 
 import feedfast
 from feedfast.errors import UserError
-from tests.helpers import keys_of_epoch
-
-
-def _labels(shards: list[str]) -> dict[str, int]:
-    out = {}
-    for p in shards:
-        with tarfile.open(p) as t:
-            for m in t:
-                if m.name.endswith(".cls"):
-                    out[m.name[:-4]] = int(t.extractfile(m).read())  # type: ignore[union-attr]
-    return out
+from tests.helpers import keys_of_epoch, labels_of
 
 
 def _loader(spec: dict, shards: list[str], **kw: object) -> feedfast.DataLoader:
@@ -31,7 +20,7 @@ def _loader(spec: dict, shards: list[str], **kw: object) -> feedfast.DataLoader:
 
 
 def test_batches_have_declared_shapes_dtypes_and_true_labels(small_spec: dict, shards: list[str]) -> None:
-    truth = _labels(shards)
+    truth = labels_of(shards)
     loader = _loader(small_spec, shards)
     sizes = []
     for images, labels in loader:
@@ -48,7 +37,7 @@ def test_batches_have_declared_shapes_dtypes_and_true_labels(small_spec: dict, s
 def test_every_sample_once_per_shuffled_epoch_and_orders_differ(small_spec: dict, shards: list[str]) -> None:
     loader = _loader(small_spec, shards, shuffle=True)
     epochs = [keys_of_epoch(loader) for _ in range(2)]
-    truth = set(_labels(shards))
+    truth = set(labels_of(shards))
     for keys in epochs:
         assert Counter(keys) == Counter(truth)
     assert epochs[0] != epochs[1] and loader.epoch == 2
