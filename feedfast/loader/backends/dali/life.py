@@ -173,6 +173,7 @@ class LifePipe:
     rescued: tuple[tuple[str, str], ...] = ()  # the samples it is fed as PNG
     started: bool = False
     origin: int = 0  # the iteration it was built (or restored) at
+    _last: tuple[int, str] | None = None  # the last checkpoint taken, and at which iteration
 
     def __post_init__(self) -> None:
         self.scheduled = self.origin = self.taken
@@ -211,6 +212,10 @@ class LifePipe:
     def checkpoint(self) -> str:
         """DALI's checkpoint after the last output, wrapped with the iteration a pipeline restored from it
         resumes at (and, after a rescue, what rebuilding the rescue needs)."""
+        if self._last is not None and self._last[0] == self.taken:  # taken here already (an epoch's last batch)
+            return self._last[1]
         state = self.pipe.checkpoint()
         text = state.decode("latin-1") if isinstance(state, bytes) else str(state)
-        return wrap_checkpoint(text, self.first_step, list(self.rescued), iteration=self.taken)
+        wrapped = wrap_checkpoint(text, self.first_step, list(self.rescued), iteration=self.taken)
+        self._last = (self.taken, wrapped)
+        return wrapped
