@@ -10,7 +10,8 @@ shards through :func:`feedfast.shards.transport.transport.transport_for`, which 
 Connection errors, timeouts, truncated bodies and HTTP 5xx and 429 answers are retried
 ``Transfer.retries`` times, waiting ``backoff``, 2x, 4x ... seconds; any other status, and
 the last failure, raise :class:`RemoteError` (a ``ShardError``) naming the URL, the byte
-range and the status. A ``pipe:`` command that exits non-zero is not retried: the error
+range and the status. Redirects are followed to http(s) URLs only: one to another scheme
+(``ftp://``, ``file://``) is a RemoteError naming it, never a request over that scheme. A ``pipe:`` command that exits non-zero is not retried: the error
 names the command and the tail of its stderr; one that runs past http's deadline (of the
 bytes it has written so far) is killed with its process group (:func:`open_pipe`). A server
 that ignores ``Range`` (answers 200) is read through up to the wanted bytes: correct, but slow
@@ -33,6 +34,7 @@ What a server cannot do to a read:
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import io
 import os
@@ -41,6 +43,7 @@ import subprocess
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from email.message import Message
@@ -124,9 +127,26 @@ def retrying(url: str, transfer: Transfer, action: Callable[[], T], where: str =
     raise AssertionError("unreachable")
 
 
+class _HttpRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirects, to http(s) only: a server never chooses the transport (urllib's own follows ``ftp://``)."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: http.client.HTTPMessage, newurl: str) -> urllib.request.Request | None:
+        if urllib.parse.urlsplit(newurl).scheme.lower() not in ("http", "https"):
+            raise urllib.error.HTTPError(req.full_url, code, f"{msg}: redirect to {newurl} refused: feedfast "
+                                         "follows redirects to http(s) only", headers, fp)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+@functools.cache
+def _opener() -> urllib.request.OpenerDirector:
+    """urllib's opener with :class:`_HttpRedirects`; built at first use, as ``urlopen``'s is (proxies read then)."""
+    return urllib.request.build_opener(_HttpRedirects)
+
+
 def _http(url: str, transfer: Transfer, headers: dict[str, str] | None = None, method: str = "GET") -> Any:
     req = urllib.request.Request(url, headers={"User-Agent": "feedfast", **(headers or {})}, method=method)
-    return urllib.request.urlopen(req, timeout=transfer.timeout)  # noqa: S310 - http(s) only, checked by kind
+    return _opener().open(req, timeout=transfer.timeout)
 
 
 def _socket_of(resp: Any) -> Any:
