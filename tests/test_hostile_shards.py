@@ -329,3 +329,18 @@ def test_inspect_reports_every_kind_of_damage_the_loader_would_meet(tmp_path: Pa
     assert "key 'k1' repeats" in about("repeated.tar")
     assert "gzip-compressed" in about("packed.tar.gz") and "gunzip" in about("packed.tar.gz")
     assert all("indexes the shard again" in about(n) for n in ("short.tar", "swapped.tar", "rewritten.tar"))
+
+
+# --- issue 37 item 9: an empty shard under skip is a skipped shard -------------------------------------------------
+
+def test_an_empty_shard_under_skip_is_counted_and_named_and_its_neighbour_read(tmp_path: Path) -> None:
+    """Was: 'shard holds no samples' raised at construction under skip, the good shard lost with it."""
+    good = _tar(tmp_path / "good.tar", _members(KEYS))
+    empty = _tar(tmp_path / "empty.tar", [])
+    with pytest.warns(UserWarning, match=r"holds no samples: .*empty\.tar.*skipping it \(on_error: skip\)"):
+        got, loader = _epoch([good, empty], on_error="skip", cache=tmp_path / "cache")
+    assert got == EXPECTED
+    [(shard, key, reason)] = [tuple(s.values()) for s in loader.skipped_samples()]
+    assert (shard, key) == (empty, UNKNOWN_KEY) and "holds no samples" in reason
+    with pytest.raises(ShardError, match=r"shard holds no samples: .*empty\.tar"):
+        _epoch([good, empty], on_error="raise", cache=tmp_path / "cache")

@@ -227,8 +227,9 @@ def load_index(shard: str | os.PathLike[str], cache_dir: Path, *, salvage: bool 
             damage cut is reported against the URL the user gave, not the cache file.
 
     Raises:
-        ShardError: the shard is missing, unreadable, compressed, empty, or (without ``salvage``)
-            damaged: truncated, cut, corrupt; names the shard and the byte offset. An index made
+        ShardError: the shard is missing, unreadable, compressed, or (without ``salvage``) empty or
+            damaged: truncated, cut, corrupt; names the shard and the byte offset. With ``salvage`` an
+            empty shard is indexed as a damaged one with no sample (a warning; :func:`left_out` names it). An index made
             with ``salvage`` raises the same error when read without it.
     """
     shown = os.fspath(shard) if name is None else name
@@ -248,6 +249,10 @@ def load_index(shard: str | os.PathLike[str], cache_dir: Path, *, salvage: bool 
             warnings.warn(f"the index {str(candidate)!r} does not describe shard {shown!r} ({found}); "
                           "indexing the shard again", stacklevel=2)
     scanned = salvage_tar(shard, name=name) if salvage else None
+    if scanned is not None and scanned.damage is None and not scanned.samples and not scanned.repeated:
+        empty = f"shard holds no samples: {shown!r}"  # under skip a skipped shard, counted (key '?'), as damage is
+        warnings.warn(f"{empty}; skipping it (on_error: skip)", stacklevel=2)
+        return write_index(shard, cached_index_path(shard, cache_dir), [], IndexNotes(0, damaged=empty)), []
     if scanned is None or scanned.damage is None:
         samples, repeated = split_duplicates(scan_tar(shard, keep_duplicates=True, name=name))
         notes = IndexNotes(len(samples), repeated=tuple(s.key for s in repeated))
