@@ -344,3 +344,17 @@ def test_an_empty_shard_under_skip_is_counted_and_named_and_its_neighbour_read(t
     assert (shard, key) == (empty, UNKNOWN_KEY) and "holds no samples" in reason
     with pytest.raises(ShardError, match=r"shard holds no samples: .*empty\.tar"):
         _epoch([good, empty], on_error="raise", cache=tmp_path / "cache")
+
+
+# --- issue 37 item 7: a member whose key is empty ----------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_members_with_an_empty_base_name_before_the_dot_are_delivered_not_dropped(tmp_path: Path,
+                                                                                  backend: str) -> None:
+    """Was: ``.cls`` and ``dir/.cls`` dropped silently (10 of 12 delivered, 0 skipped). ``dir/.cls`` is the sample
+    ``dir/``, as WebDataset reads it; ``.cls`` at the root is the sample of the empty key, delivered and named."""
+    members = _members(KEYS[:5]) + [(".txt", b"root"), (".cls", b"10"), ("dir/.txt", b"dir"), ("dir/.cls", b"11")]
+    shard = _tar(tmp_path / "s.tar", members + _members(KEYS[5:]))
+    got, loader = _epoch(shard, backend=backend, cache=tmp_path / "cache")
+    assert got == EXPECTED[:5] + [("", 10), ("dir/", 11)] + EXPECTED[5:]
+    assert loader.stats()["skipped"] == 0
