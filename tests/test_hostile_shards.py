@@ -358,3 +358,36 @@ def test_members_with_an_empty_base_name_before_the_dot_are_delivered_not_droppe
     got, loader = _epoch(shard, backend=backend, cache=tmp_path / "cache")
     assert got == EXPECTED[:5] + [("", 10), ("dir/", 11)] + EXPECTED[5:]
     assert loader.stats()["skipped"] == 0
+
+
+# --- issue 37 item 8: an index that covers only part of its tar ------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_index_that_stops_before_the_tars_last_member_is_rebuilt(tmp_path: Path, backend: str) -> None:
+    """Was: an index of 5 of the tar's 10 samples, with no fingerprint and a header that agrees, delivered 5 silently."""
+    shard = _tar(tmp_path / "s.tar", _members(KEYS))
+    load_index(shard, tmp_path / "cache")
+    index = default_index_path(shard)
+    _write_rows(index, "v1.2 5", _rows(index)[:5])
+    with pytest.warns(UserWarning, match=r"s\.idx.*does not describe.*the tar goes on after the last member it lists "
+                                         r"\(a member header at offset \d+\)"):
+        got, loader = _epoch(shard, backend=backend, cache=tmp_path / "cache")
+    assert got == EXPECTED and loader.stats()["skipped"] == 0
+    assert len(read_index(index, shard)) == 10
+
+
+def test_an_index_of_a_tar_ending_in_a_folder_or_link_is_trusted(tmp_path: Path) -> None:
+    shard = tmp_path / "s.tar"
+    _tar(shard, _members(KEYS))
+    with tarfile.open(shard, "a") as tar:  # members that hold no sample after the last one: the index is whole
+        folder = tarfile.TarInfo("dir")
+        folder.type = tarfile.DIRTYPE
+        link = tarfile.TarInfo("k0.lnk")
+        link.type, link.linkname = tarfile.SYMTYPE, "k0.txt"
+        tar.addfile(folder)
+        tar.addfile(link)
+    load_index(shard, tmp_path / "cache")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got, _ = _epoch(str(shard), cache=tmp_path / "cache")
+    assert got == EXPECTED

@@ -11,7 +11,10 @@ close together are read in one ``pread`` (up to :data:`SPAN` bytes): a shard of 
 costs a few reads, one of 100 KB images a read a sample; the fields of all headers are compared
 at once with NumPy. The count the index's first line declares must be the lines it holds
 (:func:`~feedfast.shards.index.tarindex.parse_index` checks that), and no offset may lie before the
-first header, off a block boundary or past the end of the file (:func:`check_bounds`).
+first header, off a block boundary or past the end of the file (:func:`check_bounds`). A whole
+index reaches the tar's last member (:func:`goes_on_after`): after the member it lists last come
+only the end-of-archive blocks (or the end of the file), or headers of members that hold no sample
+(folders, links, extension headers), walked over; one block read, most often.
 
 :func:`shard_fingerprint` hashes the shard's size, its first :data:`HEAD` bytes (its first
 member's header and the start of its data) and the :data:`HEAD` bytes that end its last
@@ -33,7 +36,7 @@ from typing import Sequence
 import numpy as np
 
 from feedfast.errors import ShardError
-from feedfast.shards.tar.fields import ENCODING, checksums_match, number, sizes_of
+from feedfast.shards.tar.fields import ENCODING, checksums_match, first_bad_header, number, sizes_of
 
 BLOCK = 512
 HEAD = 1024
@@ -41,6 +44,8 @@ TAIL = 16384  # more than tar's end-of-archive blocks and record padding (at mos
 SPAN = 65536  # headers within this many bytes are read together
 NAME = 100  # the name field of a plain header
 REGULAR = np.frombuffer(b"0\x007", dtype=np.uint8)
+NO_DATA_TYPES = frozenset(b"123456")  # links, devices, folders, FIFOs: no data a sample could hold
+EXTENSIONS = frozenset(b"xXgLK")  # PAX and GNU headers: they describe the member after them
 
 
 def shard_fingerprint(path: str | os.PathLike[str], size: int | None = None) -> str:
@@ -130,6 +135,41 @@ def check_against_tar(shard: str, names: Sequence[str], offsets: Sequence[int], 
         if problem:
             raise ShardError(f"the index of {shard!r} does not describe it: member {names[i]!r} at offset {offsets[i]}: "
                              f"the header before it is {problem}")
+
+
+def goes_on_after(shard: str, offsets: Sequence[int], sizes: Sequence[int]) -> str | None:
+    """Where the tar goes on with a member after the last of these members (data ``offsets``, ``sizes``), else None.
+
+    A whole index's last member is the tar's last: after it come the end-of-archive blocks or the end of
+    the file, or only headers of members that hold no sample (walked over). A regular file's header, or a
+    block that is not a valid header, says the index stops short (or the tar is damaged after it: a scan
+    says so).
+
+    Raises:
+        ShardError: the shard cannot be read.
+    """
+    if not offsets:
+        return None
+    last = int(np.argmax(np.asarray(offsets, dtype=np.int64) + np.asarray(sizes, dtype=np.int64)))
+    at = offsets[last] + -(-max(0, sizes[last]) // BLOCK) * BLOCK
+    try:
+        with open(shard, "rb") as f:
+            while True:
+                f.seek(at)
+                block = f.read(BLOCK)
+                if len(block) < BLOCK or not any(block):
+                    return None
+                kind, valid = block[156], first_bad_header([block]) is None
+                folder = kind in b"0\x00" and block[:NAME].split(b"\0", 1)[0].endswith(b"/")  # a v7 folder
+                if valid and (kind in NO_DATA_TYPES or kind in EXTENSIONS or folder):
+                    at += BLOCK + (-(-number(block[124:136]) // BLOCK) * BLOCK if kind in EXTENSIONS else 0)
+                    continue
+                what = "a member header" if valid else "a block that is not a tar header"
+                return f"the tar goes on after the last member it lists ({what} at offset {at})"
+    except OSError as exc:
+        raise ShardError(f"cannot read shard {shard!r}: {exc.strerror}") from exc
+    except ValueError:  # a size field that is not a number
+        return f"the tar goes on after the last member it lists (an unreadable header at offset {at})"
 
 
 def _headers(fd: int, headers: list[int]) -> np.ndarray:

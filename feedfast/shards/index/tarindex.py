@@ -42,7 +42,13 @@ from pathlib import Path
 from typing import Iterator
 
 from feedfast.errors import ShardError
-from feedfast.shards.index.check import check_against_tar, check_bounds, fingerprint_matches, shard_fingerprint
+from feedfast.shards.index.check import (
+    check_against_tar,
+    check_bounds,
+    fingerprint_matches,
+    goes_on_after,
+    shard_fingerprint,
+)
 from feedfast.shards.index.notes import IndexNotes, parse_header
 from feedfast.shards.index.textformat import (
     INDEX_VERSION,
@@ -158,8 +164,9 @@ def checked_index(shard: str | os.PathLike[str], index: Path) -> tuple[list[Samp
 
     It describes the shard when it is as new as the shard, reads as a ``v1.2`` index listing
     the samples its first line declares, carries the shard's fingerprint if it records one,
-    lists no key twice, and every member's offset follows that member's header in the tar
-    (:func:`~feedfast.shards.index.check.check_against_tar`).
+    lists no key twice, every member's offset follows that member's header in the tar
+    (:func:`~feedfast.shards.index.check.check_against_tar`), and (unless it records damage) its last
+    member is the tar's last (:func:`~feedfast.shards.index.check.goes_on_after`).
     """
     shard = os.fspath(shard)
     try:
@@ -182,7 +189,11 @@ def checked_index(shard: str | os.PathLike[str], index: Path) -> tuple[list[Samp
         if twice is not None:
             return f"it lists key {twice!r} twice"
         members = [m for s in samples for m in s.members]
-        check_against_tar(shard, [m.name for m in members], [m.offset for m in members], [m.size for m in members])
+        offsets, sizes = [m.offset for m in members], [m.size for m in members]
+        check_against_tar(shard, [m.name for m in members], offsets, sizes)
+        short = None if notes.damaged else goes_on_after(shard, offsets, sizes)  # a salvaged index stops at damage
+        if short is not None:
+            return short
     except (ShardError, OSError) as exc:
         return str(exc)
     return samples, notes
