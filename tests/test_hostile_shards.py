@@ -391,3 +391,37 @@ def test_an_index_of_a_tar_ending_in_a_folder_or_link_is_trusted(tmp_path: Path)
         warnings.simplefilter("error")
         got, _ = _epoch(str(shard), cache=tmp_path / "cache")
     assert got == EXPECTED
+
+
+# --- issue 37 item 2: an index whose entries point at another sample's members ------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_index_with_two_samples_label_entries_swapped_is_rebuilt(tmp_path: Path, backend: str) -> None:
+    """Was: labels [1, 0, 2, ...] delivered under on_error: raise, no error, no warning: each entry (name, offset,
+    size) was a real member, just another sample's."""
+    shard = _tar(tmp_path / "s.tar", _members(KEYS))
+    load_index(shard, tmp_path / "cache")
+    index = default_index_path(shard)
+    rows = _rows(index)
+    rows[0][4:8], rows[1][4:8] = rows[1][4:8], rows[0][4:8]  # k0's line lists k1.cls, k1's lists k0.cls
+    _write_rows(index, "v1.2 10", rows)
+    with pytest.warns(UserWarning, match=r"s\.idx.*does not describe.*'k1\.cls' at offset \d+.*is listed with "
+                                         r"sample 'k0'"):
+        got, _ = _epoch(shard, backend=backend, cache=tmp_path / "cache")
+    assert got == EXPECTED
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_swapped_offsets_of_long_names_in_a_local_index_are_caught(tmp_path: Path, backend: str) -> None:
+    """Names over 100 bytes live in PAX headers; the plain header holds their start, key included: checked."""
+    keys = [f"{'d' * 40}/{i:04d}-{'n' * 70}" for i in range(10)]  # the number inside the first 100 bytes
+    shard = _tar(tmp_path / "s.tar", _members(keys, labels=list(range(10))))
+    load_index(shard, tmp_path / "cache")
+    index = default_index_path(shard)
+    rows = _rows(index)
+    rows[0][5:7], rows[1][5:7] = rows[1][5:7], rows[0][5:7]  # the .cls offsets (and sizes) of samples 0 and 1 swapped
+    _write_rows(index, "v1.2 10", rows)
+    with pytest.warns(UserWarning, match=r"s\.idx.*does not describe.*0000-n+\.cls' at offset \d+: the header before it "
+                                         r"holds 'd+/0001-n+', the start of another member the index lists"):
+        got, _ = _epoch(shard, backend=backend, cache=tmp_path / "cache")
+    assert got == list(zip(keys, range(10)))

@@ -6,7 +6,9 @@ offsets and checks that it is a tar header (its checksum, as :mod:`tarfile` chec
 regular file of the size the index gives, carrying the name the index gives. A name a plain
 header holds exactly (ASCII, printable, at most 100 characters) must be there as is; a longer
 or non-ASCII one lives in a PAX or GNU extension header before it, and each writer puts its
-own shortened form in the plain header, so there only the kind and size are checked. Headers
+own shortened form in the plain header, so there the kind and size are checked, and the shortened
+form must not be the start of another member's name the index lists (tarfile and GNU tar keep a
+long name's first bytes: a swapped offset shows). Headers
 close together are read in one ``pread`` (up to :data:`SPAN` bytes): a shard of small samples
 costs a few reads, one of 100 KB images a read a sample; the fields of all headers are compared
 at once with NumPy. The count the index's first line declares must be the lines it holds
@@ -37,6 +39,7 @@ import numpy as np
 
 from feedfast.errors import ShardError
 from feedfast.shards.tar.fields import ENCODING, checksums_match, first_bad_header, number, sizes_of
+from feedfast.shards.tar.memberheader import header_name
 
 BLOCK = 512
 HEAD = 1024
@@ -128,13 +131,21 @@ def check_against_tar(shard: str, names: Sequence[str], offsets: Sequence[int], 
     plain = np.array([_plain(n, e) for n, e in zip(names, expected)])
     wanted = np.frombuffer(b"".join(e[:NAME].ljust(NAME, b"\0") for e in expected), dtype=np.uint8).reshape(-1, NAME)
     length = np.asarray(sizes, dtype=np.int64)
+    named = (rows[:, :NAME] == wanted).all(axis=1) & (rows[:, 345] == 0)  # a long name's first 100 bytes: named too
     ok = (checksums_match(rows) & np.isin(rows[:, 156], REGULAR) & ((sizes_of(rows) == length) | (length >= 8**11))
-          & (~plain | ((rows[:, :NAME] == wanted).all(axis=1) & (rows[:, 345] == 0))))
+          & (~plain | named))
     for i in np.flatnonzero(~ok).tolist():  # read again one by one: a form the fast path does not read
         problem = _mismatch(bytes(rows[i]), names[i], sizes[i])
         if problem:
             raise ShardError(f"the index of {shard!r} does not describe it: member {names[i]!r} at offset {offsets[i]}: "
                              f"the header before it is {problem}")
+    starts: dict[int, dict[str, str]] = {}
+    for i in np.flatnonzero(~plain & ~named).tolist():  # a long name shortened otherwise: maybe another's start
+        other = _held_by_another(bytes(rows[i]), names, i, starts)
+        if other is not None:
+            raise ShardError(f"the index of {shard!r} does not describe it: member {names[i]!r} at offset {offsets[i]}: "
+                             f"the header before it holds {header_name(bytes(rows[i]))!r}, the start of another "
+                             f"member the index lists ({other!r})")
 
 
 def goes_on_after(shard: str, offsets: Sequence[int], sizes: Sequence[int]) -> str | None:
@@ -205,6 +216,18 @@ def _mismatch(block: bytes, name: str, length: int) -> str:
     if stored.decode(ENCODING, "surrogateescape") == name or not _plain(name, name.encode(ENCODING, "surrogateescape")):
         return ""
     return f"that of {stored.decode(ENCODING, 'replace')!r}"
+
+
+def _held_by_another(block: bytes, names: Sequence[str], i: int, starts: dict[int, dict[str, str]]) -> str | None:
+    """The other listed member whose name starts with the shortened name ``block`` holds, when it is not the start
+    of ``names[i]`` (tarfile and GNU tar keep a long name's first 99 or 100 bytes there); else None. A name that
+    is not ASCII, or a shortened form no other member's name starts with (libarchive's), says nothing."""
+    name = names[i]
+    held = header_name(block)
+    if not held or not (name.isascii() and name.isprintable()) or name.startswith(held):
+        return None
+    by_start = starts.setdefault(len(held), {n[:len(held)]: n for n in reversed(names)})  # the first of a start wins
+    return by_start.get(held)
 
 
 def _plain(name: str, encoded: bytes) -> bool:

@@ -188,6 +188,9 @@ def checked_index(shard: str | os.PathLike[str], index: Path) -> tuple[list[Samp
         twice = _repeated_key(samples)
         if twice is not None:
             return f"it lists key {twice!r} twice"
+        foreign = _foreign_member(samples)
+        if foreign is not None:
+            return foreign
         members = [m for s in samples for m in s.members]
         offsets, sizes = [m.offset for m in members], [m.size for m in members]
         check_against_tar(shard, [m.name for m in members], offsets, sizes)
@@ -207,6 +210,15 @@ def _repeated_key(samples: list[Sample]) -> str | None:
         keys.add(s.key)
     return None
 
+
+def _foreign_member(samples: list[Sample]) -> str | None:
+    """Why a sample's line lists a member named for another sample (two lines' entries swapped), else None."""
+    for s in samples:
+        for m in s.members:
+            if m.key != s.key:
+                return (f"member {m.name!r} at offset {m.offset} is listed with sample {s.key!r}: its name is of "
+                        f"sample {m.key!r}")
+    return None
 
 def write_index(shard: str | os.PathLike[str], index: Path, samples: list[Sample] | None = None,
                 notes: IndexNotes | None = None) -> Path:
