@@ -16,6 +16,9 @@ the next GET (a HEAD passes these by):
 ``server.redirects["/a.tar"] = "ftp://..."`` answers every request for that path with a
 ``302`` to the URL given.
 
+``server.delay`` (seconds, default 0) holds every answer that long before its status line: a
+slow server.
+
 ``server.requests`` logs (method, path, range); ``server.sent`` counts the body bytes sent.
 """
 
@@ -42,6 +45,7 @@ class RangeServer:
         self.ignore_range = ignore_range
         self.faults: dict[str, list[int | str]] = {}
         self.redirects: dict[str, str] = {}
+        self.delay = 0.0
         self.requests: list[tuple[str, str, str]] = []
         self.trickle_every = 0.05
         self.oversize = 300 << 20
@@ -100,6 +104,8 @@ def _handler(server: RangeServer) -> Any:
             rng = self.headers.get("Range", "")
             with server.lock:
                 server.requests.append((self.command, self.path, rng))
+            if server.delay:
+                time.sleep(server.delay)
             if self.path in server.redirects:
                 self.send_response(302)
                 self.send_header("Location", server.redirects[self.path])

@@ -410,3 +410,30 @@ def test_a_redirect_to_another_scheme_is_refused_naming_it_and_never_followed(lo
                 ftp.accept()  # no connection was made
             moved = f"{srv.url}/here.tar"  # a redirect to http is followed
             assert fetch_range(moved, 0, 512, FAST) == Path(local[0]).read_bytes()[:512]
+
+
+@pytest.mark.parametrize("read", ["head", "range", "stream"])
+def test_a_slow_server_is_given_up_at_the_fetchs_deadline_retries_included_and_its_sockets_closed(
+        local: list[str], tmp_path: Path, read: str) -> None:
+    """Was: every try waited out its socket timeout (a 40 s HEAD: 4 tries of 30 s, 125 s for a 60 s deadline),
+    and an unclosed socket's ResourceWarning was printed."""
+    import gc
+    import time
+    import warnings
+
+    (name,) = _served(local, tmp_path / "served", 0)
+    transfer = Transfer(timeout=0.4, retries=3, backoff=0.05, deadline=1.0)  # 4 tries of 0.4 s: 1.75 s unbounded
+    with RangeServer(tmp_path / "served") as srv:
+        srv.delay = 3.0
+        url = f"{srv.url}/{name}"
+        calls = {"head": lambda: http_validators(url, transfer), "range": lambda: fetch_range(url, 0, 512, transfer),
+                 "stream": lambda: http_stream(url, lambda body: body.read(), transfer)}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            began = time.monotonic()
+            with pytest.raises(RemoteError, match=rf"{re.escape(url)}.*after \d tries.*deadline"):
+                calls[read]()
+            took = time.monotonic() - began
+            gc.collect()
+    assert took < transfer.deadline + 0.3, f"gave up after {took:.2f} s, the deadline is {transfer.deadline} s"
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
