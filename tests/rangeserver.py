@@ -13,6 +13,12 @@ the next GET (a HEAD passes these by):
   (the shard's bytes, then zeros), whatever range was asked;
 - ``"full"``: the whole file with 200, as a server that ignores ``Range`` does.
 
+``server.redirects["/a.tar"] = "ftp://..."`` answers every request for that path with a
+``302`` to the URL given.
+
+``server.delay`` (seconds, default 0) holds every answer that long before its status line: a
+slow server.
+
 ``server.requests`` logs (method, path, range); ``server.sent`` counts the body bytes sent.
 """
 
@@ -38,6 +44,8 @@ class RangeServer:
         self.root = Path(root)
         self.ignore_range = ignore_range
         self.faults: dict[str, list[int | str]] = {}
+        self.redirects: dict[str, str] = {}
+        self.delay = 0.0
         self.requests: list[tuple[str, str, str]] = []
         self.trickle_every = 0.05
         self.oversize = 300 << 20
@@ -96,6 +104,14 @@ def _handler(server: RangeServer) -> Any:
             rng = self.headers.get("Range", "")
             with server.lock:
                 server.requests.append((self.command, self.path, rng))
+            if server.delay:
+                time.sleep(server.delay)
+            if self.path in server.redirects:
+                self.send_response(302)
+                self.send_header("Location", server.redirects[self.path])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             fault = server.fault(self.path, self.command)
             path = server.root / self.path.lstrip("/")
             if isinstance(fault, int) or not path.is_file():

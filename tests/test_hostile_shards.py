@@ -329,3 +329,99 @@ def test_inspect_reports_every_kind_of_damage_the_loader_would_meet(tmp_path: Pa
     assert "key 'k1' repeats" in about("repeated.tar")
     assert "gzip-compressed" in about("packed.tar.gz") and "gunzip" in about("packed.tar.gz")
     assert all("indexes the shard again" in about(n) for n in ("short.tar", "swapped.tar", "rewritten.tar"))
+
+
+# --- issue 37 item 9: an empty shard under skip is a skipped shard -------------------------------------------------
+
+def test_an_empty_shard_under_skip_is_counted_and_named_and_its_neighbour_read(tmp_path: Path) -> None:
+    """Was: 'shard holds no samples' raised at construction under skip, the good shard lost with it."""
+    good = _tar(tmp_path / "good.tar", _members(KEYS))
+    empty = _tar(tmp_path / "empty.tar", [])
+    with pytest.warns(UserWarning, match=r"holds no samples: .*empty\.tar.*skipping it \(on_error: skip\)"):
+        got, loader = _epoch([good, empty], on_error="skip", cache=tmp_path / "cache")
+    assert got == EXPECTED
+    [(shard, key, reason)] = [tuple(s.values()) for s in loader.skipped_samples()]
+    assert (shard, key) == (empty, UNKNOWN_KEY) and "holds no samples" in reason
+    with pytest.raises(ShardError, match=r"shard holds no samples: .*empty\.tar"):
+        _epoch([good, empty], on_error="raise", cache=tmp_path / "cache")
+
+
+# --- issue 37 item 7: a member whose key is empty ----------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_members_with_an_empty_base_name_before_the_dot_are_delivered_not_dropped(tmp_path: Path,
+                                                                                  backend: str) -> None:
+    """Was: ``.cls`` and ``dir/.cls`` dropped silently (10 of 12 delivered, 0 skipped). ``dir/.cls`` is the sample
+    ``dir/``, as WebDataset reads it; ``.cls`` at the root is the sample of the empty key, delivered and named."""
+    members = _members(KEYS[:5]) + [(".txt", b"root"), (".cls", b"10"), ("dir/.txt", b"dir"), ("dir/.cls", b"11")]
+    shard = _tar(tmp_path / "s.tar", members + _members(KEYS[5:]))
+    got, loader = _epoch(shard, backend=backend, cache=tmp_path / "cache")
+    assert got == EXPECTED[:5] + [("", 10), ("dir/", 11)] + EXPECTED[5:]
+    assert loader.stats()["skipped"] == 0
+
+
+# --- issue 37 item 8: an index that covers only part of its tar ------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_index_that_stops_before_the_tars_last_member_is_rebuilt(tmp_path: Path, backend: str) -> None:
+    """Was: an index of 5 of the tar's 10 samples, with no fingerprint and a header that agrees, delivered 5 silently."""
+    shard = _tar(tmp_path / "s.tar", _members(KEYS))
+    load_index(shard, tmp_path / "cache")
+    index = default_index_path(shard)
+    _write_rows(index, "v1.2 5", _rows(index)[:5])
+    with pytest.warns(UserWarning, match=r"s\.idx.*does not describe.*the tar goes on after the last member it lists "
+                                         r"\(a member header at offset \d+\)"):
+        got, loader = _epoch(shard, backend=backend, cache=tmp_path / "cache")
+    assert got == EXPECTED and loader.stats()["skipped"] == 0
+    assert len(read_index(index, shard)) == 10
+
+
+def test_an_index_of_a_tar_ending_in_a_folder_or_link_is_trusted(tmp_path: Path) -> None:
+    shard = tmp_path / "s.tar"
+    _tar(shard, _members(KEYS))
+    with tarfile.open(shard, "a") as tar:  # members that hold no sample after the last one: the index is whole
+        folder = tarfile.TarInfo("dir")
+        folder.type = tarfile.DIRTYPE
+        link = tarfile.TarInfo("k0.lnk")
+        link.type, link.linkname = tarfile.SYMTYPE, "k0.txt"
+        tar.addfile(folder)
+        tar.addfile(link)
+    load_index(shard, tmp_path / "cache")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got, _ = _epoch(str(shard), cache=tmp_path / "cache")
+    assert got == EXPECTED
+
+
+# --- issue 37 item 2: an index whose entries point at another sample's members ------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_index_with_two_samples_label_entries_swapped_is_rebuilt(tmp_path: Path, backend: str) -> None:
+    """Was: labels [1, 0, 2, ...] delivered under on_error: raise, no error, no warning: each entry (name, offset,
+    size) was a real member, just another sample's."""
+    shard = _tar(tmp_path / "s.tar", _members(KEYS))
+    load_index(shard, tmp_path / "cache")
+    index = default_index_path(shard)
+    rows = _rows(index)
+    rows[0][4:8], rows[1][4:8] = rows[1][4:8], rows[0][4:8]  # k0's line lists k1.cls, k1's lists k0.cls
+    _write_rows(index, "v1.2 10", rows)
+    with pytest.warns(UserWarning, match=r"s\.idx.*does not describe.*'k1\.cls' at offset \d+.*is listed with "
+                                         r"sample 'k0'"):
+        got, _ = _epoch(shard, backend=backend, cache=tmp_path / "cache")
+    assert got == EXPECTED
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_swapped_offsets_of_long_names_in_a_local_index_are_caught(tmp_path: Path, backend: str) -> None:
+    """Names over 100 bytes live in PAX headers; the plain header holds their start, key included: checked."""
+    keys = [f"{'d' * 40}/{i:04d}-{'n' * 70}" for i in range(10)]  # the number inside the first 100 bytes
+    shard = _tar(tmp_path / "s.tar", _members(keys, labels=list(range(10))))
+    load_index(shard, tmp_path / "cache")
+    index = default_index_path(shard)
+    rows = _rows(index)
+    rows[0][5:7], rows[1][5:7] = rows[1][5:7], rows[0][5:7]  # the .cls offsets (and sizes) of samples 0 and 1 swapped
+    _write_rows(index, "v1.2 10", rows)
+    with pytest.warns(UserWarning, match=r"s\.idx.*does not describe.*0000-n+\.cls' at offset \d+: the header before it "
+                                         r"holds 'd+/0001-n+', the start of another member the index lists"):
+        got, _ = _epoch(shard, backend=backend, cache=tmp_path / "cache")
+    assert got == list(zip(keys, range(10)))

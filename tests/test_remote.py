@@ -23,7 +23,7 @@ from feedfast.shards.index.remote import remote_index
 from feedfast.shards.index.tarindex import format_index, scan_tar
 from feedfast.shards.transport import cache as cache_module
 from feedfast.shards.transport.cache import ShardCache
-from feedfast.shards.transport.remote import RemoteError, Transfer, fetch_range
+from feedfast.shards.transport.remote import RemoteError, Transfer, fetch_range, http_stream, http_validators
 from feedfast.shards.transport.transport import transport_for
 from feedfast.sources.shardlist import resolve_shards
 from tests.helpers import make_shards
@@ -385,3 +385,55 @@ def test_a_shard_that_cannot_be_fetched_is_named_under_raise_and_counted_under_s
         with pytest.raises(ShardError, match=rf"{re.escape(urls[1])}' at bytes \d+-\d+ after 2 tries: ShortBody"):
             _epoch(loader)
         loader.close()
+
+
+def test_a_redirect_to_another_scheme_is_refused_naming_it_and_never_followed(local: list[str],
+                                                                               tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as ftp:  # what a redirect to ftp:// would log in to
+        ftp.bind(("127.0.0.1", 0))
+        ftp.listen(4)
+        ftp.settimeout(0.2)
+        target = f"ftp://127.0.0.1:{ftp.getsockname()[1]}/a.tar"
+        (name,) = _served(local, tmp_path / "served", 0)
+        with RangeServer(tmp_path / "served") as srv:
+            srv.redirects["/moved.tar"] = target
+            srv.redirects["/here.tar"] = f"{srv.url}/{name}"
+            url = f"{srv.url}/moved.tar"
+            for read in (lambda: fetch_range(url, 0, 512, FAST), lambda: http_validators(url, FAST),
+                         lambda: http_stream(url, lambda body: body.read(), FAST)):
+                with pytest.raises(RemoteError, match=rf"HTTP 302 .*redirect to {re.escape(target)!s} refused: "
+                                                      r"feedfast follows redirects to http\(s\) only"):
+                    read()
+            with pytest.raises(TimeoutError):
+                ftp.accept()  # no connection was made
+            moved = f"{srv.url}/here.tar"  # a redirect to http is followed
+            assert fetch_range(moved, 0, 512, FAST) == Path(local[0]).read_bytes()[:512]
+
+
+@pytest.mark.parametrize("read", ["head", "range", "stream"])
+def test_a_slow_server_is_given_up_at_the_fetchs_deadline_retries_included_and_its_sockets_closed(
+        local: list[str], tmp_path: Path, read: str) -> None:
+    """Was: every try waited out its socket timeout (a 40 s HEAD: 4 tries of 30 s, 125 s for a 60 s deadline),
+    and an unclosed socket's ResourceWarning was printed."""
+    import gc
+    import time
+    import warnings
+
+    (name,) = _served(local, tmp_path / "served", 0)
+    transfer = Transfer(timeout=0.4, retries=3, backoff=0.05, deadline=1.0)  # 4 tries of 0.4 s: 1.75 s unbounded
+    with RangeServer(tmp_path / "served") as srv:
+        srv.delay = 3.0
+        url = f"{srv.url}/{name}"
+        calls = {"head": lambda: http_validators(url, transfer), "range": lambda: fetch_range(url, 0, 512, transfer),
+                 "stream": lambda: http_stream(url, lambda body: body.read(), transfer)}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            began = time.monotonic()
+            with pytest.raises(RemoteError, match=rf"{re.escape(url)}.*after \d tries.*deadline"):
+                calls[read]()
+            took = time.monotonic() - began
+            gc.collect()
+    assert took < transfer.deadline + 0.3, f"gave up after {took:.2f} s, the deadline is {transfer.deadline} s"
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]

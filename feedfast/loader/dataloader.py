@@ -105,9 +105,9 @@ class DataLoader(TorchAttributes):
             ones under ``on_error='skip'``) may hold; least recently used go first
             (default: no limit; see :mod:`feedfast.shards.transport.cache`).
         remote_retries: retries of a failed remote read (default 3, backoff 0.5 s doubling).
-        remote_timeout: seconds one remote request (a ranged read, a shard's download, a ``pipe:``
-            command's run) may take, plus its bytes at 256 KB/s (default 60); past it the request is
-            cut (a ``pipe:`` command killed), retried, then a RemoteError naming the shard.
+        remote_timeout: seconds one remote fetch (a ranged read, a shard's download, a ``pipe:``
+            command's run), its retries included, may take, plus its bytes at 256 KB/s (default 60);
+            past it the fetch is cut (a ``pipe:`` command killed) and is a RemoteError naming the shard.
         sample_info: give each batch a :class:`~feedfast.loader.batch.BatchInfo` (its
             samples' shards and keys, the padding mask, the state to resume after it): the
             last element of a tuple batch, or ``batch["sample_info"]`` of a dict batch.

@@ -120,8 +120,8 @@ def loader_settings(spec: Spec, *, num_workers: int | None, pin_memory: bool, pr
 def remote_transfer(retries: int | None, timeout: float | None) -> Transfer:
     """The remote reads' :class:`~feedfast.shards.transport.remote.Transfer` for ``remote_retries`` and ``remote_timeout``.
 
-    ``remote_timeout`` is a request's deadline (its bytes at ``min_rate`` come on top); a socket read waits at
-    most 30 s or the deadline, the shorter.
+    ``remote_timeout`` is a fetch's deadline, its retries included (its bytes at ``min_rate`` come on top); a
+    socket read waits at most 30 s or the deadline, the shorter.
     """
     base = Transfer()
     deadline = base.deadline if timeout is None else seconds_above_zero("remote_timeout", timeout)

@@ -6,12 +6,17 @@ offsets and checks that it is a tar header (its checksum, as :mod:`tarfile` chec
 regular file of the size the index gives, carrying the name the index gives. A name a plain
 header holds exactly (ASCII, printable, at most 100 characters) must be there as is; a longer
 or non-ASCII one lives in a PAX or GNU extension header before it, and each writer puts its
-own shortened form in the plain header, so there only the kind and size are checked. Headers
+own shortened form in the plain header, so there the kind and size are checked, and the shortened
+form must not be the start of another member's name the index lists (tarfile and GNU tar keep a
+long name's first bytes: a swapped offset shows). Headers
 close together are read in one ``pread`` (up to :data:`SPAN` bytes): a shard of small samples
 costs a few reads, one of 100 KB images a read a sample; the fields of all headers are compared
 at once with NumPy. The count the index's first line declares must be the lines it holds
 (:func:`~feedfast.shards.index.tarindex.parse_index` checks that), and no offset may lie before the
-first header, off a block boundary or past the end of the file (:func:`check_bounds`).
+first header, off a block boundary or past the end of the file (:func:`check_bounds`). A whole
+index reaches the tar's last member (:func:`goes_on_after`): after the member it lists last come
+only the end-of-archive blocks (or the end of the file), or headers of members that hold no sample
+(folders, links, extension headers), walked over; one block read, most often.
 
 :func:`shard_fingerprint` hashes the shard's size, its first :data:`HEAD` bytes (its first
 member's header and the start of its data) and the :data:`HEAD` bytes that end its last
@@ -33,7 +38,8 @@ from typing import Sequence
 import numpy as np
 
 from feedfast.errors import ShardError
-from feedfast.shards.tar.fields import ENCODING, checksums_match, number, sizes_of
+from feedfast.shards.tar.fields import ENCODING, checksums_match, first_bad_header, number, sizes_of
+from feedfast.shards.tar.memberheader import header_name
 
 BLOCK = 512
 HEAD = 1024
@@ -41,6 +47,8 @@ TAIL = 16384  # more than tar's end-of-archive blocks and record padding (at mos
 SPAN = 65536  # headers within this many bytes are read together
 NAME = 100  # the name field of a plain header
 REGULAR = np.frombuffer(b"0\x007", dtype=np.uint8)
+NO_DATA_TYPES = frozenset(b"123456")  # links, devices, folders, FIFOs: no data a sample could hold
+EXTENSIONS = frozenset(b"xXgLK")  # PAX and GNU headers: they describe the member after them
 
 
 def shard_fingerprint(path: str | os.PathLike[str], size: int | None = None) -> str:
@@ -123,13 +131,56 @@ def check_against_tar(shard: str, names: Sequence[str], offsets: Sequence[int], 
     plain = np.array([_plain(n, e) for n, e in zip(names, expected)])
     wanted = np.frombuffer(b"".join(e[:NAME].ljust(NAME, b"\0") for e in expected), dtype=np.uint8).reshape(-1, NAME)
     length = np.asarray(sizes, dtype=np.int64)
+    named = (rows[:, :NAME] == wanted).all(axis=1) & (rows[:, 345] == 0)  # a long name's first 100 bytes: named too
     ok = (checksums_match(rows) & np.isin(rows[:, 156], REGULAR) & ((sizes_of(rows) == length) | (length >= 8**11))
-          & (~plain | ((rows[:, :NAME] == wanted).all(axis=1) & (rows[:, 345] == 0))))
+          & (~plain | named))
     for i in np.flatnonzero(~ok).tolist():  # read again one by one: a form the fast path does not read
         problem = _mismatch(bytes(rows[i]), names[i], sizes[i])
         if problem:
             raise ShardError(f"the index of {shard!r} does not describe it: member {names[i]!r} at offset {offsets[i]}: "
                              f"the header before it is {problem}")
+    starts: dict[int, dict[str, str]] = {}
+    for i in np.flatnonzero(~plain & ~named).tolist():  # a long name shortened otherwise: maybe another's start
+        other = _held_by_another(bytes(rows[i]), names, i, starts)
+        if other is not None:
+            raise ShardError(f"the index of {shard!r} does not describe it: member {names[i]!r} at offset {offsets[i]}: "
+                             f"the header before it holds {header_name(bytes(rows[i]))!r}, the start of another "
+                             f"member the index lists ({other!r})")
+
+
+def goes_on_after(shard: str, offsets: Sequence[int], sizes: Sequence[int]) -> str | None:
+    """Where the tar goes on with a member after the last of these members (data ``offsets``, ``sizes``), else None.
+
+    A whole index's last member is the tar's last: after it come the end-of-archive blocks or the end of
+    the file, or only headers of members that hold no sample (walked over). A regular file's header, or a
+    block that is not a valid header, says the index stops short (or the tar is damaged after it: a scan
+    says so).
+
+    Raises:
+        ShardError: the shard cannot be read.
+    """
+    if not offsets:
+        return None
+    last = int(np.argmax(np.asarray(offsets, dtype=np.int64) + np.asarray(sizes, dtype=np.int64)))
+    at = offsets[last] + -(-max(0, sizes[last]) // BLOCK) * BLOCK
+    try:
+        with open(shard, "rb") as f:
+            while True:
+                f.seek(at)
+                block = f.read(BLOCK)
+                if len(block) < BLOCK or not any(block):
+                    return None
+                kind, valid = block[156], first_bad_header([block]) is None
+                folder = kind in b"0\x00" and block[:NAME].split(b"\0", 1)[0].endswith(b"/")  # a v7 folder
+                if valid and (kind in NO_DATA_TYPES or kind in EXTENSIONS or folder):
+                    at += BLOCK + (-(-number(block[124:136]) // BLOCK) * BLOCK if kind in EXTENSIONS else 0)
+                    continue
+                what = "a member header" if valid else "a block that is not a tar header"
+                return f"the tar goes on after the last member it lists ({what} at offset {at})"
+    except OSError as exc:
+        raise ShardError(f"cannot read shard {shard!r}: {exc.strerror}") from exc
+    except ValueError:  # a size field that is not a number
+        return f"the tar goes on after the last member it lists (an unreadable header at offset {at})"
 
 
 def _headers(fd: int, headers: list[int]) -> np.ndarray:
@@ -165,6 +216,18 @@ def _mismatch(block: bytes, name: str, length: int) -> str:
     if stored.decode(ENCODING, "surrogateescape") == name or not _plain(name, name.encode(ENCODING, "surrogateescape")):
         return ""
     return f"that of {stored.decode(ENCODING, 'replace')!r}"
+
+
+def _held_by_another(block: bytes, names: Sequence[str], i: int, starts: dict[int, dict[str, str]]) -> str | None:
+    """The other listed member whose name starts with the shortened name ``block`` holds, when it is not the start
+    of ``names[i]`` (tarfile and GNU tar keep a long name's first 99 or 100 bytes there); else None. A name that
+    is not ASCII, or a shortened form no other member's name starts with (libarchive's), says nothing."""
+    name = names[i]
+    held = header_name(block)
+    if not held or not (name.isascii() and name.isprintable()) or name.startswith(held):
+        return None
+    by_start = starts.setdefault(len(held), {n[:len(held)]: n for n in reversed(names)})  # the first of a start wins
+    return by_start.get(held)
 
 
 def _plain(name: str, encoded: bytes) -> bool:

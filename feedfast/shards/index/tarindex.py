@@ -42,7 +42,13 @@ from pathlib import Path
 from typing import Iterator
 
 from feedfast.errors import ShardError
-from feedfast.shards.index.check import check_against_tar, check_bounds, fingerprint_matches, shard_fingerprint
+from feedfast.shards.index.check import (
+    check_against_tar,
+    check_bounds,
+    fingerprint_matches,
+    goes_on_after,
+    shard_fingerprint,
+)
 from feedfast.shards.index.notes import IndexNotes, parse_header
 from feedfast.shards.index.textformat import (
     INDEX_VERSION,
@@ -158,8 +164,9 @@ def checked_index(shard: str | os.PathLike[str], index: Path) -> tuple[list[Samp
 
     It describes the shard when it is as new as the shard, reads as a ``v1.2`` index listing
     the samples its first line declares, carries the shard's fingerprint if it records one,
-    lists no key twice, and every member's offset follows that member's header in the tar
-    (:func:`~feedfast.shards.index.check.check_against_tar`).
+    lists no key twice, every member's offset follows that member's header in the tar
+    (:func:`~feedfast.shards.index.check.check_against_tar`), and (unless it records damage) its last
+    member is the tar's last (:func:`~feedfast.shards.index.check.goes_on_after`).
     """
     shard = os.fspath(shard)
     try:
@@ -181,8 +188,15 @@ def checked_index(shard: str | os.PathLike[str], index: Path) -> tuple[list[Samp
         twice = _repeated_key(samples)
         if twice is not None:
             return f"it lists key {twice!r} twice"
+        foreign = _foreign_member(samples)
+        if foreign is not None:
+            return foreign
         members = [m for s in samples for m in s.members]
-        check_against_tar(shard, [m.name for m in members], [m.offset for m in members], [m.size for m in members])
+        offsets, sizes = [m.offset for m in members], [m.size for m in members]
+        check_against_tar(shard, [m.name for m in members], offsets, sizes)
+        short = None if notes.damaged else goes_on_after(shard, offsets, sizes)  # a salvaged index stops at damage
+        if short is not None:
+            return short
     except (ShardError, OSError) as exc:
         return str(exc)
     return samples, notes
@@ -196,6 +210,15 @@ def _repeated_key(samples: list[Sample]) -> str | None:
         keys.add(s.key)
     return None
 
+
+def _foreign_member(samples: list[Sample]) -> str | None:
+    """Why a sample's line lists a member named for another sample (two lines' entries swapped), else None."""
+    for s in samples:
+        for m in s.members:
+            if m.key != s.key:
+                return (f"member {m.name!r} at offset {m.offset} is listed with sample {s.key!r}: its name is of "
+                        f"sample {m.key!r}")
+    return None
 
 def write_index(shard: str | os.PathLike[str], index: Path, samples: list[Sample] | None = None,
                 notes: IndexNotes | None = None) -> Path:
@@ -227,8 +250,9 @@ def load_index(shard: str | os.PathLike[str], cache_dir: Path, *, salvage: bool 
             damage cut is reported against the URL the user gave, not the cache file.
 
     Raises:
-        ShardError: the shard is missing, unreadable, compressed, empty, or (without ``salvage``)
-            damaged: truncated, cut, corrupt; names the shard and the byte offset. An index made
+        ShardError: the shard is missing, unreadable, compressed, or (without ``salvage``) empty or
+            damaged: truncated, cut, corrupt; names the shard and the byte offset. With ``salvage`` an
+            empty shard is indexed as a damaged one with no sample (a warning; :func:`left_out` names it). An index made
             with ``salvage`` raises the same error when read without it.
     """
     shown = os.fspath(shard) if name is None else name
@@ -248,6 +272,10 @@ def load_index(shard: str | os.PathLike[str], cache_dir: Path, *, salvage: bool 
             warnings.warn(f"the index {str(candidate)!r} does not describe shard {shown!r} ({found}); "
                           "indexing the shard again", stacklevel=2)
     scanned = salvage_tar(shard, name=name) if salvage else None
+    if scanned is not None and scanned.damage is None and not scanned.samples and not scanned.repeated:
+        empty = f"shard holds no samples: {shown!r}"  # under skip a skipped shard, counted (key '?'), as damage is
+        warnings.warn(f"{empty}; skipping it (on_error: skip)", stacklevel=2)
+        return write_index(shard, cached_index_path(shard, cache_dir), [], IndexNotes(0, damaged=empty)), []
     if scanned is None or scanned.damage is None:
         samples, repeated = split_duplicates(scan_tar(shard, keep_duplicates=True, name=name))
         notes = IndexNotes(len(samples), repeated=tuple(s.key for s in repeated))

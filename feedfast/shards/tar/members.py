@@ -71,13 +71,15 @@ def group_members(members: list[Member], *, keep_duplicates: bool = False) -> li
     key's members in which a member name comes back (``a.jpg a.cls a.jpg a.cls``: the second
     ``a.jpg`` starts a second sample of ``a``): only its first sample is kept, unless
     ``keep_duplicates``.
+
+    Every member makes part of a sample: ``dir/.jpg`` is the sample ``dir/``, as WebDataset reads
+    it, and ``.jpg`` at the root the sample of the empty key (WebDataset drops it without a word;
+    here it is delivered, and named ``''``).
     """
     samples: list[Sample] = []
     current: list[Member] = []
     names: set[str] = set()
     for m in members:
-        if not m.key or m.key.endswith("/"):
-            continue
         if current and (current[0].key != m.key or m.name in names):  # a name seen in the run: another copy
             samples.append(new_sample(current[0].key, tuple(current)))
             current = []

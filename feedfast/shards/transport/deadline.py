@@ -27,11 +27,12 @@ T = TypeVar("T")
 
 
 class Deadline:
-    """One request's time limit (seconds from now); a context manager that registers it with the watchdog."""
+    """One request's time limit: ``seconds`` from ``began`` (a :func:`time.monotonic` reading, default now: a
+    retry counts from its fetch's first try); a context manager that registers it with the watchdog."""
 
-    def __init__(self, seconds: float, what: str = "request") -> None:
+    def __init__(self, seconds: float, what: str = "request", *, began: float | None = None) -> None:
         self.seconds, self.what = seconds, what
-        self.at = time.monotonic() + seconds
+        self.at = (time.monotonic() if began is None else began) + seconds
         self.expired = False
         self._stop: Callable[[], None] | None = None
 

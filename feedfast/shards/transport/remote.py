@@ -8,9 +8,11 @@ shards through :func:`feedfast.shards.transport.transport.transport_for`, which 
 - ``pipe`` (``pipe:curl -s URL``): the command's stdout; no parts: cached whole first.
 
 Connection errors, timeouts, truncated bodies and HTTP 5xx and 429 answers are retried
-``Transfer.retries`` times, waiting ``backoff``, 2x, 4x ... seconds; any other status, and
+``Transfer.retries`` times, waiting ``backoff``, 2x, 4x ... seconds, while the fetch's deadline
+(``Transfer.budget``, counted from its first try) leaves time; any other status, and
 the last failure, raise :class:`RemoteError` (a ``ShardError``) naming the URL, the byte
-range and the status. A ``pipe:`` command that exits non-zero is not retried: the error
+range and the status. Redirects are followed to http(s) URLs only: one to another scheme
+(``ftp://``, ``file://``) is a RemoteError naming it, never a request over that scheme. A ``pipe:`` command that exits non-zero is not retried: the error
 names the command and the tail of its stderr; one that runs past http's deadline (of the
 bytes it has written so far) is killed with its process group (:func:`open_pipe`). A server
 that ignores ``Range`` (answers 200) is read through up to the wanted bytes: correct, but slow
@@ -18,10 +20,11 @@ for large shards.
 
 What a server cannot do to a read:
 
-- hold it: every request (connection, headers, body) ends within ``Transfer.budget`` of
-  its bytes (``deadline`` plus the bytes at ``min_rate``), enforced by cutting its socket
-  (:mod:`.deadline`), not only per socket read: a server trickling 4 bytes a second fails
-  the request at its deadline, and the request is retried;
+- hold it: every fetch (connection, headers, body, and its retries) ends within
+  ``Transfer.budget`` of its bytes (``deadline`` plus the bytes at ``min_rate``) from its first
+  try, enforced by cutting the socket (:mod:`.deadline`), not only per socket read: a server
+  trickling 4 bytes a second fails the fetch at its deadline, and a server that answers each
+  try after the socket timeout is given up there, not after every try's timeout;
 - flood it: a ranged read takes at most the bytes it asked for, whatever the answer's size
   (a 206 of 300 MB for a 16-byte range is read for 16 bytes, after its ``Content-Range`` is
   checked to start at the offset asked, and its connection dropped);
@@ -33,6 +36,7 @@ What a server cannot do to a read:
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import io
 import os
@@ -41,6 +45,7 @@ import subprocess
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from email.message import Message
@@ -73,9 +78,9 @@ class Transfer:
     Attributes:
         timeout: the longest wait for one socket read (and for a connection).
         retries, backoff: retries of a failed read, the first wait between them (doubling).
-        deadline, min_rate: every request ends within ``deadline`` plus its bytes at
-            ``min_rate`` (:meth:`budget`), whatever the server does: a server that trickles
-            bytes answers every read in time but not the request.
+        deadline, min_rate: every fetch, its retries included, ends within ``deadline`` plus its
+            bytes at ``min_rate`` (:meth:`budget`) of its first try, whatever the server does: a
+            server that trickles bytes answers every read in time but not the fetch.
     """
 
     timeout: float = 30.0
@@ -101,32 +106,62 @@ def url_kind(url: str) -> str:
     return schemes.url_kind(url)
 
 
-def retrying(url: str, transfer: Transfer, action: Callable[[], T], where: str = "") -> T:
+def retrying(url: str, transfer: Transfer, action: Callable[[], T], where: str = "", *,
+             began: float | None = None, moved: Callable[[], int] = lambda: 0) -> T:
     """Run ``action``, retrying transient network failures; translate them into RemoteError.
 
-    ``where`` follows the URL in messages (`` at bytes 0-511``).
+    ``where`` follows the URL in messages (`` at bytes 0-511``). With ``began`` (the
+    :func:`time.monotonic` reading the fetch started at, which its tries' deadlines count from too) the
+    whole fetch, retries included, is held to ``transfer.budget(moved())`` (``moved``: the bytes its
+    tries asked for or moved): a retry whose wait would end past it is not made.
     """
+    def out_of_time(wait: float) -> str:
+        """'' while a retry after ``wait`` seconds ends within the fetch's deadline, else why it is not made."""
+        if began is None or time.monotonic() + wait < began + transfer.budget(moved()):
+            return ""
+        return (f" (no time left to retry within the fetch's deadline, retries included: {transfer.deadline:g} s "
+                f"plus its bytes at {transfer.min_rate:g} B/s)")
+
     for attempt in range(transfer.retries + 1):
-        last = attempt == transfer.retries
+        wait = transfer.backoff * 2**attempt
         try:
             return action()
         except urllib.error.HTTPError as exc:
-            if exc.code not in RETRY_STATUS or last:
+            stopped = out_of_time(wait) if exc.code in RETRY_STATUS and attempt < transfer.retries else ""
+            if exc.code not in RETRY_STATUS or attempt == transfer.retries or stopped:
                 tries = f" after {attempt + 1} tries" if attempt else ""
-                raise RemoteError(f"cannot read shard {url!r}{where}: HTTP {exc.code} {exc.reason}{tries}",
+                raise RemoteError(f"cannot read shard {url!r}{where}: HTTP {exc.code} {exc.reason}{tries}{stopped}",
                                   url=url, status=exc.code) from exc
         except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-            if last:
+            stopped = out_of_time(wait) if attempt < transfer.retries else ""
+            if attempt == transfer.retries or stopped:
                 reason = getattr(exc, "reason", None) or exc
                 raise RemoteError(f"cannot read shard {url!r}{where} after {attempt + 1} tries: "
-                                  f"{type(exc).__name__}: {reason}", url=url) from exc
-        time.sleep(transfer.backoff * 2**attempt)
+                                  f"{type(exc).__name__}: {reason}{stopped}", url=url) from exc
+        time.sleep(wait)
     raise AssertionError("unreachable")
+
+
+class _HttpRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirects, to http(s) only: a server never chooses the transport (urllib's own follows ``ftp://``)."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                         headers: http.client.HTTPMessage, newurl: str) -> urllib.request.Request | None:
+        if urllib.parse.urlsplit(newurl).scheme.lower() not in ("http", "https"):
+            raise urllib.error.HTTPError(req.full_url, code, f"{msg}: redirect to {newurl} refused: feedfast "
+                                         "follows redirects to http(s) only", headers, fp)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+@functools.cache
+def _opener() -> urllib.request.OpenerDirector:
+    """urllib's opener with :class:`_HttpRedirects`; built at first use, as ``urlopen``'s is (proxies read then)."""
+    return urllib.request.build_opener(_HttpRedirects)
 
 
 def _http(url: str, transfer: Transfer, headers: dict[str, str] | None = None, method: str = "GET") -> Any:
     req = urllib.request.Request(url, headers={"User-Agent": "feedfast", **(headers or {})}, method=method)
-    return urllib.request.urlopen(req, timeout=transfer.timeout)  # noqa: S310 - http(s) only, checked by kind
+    return _opener().open(req, timeout=transfer.timeout)
 
 
 def _socket_of(resp: Any) -> Any:
@@ -155,8 +190,10 @@ def fetch_range(url: str, offset: int, size: int, transfer: Transfer = DEFAULT_T
     headers = {"User-Agent": "feedfast", "Range": f"bytes={offset}-{end}"}
     name = name or url
 
+    began = time.monotonic()
+
     def once() -> bytes:
-        with Deadline(transfer.budget(size), f"GET of bytes {offset}-{end} of {name}") as deadline:
+        with Deadline(transfer.budget(size), f"GET of bytes {offset}-{end} of {name}", began=began) as deadline:
             if httpconn.usable(url):
                 try:
                     status, got, body = httpconn.get(url, headers, transfer.timeout, deadline, limit=size,
@@ -178,7 +215,7 @@ def fetch_range(url: str, offset: int, size: int, transfer: Transfer = DEFAULT_T
                 deadline.check()
                 return _cut(name, resp.status, "", body, 0, size)
 
-    return retrying(name, transfer, once, where=f" at bytes {offset}-{end}")
+    return retrying(name, transfer, once, where=f" at bytes {offset}-{end}", began=began, moved=lambda: size)
 
 
 def _cut(url: str, status: int, content_range: str, body: bytes, offset: int, size: int) -> bytes:
@@ -236,21 +273,23 @@ class Body(io.RawIOBase):
     Python's ``read(n)`` returns short, without an error, when the server drops the
     connection; here a body that ends early is an ``IncompleteRead`` (retried by the
     caller), never a shorter shard. Each read pushes the request's deadline to the bytes so
-    far at ``transfer.min_rate``, so a long download is bounded and a trickle is stopped.
+    far at ``transfer.min_rate`` (with ``before``, the bytes of the fetch's earlier tries, whose
+    deadline it shares), so a long download is bounded and a trickle is stopped.
     """
 
-    def __init__(self, resp: Any, transfer: Transfer, deadline: Deadline) -> None:
+    def __init__(self, resp: Any, transfer: Transfer, deadline: Deadline, *, before: int = 0) -> None:
         super().__init__()
         self._resp, self._transfer, self._deadline = resp, transfer, deadline
         self.expected: int | None = resp.length  # None when chunked or closed-delimited
         self.got = 0
+        self._before = before  # bytes of the fetch's earlier tries: the deadline counts from its first
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
         wanted = len(buffer) if self.expected is None else min(len(buffer), self.expected - self.got)
-        self._deadline.extend(self._transfer.budget(self.got + wanted))
+        self._deadline.extend(self._transfer.budget(self._before + self.got + wanted))
         try:
             n = self._resp.readinto(buffer)
         except (http.client.HTTPException, OSError):
@@ -276,23 +315,30 @@ def http_stream(url: str, consume: Callable[[IO[bytes]], T], transfer: Transfer 
     """
     headers = {"User-Agent": "feedfast"}
     name = name or url
+    began, moved = time.monotonic(), [0]  # the bytes of the tries before: their time is the fetch's too
 
     def once() -> T:
-        with Deadline(transfer.budget(0), f"GET of {name}") as deadline:
-            if httpconn.usable(url):
-                try:
-                    conn, resp = httpconn.open_stream(url, headers, transfer.timeout, deadline)
-                except urllib.error.HTTPError as exc:
-                    if exc.code not in _REDIRECTS:
-                        raise
-                else:
-                    with contextlib.closing(conn):
-                        return consume(cast(IO[bytes], Body(resp, transfer, deadline)))
-            with _http(url, transfer, headers) as resp:
-                deadline.bind(_socket_of(resp))
-                return consume(cast(IO[bytes], Body(resp, transfer, deadline)))
+        with Deadline(transfer.budget(moved[0]), f"GET of {name}", began=began) as deadline:
+            body: Body | None = None
+            try:
+                if httpconn.usable(url):
+                    try:
+                        conn, resp = httpconn.open_stream(url, headers, transfer.timeout, deadline)
+                    except urllib.error.HTTPError as exc:
+                        if exc.code not in _REDIRECTS:
+                            raise
+                    else:
+                        with contextlib.closing(conn):
+                            body = Body(resp, transfer, deadline, before=moved[0])
+                            return consume(cast(IO[bytes], body))
+                with _http(url, transfer, headers) as resp:
+                    deadline.bind(_socket_of(resp))
+                    body = Body(resp, transfer, deadline, before=moved[0])
+                    return consume(cast(IO[bytes], body))
+            finally:
+                moved[0] += body.got if body is not None else 0
 
-    return retrying(name, transfer, once)
+    return retrying(name, transfer, once, began=began, moved=lambda: moved[0])
 
 
 @contextlib.contextmanager
@@ -399,8 +445,10 @@ def http_validators(url: str, transfer: Transfer = DEFAULT_TRANSFER) -> dict[str
 
     Empty when ``HEAD`` is refused (403, 405, 501).
     """
+    began = time.monotonic()
+
     def once() -> Message:
-        with Deadline(transfer.budget(0), f"HEAD of {url}") as deadline:
+        with Deadline(transfer.budget(0), f"HEAD of {url}", began=began) as deadline:
             if httpconn.usable(url):
                 try:
                     return httpconn.get(url, {"User-Agent": "feedfast"}, transfer.timeout, deadline, limit=0,
@@ -412,7 +460,7 @@ def http_validators(url: str, transfer: Transfer = DEFAULT_TRANSFER) -> dict[str
                 return resp.headers  # type: ignore[no-any-return]
 
     try:
-        headers = retrying(url, transfer, once)
+        headers = retrying(url, transfer, once, began=began)
     except RemoteError as exc:
         if exc.status in (403, 405, 501):  # HEAD refused (a URL signed for GET gives 403): GET will tell
             return {}
