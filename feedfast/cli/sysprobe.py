@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from feedfast._env import usable_cores
+from feedfast.meter.nvml import nvml_init_failure
 
 NOT_INSTALLED = "not installed"
 
@@ -83,7 +84,7 @@ def _nvml() -> dict[str, Any]:
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
-        return {"status": f"NVML did not start: {exc}", "driver": None, "gpus": []}
+        return {"status": nvml_init_failure(exc), "driver": None, "gpus": []}
     try:
         driver = pynvml.nvmlSystemGetDriverVersion()
         gpus = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
