@@ -16,11 +16,31 @@ if TYPE_CHECKING:
 
 
 def cache_dir() -> Path:
-    """feedfast's cache folder: ``$FEEDFAST_CACHE``, else ``$XDG_CACHE_HOME/feedfast``, else ``~/.cache/feedfast``."""
+    """feedfast's cache folder: ``$FEEDFAST_CACHE``, else ``$XDG_CACHE_HOME/feedfast``, else ``~/.cache/feedfast``.
+
+    The folder need not exist yet (it is made when something is cached).
+
+    Raises:
+        UserError: the variable that chose it names a plain file, or a path under one.
+    """
     if os.environ.get("FEEDFAST_CACHE"):
-        return Path(os.environ["FEEDFAST_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "feedfast"
+        return _folder_path(Path(os.environ["FEEDFAST_CACHE"]), "FEEDFAST_CACHE")
+    if os.environ.get("XDG_CACHE_HOME"):
+        return _folder_path(Path(os.environ["XDG_CACHE_HOME"]) / "feedfast", "XDG_CACHE_HOME")
+    return Path(os.path.expanduser("~"), ".cache", "feedfast")
+
+
+def _folder_path(path: Path, variable: str) -> Path:
+    """``path`` when it is a folder or can become one; a UserError naming ``variable`` when a file is in the way."""
+    for part in (path, *path.parents):
+        if part.exists():
+            if part.is_dir():
+                return path
+            where = "is a file" if part == path else f"is under {str(part)!r}, a file"
+            raise UserError(f"environment variable {variable}={os.environ[variable]!r} {where}, not a folder: "
+                            f"feedfast keeps its cache (indexes, downloaded shards) there; set {variable} to a "
+                            "folder (it is made if missing) or unset it")
+    return path
 
 
 @lru_cache(maxsize=1)

@@ -98,6 +98,34 @@ def test_skip_first_batches_yields_the_epochs_remaining_batches(accelerator: Any
             assert torch.equal(x, ex) and torch.equal(y, ey)
 
 
+@pytest.mark.parametrize("form", ["tuple", "dict"])
+def test_skip_first_batches_keeps_sample_info(accelerator: Any, shards: list[str], form: str) -> None:
+    """Over a loader with sample_info=True the rest of the epoch comes in the loader's structure: (images, labels,
+    info) or a dict with "sample_info", each batch's info its own (keys, valid rows, step, the state after it)."""
+    acc = accelerator()
+    spec = {**SMALL_SPEC, "outputs": {"image": "image", "label": "label"}} if form == "dict" \
+        else SMALL_SPEC
+    expected = list(feedfast.DataLoader(spec, shards=shards, shuffle=True, num_workers=2, sample_info=True))
+    loader = feedfast.DataLoader(spec, shards=shards, shuffle=True, num_workers=2, sample_info=True)
+    loader = acc.prepare(loader)
+    for skipper in (accelerate.skip_first_batches, acc.skip_first_batches):
+        loader.set_epoch(0)
+        got = list(skipper(loader, 3))
+        assert len(got) == len(expected) - 3 == 3
+        for batch, want in zip(got, expected[3:]):
+            if form == "dict":
+                assert set(batch) == set(want) and "sample_info" in batch
+                x, y, info, ex, ey, einfo = (batch["image"], batch["label"], batch["sample_info"], want["image"],
+                                             want["label"], want["sample_info"])
+            else:
+                assert len(batch) == len(want) == 3
+                (x, y, info), (ex, ey, einfo) = batch, want
+            assert isinstance(info, feedfast.BatchInfo) and torch.equal(x, ex) and torch.equal(y, ey)
+            assert info.keys == einfo.keys and torch.equal(info.valid, einfo.valid)
+            assert (info.epoch, info.step) == (einfo.epoch, einfo.step) == (0, einfo.step)
+            assert {**info.state, "stats": None} == {**einfo.state, "stats": None}  # stats count the loader's life
+
+
 def _accelerate_rank(out: str, rank: int, world: int, port: int, shards: list[str]) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

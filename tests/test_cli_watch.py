@@ -3,7 +3,8 @@
 The jobs run as subprocesses of ``feedfast watch`` (called in this process, so torch and
 feedfast are imported once), their output captured at the file descriptors: a plain torch
 loop whose own timing is the truth, two gloo ranks under torchrun, a Lightning fit, two
-loaders at once (torch's with forked workers and feedfast's), a job with no DataLoader and
+loaders at once (torch's with forked workers and feedfast's), jobs ended by os._exit, SIGTERM and
+SIGKILL (their figures written as they went), a job with no DataLoader and
 jobs that fail. The rest are the pure parts: the start-up hook's chaining, the advice, the
 report, the hook's cost.
 """
@@ -267,3 +268,36 @@ def test_report_puts_the_training_loader_first_and_says_too_few_steps() -> None:
     assert [r["site"] for r in rep["loaders"]] == ["train.py:9", "val.py:3"]
     assert rep["advice"][0]["action"] == "measure longer"
     assert "train.py:9 (torch, train)" in text(rep)
+
+
+@pytest.mark.parametrize(("end", "status", "how"), [
+    ("os_exit", 0, "by os._exit"),
+    ("sigterm", 128 + 15, "by SIGTERM"),
+    ("sigkill", 128 + 9, "without exiting (SIGKILL"),
+])
+def test_a_job_that_ends_abruptly_keeps_what_it_wrote_as_it_went(end: str, status: int, how: str, tmp_path: Path,
+                                                                   capfd: pytest.CaptureFixture[str]) -> None:
+    """os._exit, a SIGTERM from another process (the job dies of it, status kept), SIGKILL: the report has the steps
+    written before the end (all 150 but the 12 left out, on os._exit and SIGTERM; on SIGKILL at least the write of
+    its first 2 s) and
+    names the process as ended abruptly."""
+    steps = 150 if end != "sigkill" else 300  # 10 ms steps: a SIGKILL lands after at least one write as it goes
+    job = [sys.executable, str(JOBS / "abrupt_loop.py"), "--end", end, "--steps", str(steps)]
+    got, report, out, err = _watch(capfd, tmp_path, job)
+    assert got == status and f"job: {steps} steps" in out
+    measured = report["loaders"][0]["job"]["steps"]
+    assert measured >= (steps - 12 if end != "sigkill" else 100), report  # the first batch, 10 of warm-up, the open step
+    assert measured <= steps + 50
+    (abrupt,) = report["abrupt"]
+    assert abrupt["end"] == {"os_exit": "os._exit", "sigterm": "SIGTERM", "sigkill": "running"}[end]
+    assert abrupt["steps"] == measured
+    assert f"ended abruptly: rank 0 pid {abrupt['pid']} {how}" in err and "no DataLoader was iterated" not in err
+
+
+def test_sigterm_is_handed_on_to_the_jobs_own_handler(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """The job's handler runs (and ends the job through sys.exit, so its exit writes the figures: not abrupt)."""
+    marker = tmp_path / "handler.txt"
+    job = [sys.executable, str(JOBS / "abrupt_loop.py"), "--end", "sigterm", "--own-handler", str(marker)]
+    got, report, _, err = _watch(capfd, tmp_path, job)
+    assert got == 3 and marker.read_text() == "job's handler ran\n"
+    assert report["abrupt"] == [] and report["loaders"][0]["job"]["steps"] >= 150 - 12

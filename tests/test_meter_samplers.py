@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,6 +49,36 @@ def test_nvml_without_the_module_is_unavailable(monkeypatch: pytest.MonkeyPatch)
     sampler.stop()
     assert "nvidia-ml-py is not installed" in sampler.status()
     assert sampler.figures()["gpu_util"] is None
+
+
+@pytest.mark.parametrize(("gpu_files", "want"), [
+    ([], "no GPU (no NVIDIA device or driver on this machine)"),
+    (["dev/nvidia0"], "unavailable (NVML did not start: NVML Shared Library Not Found)"),
+])
+def test_nvml_that_cannot_start_says_no_gpu_where_there_is_none(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, gpu_files: list[str], want: str) -> None:
+    """bench's cell: "no GPU" on a machine without one; NVML's reason on a machine with a GPU and no NVML."""
+    from feedfast.cli.common import gpu_cell
+    from feedfast.cli.sysprobe import _nvml
+    from feedfast.meter import nvml as nvml_module
+
+    for name in gpu_files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).touch()
+    monkeypatch.setattr(nvml_module, "_GPU_MARKERS", (str(tmp_path / "dev/nvidia[0-9]*"),
+                                                      str(tmp_path / "proc/driver/nvidia/gpus/*")))
+    nvml = fake_nvml(gpm=False)
+
+    def no_library() -> None:
+        raise nvml.NVMLError("NVML Shared Library Not Found")
+
+    nvml.nvmlInit = no_library
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    sampler = NvmlSampler(hz=50)
+    sampler.start()
+    sampler.stop()
+    assert gpu_cell(None, sampler.status()) == want
+    assert _nvml()["status"] == (want[len("unavailable ("):-1] if want.startswith("unavailable (") else want)
 
 
 def fake_nvml(gpm: bool) -> Any:

@@ -1,4 +1,5 @@
-"""Specs are data: a YAML alias bomb or an alias loop is refused in well under a second, wherever it sits."""
+"""Specs are data: a YAML alias bomb or an alias loop is refused in well under a second, wherever it sits; a key
+given twice is refused naming both lines."""
 
 from __future__ import annotations
 
@@ -98,3 +99,32 @@ def test_the_full_bomb_under_name_is_refused_in_under_a_second_in_bounded_memory
     assert len(done.stdout.split()) == 2, done.stderr[-2000:]
     seconds, named = done.stdout.split()
     assert named == "True" and float(seconds) < 1.0, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("text", "key", "lines"), [
+    ("seed: 1\npipeline:\n  image: [decode]\n  label: [label]\noutputs: [image, label]\nseed: 2\n", "seed", (1, 6)),
+    ("pipeline:\n  image:\n    - decode\n    - resize:\n        size: 32\n        size: 48\n  label: [label]\n"
+     "outputs: [image, label]\n", "pipeline.image[1].resize.size", (5, 6)),
+    ("pipeline: {image: [decode], label: [label], image: [decode]}\noutputs: [image, label]\n", "pipeline.image",
+     (1, 1)),
+])
+def test_a_key_given_twice_is_refused_naming_its_path_and_both_lines(tmp_path: Path, text: str, key: str,
+                                                                      lines: tuple[int, int]) -> None:
+    """YAML keeps the last of two equal keys silently; a spec refuses them, as TOML does."""
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=f"given twice, on lines {lines[0]} and {lines[1]}") as info:
+        load_spec(path)
+    assert info.value.key == key and info.value.file == str(path) and "\n" not in str(info.value)
+
+
+def test_equal_keys_in_different_mappings_or_of_different_types_still_load(tmp_path: Path) -> None:
+    path = tmp_path / "fine.yaml"
+    path.write_text("name: {1: a, '1': b}\npipeline:\n  image: [decode, {resize: {size: &s 32}}, "
+                    "{center_crop: {size: *s}}]\n  label: [label]\noutputs: [image, label]\n")
+    with pytest.raises(SpecError, match="name") as info:  # name must be a string; the mapping itself was read
+        load_spec(path)
+    assert "twice" not in str(info.value)
+    path.write_text("pipeline:\n  image: [decode, {resize: {size: 32}}, {center_crop: {size: 32}}]\n"
+                    "  label: [label]\noutputs: [image, label]\n")
+    assert [call.params["size"] for call in load_spec(path).fields["image"].ops[1:]] == [32, 32]

@@ -52,9 +52,11 @@ def check_positive(name: str, value: float | None) -> None:
 
 
 def gpu_cell(util: float | None, status: str) -> str:
-    """GPU utilization for a table: a percentage, or ``unavailable`` with the reason."""
+    """GPU utilization for a table: a percentage, ``no GPU ...``, or ``unavailable`` with the reason."""
     if util is not None:
         return f"{util:.0f} %"
+    if status.removeprefix("unavailable: ").startswith("no GPU ("):
+        return status.removeprefix("unavailable: ")
     return "unavailable" + (f" ({status.removeprefix('unavailable: ')})" if status else "")
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from feedfast._env import usable_cores
+from feedfast.errors import UserError
+from feedfast.meter.nvml import nvml_init_failure
 
 NOT_INSTALLED = "not installed"
 
@@ -83,7 +85,7 @@ def _nvml() -> dict[str, Any]:
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
-        return {"status": f"NVML did not start: {exc}", "driver": None, "gpus": []}
+        return {"status": nvml_init_failure(exc), "driver": None, "gpus": []}
     try:
         driver = pynvml.nvmlSystemGetDriverVersion()
         gpus = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
@@ -180,7 +182,11 @@ def cache_folder() -> dict[str, Any]:
     """The cache folder (``feedfast._env.cache_dir()``) and whether a file can be written there."""
     from feedfast import _env
 
-    path = _env.cache_dir()
+    try:
+        path = _env.cache_dir()
+    except UserError as exc:
+        return {"path": os.environ.get("FEEDFAST_CACHE") or os.environ.get("XDG_CACHE_HOME"), "writable": False,
+                "reason": str(exc)}
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".doctor-"):

@@ -87,11 +87,28 @@ def build(records: list[dict[str, Any]], *, command: list[str], exit_status: int
         row["advice"] = advise(row, _machine(records, row))
     advice = measured[0]["advice"] if measured else []
     notes = [r["error"] for r in records if "error" in r]
+    abrupt = [_abrupt(r) for r in records if "error" not in r and r.get("end", "exit") != "exit"]
     notes += [f"{r['site']} ({r['kind']}): one batch taken, not measured (the meter starts at a loader's second batch)"
               for r in loader_rows if not r["ranks"]]
     return {"command": command, "exit_status": exit_status, "wall_s": wall_s,
             "processes": len([r for r in records if "error" not in r]), "loaders": loader_rows, "advice": advice,
-            "notes": notes}
+            "abrupt": abrupt, "notes": notes}
+
+
+def _abrupt(record: dict[str, Any]) -> dict[str, Any]:
+    """A process that did not end through its exit: how, and what of it the report saw (its last write)."""
+    steps = sum((e.get("summary") or {}).get("steps") or 0 for e in record.get("loaders", []))
+    warmup = sum((e.get("summary") or {}).get("warmup_steps") or 0 for e in record.get("loaders", []))
+    how = {"SIGTERM": "by SIGTERM", "os._exit": "by os._exit"}.get(
+        record["end"], "without exiting (SIGKILL, the OOM killer): its figures as of its last write, every 2 s")
+    return {"pid": record.get("pid"), "rank": record.get("rank", 0), "end": record["end"], "how": how,
+            "steps": steps, "warmup_steps": warmup, "written_at": record.get("written_at")}
+
+
+def _abrupt_lines(rep: dict[str, Any]) -> list[str]:
+    return [f"ended abruptly: rank {a['rank']} pid {a['pid']} {a['how']}; seen up to its last write, "
+            f"{a['steps']} measured steps (after {a['warmup_steps']} of warm-up); its steps after that are not in "
+            "the table" for a in rep.get("abrupt", [])]
 
 
 def _pct(value: float | None) -> str:
@@ -172,7 +189,8 @@ def text(rep: dict[str, Any]) -> str:
             f"{rep['processes']} process{'es' if rep['processes'] != 1 else ''} measured)")
     measured = [r for r in rep["loaders"] if r["ranks"]]
     if not measured:
-        return "\n".join([head + ": no DataLoader was iterated, nothing to measure", *rep["notes"]])
+        return "\n".join([head + ": no DataLoader was iterated, nothing to measure", *_abrupt_lines(rep),
+                          *rep["notes"]])
     first = measured[0]
     lines = [head, *_table(rep["loaders"]), _basis_line(first["ranks"])]
     worst = first["straggler"]
@@ -192,6 +210,7 @@ def text(rep: dict[str, Any]) -> str:
     for row in [r for r in measured if r["role"] == "train"] or [first]:
         lines.append(f"what next for {row['site']} ({row['job']['verdict']}):")
         lines.extend(_advice_lines(row["advice"]))
+    lines.extend(_abrupt_lines(rep))
     lines.extend(f"note: {n}" for n in rep["notes"])
     return "\n".join(lines)
 

@@ -344,7 +344,7 @@ class DataLoader(TorchAttributes):
                     self._stats["dropped"] += ep.dropped
                     accelerate.last_batch()
                 info = batch_info(batch.origins, batch.valid, epoch, self._step - 1, self.state_dict()) \
-                    if self.sample_info and hooked else None
+                    if self.sample_info else None  # loader.dataset splits it into its samples (torchcompat.rows)
                 yield self.delivery.hand_over(delivered, info)
             if producer.stopped:
                 raise FeedfastError("this iterator was stopped: a newer iter(loader) or close() ended its epoch "

@@ -32,7 +32,9 @@ persistent_workers  False: the ``pil`` backend starts its processes per epoch
 timeout             seconds ``next()`` waits for a batch, 0 for ever (torch's default)
 collate_fn          :class:`BatchCollate`: from a list of ``loader.dataset``'s samples to the
                     loader's batch (torch's ``default_collate``, in the loader's tuple or dict
-                    form, then the user's ``collate_fn=``)
+                    form, then the user's ``collate_fn=``); under ``sample_info=True`` each
+                    sample carries its row of the batch's info (:class:`RowInfo`) and the
+                    batch gets its :class:`BatchInfo` back where the loader puts it
 generator           None: order and augmentation come from ``seed=``, not a ``torch.Generator``
 mixup_enabled       timm's ``PrefetchLoader`` switch: whether the spec's ``batch.mix`` mixes;
                     set False (timm's ``--mixup-off-epoch``) to stop mixing from the next batch
@@ -50,44 +52,88 @@ loader's batches from its samples: both, as torch's, end where the batch is yiel
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch.utils.data import IterableDataset, Sampler, default_collate
 
 from feedfast.errors import FeedfastError, UserError
-from feedfast.loader.batchhook import BatchHook, run_batch_hook
+from feedfast.loader.batch import BatchInfo
+from feedfast.loader.batchhook import BatchHook, run_batch_hook, with_info
+
+INFO_KEY = "sample_info"  # where a dict batch holds its BatchInfo (feedfast.loader.batch.shape_outputs)
 
 if TYPE_CHECKING:
     from feedfast.loader.dataloader import DataLoader
 
+@dataclass(frozen=True)
+class RowInfo:
+    """One sample's share of its batch's :class:`BatchInfo` (``sample_info=True``): row ``row`` of ``batch``."""
+
+    batch: BatchInfo
+    row: int
+
+
 def rows(batch: Any) -> Iterator[Any]:
-    """The samples of a batch (a tuple or a dict of batched values), one at a time, in the batch's form."""
+    """The samples of a batch (a tuple or a dict of batched values), one at a time, in the batch's form.
+
+    A batch's :class:`BatchInfo` (``sample_info=True``) is split too: each sample carries a
+    :class:`RowInfo` where the batch carries its info, for :class:`BatchCollate` to join again.
+    """
     if isinstance(batch, dict):
-        size = len(next(iter(batch.values())))
+        info = batch.get(INFO_KEY)
+        size = len(next(value for name, value in batch.items() if name != INFO_KEY))
         for i in range(size):
-            yield {name: value[i] for name, value in batch.items()}
+            sample = {name: value[i] for name, value in batch.items() if name != INFO_KEY}
+            yield sample if not isinstance(info, BatchInfo) else {**sample, INFO_KEY: RowInfo(info, i)}
         return
-    size = len(batch[0])
-    for i in range(size):
-        yield tuple(value[i] for value in batch)
+    info = batch[-1] if isinstance(batch[-1], BatchInfo) else None
+    values = batch[:-1] if info is not None else batch
+    for i in range(len(values[0])):
+        row = tuple(value[i] for value in values)
+        yield row if info is None else (*row, RowInfo(info, i))
+
+
+def join_info(parts: list[RowInfo]) -> BatchInfo:
+    """The :class:`BatchInfo` of a batch made of these rows: their batch's own when they are all of it, in order,
+    else one of these rows (epoch, step and state those of the last row's batch)."""
+    first = parts[0].batch
+    if all(p.batch is first for p in parts) and [p.row for p in parts] == list(range(len(first.origins))):
+        return first
+    last = parts[-1].batch
+    valid = torch.stack([p.batch.valid[p.row] for p in parts])
+    return replace(last, origins=tuple(p.batch.origins[p.row] for p in parts), valid=valid)
 
 
 class BatchCollate:
     """``loader.collate_fn``, torch's meaning: a list of ``loader.dataset``'s samples to the loader's batch.
 
     torch's ``default_collate``, in the loader's form (a tuple, where ``default_collate`` gives a
-    list), then the loader's batch hook (``hook``, the ``collate_fn=`` it was given) when there is one.
+    list), then the loader's batch hook (``hook``, the ``collate_fn=`` it was given) when there is one;
+    then, under ``sample_info=True``, the batch's :class:`BatchInfo` joined from its samples' :class:`RowInfo`,
+    where the loader puts it (the tuple's last element, or ``"sample_info"``).
     """
 
     def __init__(self, hook: BatchHook | None) -> None:
         self.hook = hook
 
     def __call__(self, samples: list[Any]) -> Any:  # noqa: D102 - documented on the class
+        first = samples[0]
+        if isinstance(first, dict) and isinstance(first.get(INFO_KEY), RowInfo):
+            info = join_info([s[INFO_KEY] for s in samples])
+            samples = [{k: v for k, v in s.items() if k != INFO_KEY} for s in samples]
+        elif isinstance(first, tuple) and first and isinstance(first[-1], RowInfo):
+            info = join_info([s[-1] for s in samples])
+            samples = [s[:-1] for s in samples]
+        else:
+            info = None
         batch = default_collate(samples)
         if isinstance(samples[0], tuple):
             batch = tuple(batch)
-        return batch if self.hook is None else run_batch_hook(self.hook, batch, len(samples), "loader.collate_fn")
+        if self.hook is not None:
+            batch = run_batch_hook(self.hook, batch, len(samples), "loader.collate_fn")
+        return batch if info is None else with_info(batch, info)
 
     def __repr__(self) -> str:
         return f"BatchCollate(hook={self.hook!r})"

@@ -21,15 +21,24 @@ What a tracker measures:
 Per process, one CPU sampler (psutil) and one NVML sampler (the GPU current when the first
 meter starts, found in the training thread) run at 2 and 5 samples a second.
 
-At exit (``atexit``, and multiprocessing's exit for a forked ``Process``), a process that
-iterated a loader writes ``proc-<pid>.json`` in ``FEEDFAST_WATCH_DIR`` (:meth:`Agent.record`);
-a forked child starts with no trackers. A process killed by a signal it does not handle
-writes nothing.
+A process that iterated a loader writes ``proc-<pid>.json`` in ``FEEDFAST_WATCH_DIR``
+(:meth:`Agent.record`, through a temporary file renamed into place): as it goes, at the first
+step that ends :data:`FLUSH_S` seconds after its last write, or longer (:data:`FLUSH_SHARE`)
+(``"end": "running"``); on SIGTERM
+(``"end": "SIGTERM"``: the handler is chained before the job's own, or before the default, which
+then ends the job with the same status); in ``os._exit`` (wrapped: ``"end": "os._exit"``); and at
+exit (``atexit``, and multiprocessing's exit for a forked ``Process``: ``"end": "exit"``). A process
+that ends otherwise (SIGKILL, the OOM killer) leaves its last write, :data:`FLUSH_S` seconds
+old at most in a run's first hours, still marked ``running``. The report names every process whose last write is not
+``exit`` as ended abruptly. A forked child starts with no trackers.
 
-Cost: the hook's wrapper and the meter's two marks, 3 to 4 us a step on host waits on this
+Cost: the hook's wrapper and the meter's two marks, 2 to 4 us a step on host waits on this
 project's 2-core test machine (half of it finding the batch size), a few more with CUDA events;
-:func:`feedfast.meter.hookcost.hook_overhead` measures it. Importing feedfast's meter in a
-process that iterates a loader costs about half a second, once.
+:func:`feedfast.meter.hookcost.hook_overhead` measures it. The writes as it goes add one clock
+read a step (0.05 us), and a write in the job's thread (counted in a step, never in a wait; it
+grows with the steps measured, the summary being computed afresh: 8 to 12 ms at 10,000 steps) every
+:data:`FLUSH_S` seconds, or less often so that the writes take at most :data:`FLUSH_SHARE` of the
+run. Importing feedfast's meter in a process that iterates a loader costs about half a second, once.
 
 Limits: a loader read in a thread of its own (a prefetcher feeding a queue) is measured in that
 thread, so its waits are the prefetcher's, not the loop's; the loaders one line builds are one
@@ -40,10 +49,13 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import socket
 import sys
+import threading
+import time
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 from feedfast import _env
 from feedfast.errors import UserError
@@ -58,6 +70,10 @@ from feedfast.meter.watchenv import RECORD_VERSION, WatchSettings
 
 SERIES_POINTS = 20_000
 """Per-step series longer than this are written as bucket maxima (for ``--plot``)."""
+FLUSH_S = 2.0
+"""A process writes its figures as it goes, at the first step this many seconds after its last write."""
+FLUSH_SHARE = 0.005
+"""... or later, so that those writes take at most this share of the run's time (a write grows with the steps)."""
 
 
 class JobMeter(StallMeter):
@@ -120,8 +136,10 @@ class Tracker:
         return True
 
     def end(self, batch: Any) -> None:
-        """The batch is in hand."""
+        """The batch is in hand; the process's figures are written when :data:`FLUSH_S` passed since the last write."""
         self.meter.wait_end(batch)  # type: ignore[union-attr]  # begin() returned True: there is a meter
+        if time.monotonic() >= self._agent.flush_at:
+            self._agent.write(final=False)
 
     def cancel(self) -> None:
         """The wait ended without a batch (StopIteration, an error)."""
@@ -141,12 +159,15 @@ class Agent:
         self._dist: tuple[int, int] | None = None
         self._hooked = False
         self._written = False
+        self.flush_at = time.monotonic() + FLUSH_S
+        """When the next step writes the figures as they stand (:meth:`Tracker.end`)."""
         os.register_at_fork(after_in_child=self._forget)
 
     def _forget(self) -> None:
         """In a forked child: nothing measured yet (its parent's meters stay its parent's)."""
         self.trackers, self._samplers, self._pid = {}, [], os.getpid()
         self._hooked = self._written = False
+        self.flush_at = time.monotonic() + FLUSH_S
 
     def tracker(self, loader: Any, kind: str, built_at: tuple[str, int] | None) -> Tracker:
         """The tracker of ``loader``, built at ``(file, line)``; notes the rank while torch.distributed is up."""
@@ -161,9 +182,48 @@ class Agent:
                 from multiprocessing import util
 
                 util.Finalize(self, self.write, exitpriority=100)  # a forked Process's exit skips atexit
+                self._chain_sigterm()
+                self._wrap_os_exit()
             facts = torch_facts(loader) if kind == "torch" else feedfast_facts(loader)
             tracker = self.trackers[(site, kind)] = Tracker(self, site, kind, facts, self.settings.steps)
         return tracker
+
+    def _chain_sigterm(self) -> None:
+        """Write the figures on SIGTERM, then hand the signal on as it was: to the job's own handler, else to the
+        default (the job dies of it, with the same status). Not where the job ignores SIGTERM, where a handler
+        from C code (Python cannot call it) holds it, or off the main thread (Python cannot set one there)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is None or previous == signal.SIG_IGN:
+            return
+        try:
+            signal.signal(signal.SIGTERM, partial(self._on_sigterm, previous))
+        except (ValueError, OSError) as exc:
+            print(f"feedfast watch: pid {self._pid} writes nothing on SIGTERM: {exc}", file=sys.stderr)
+
+    def _wrap_os_exit(self) -> None:
+        """``os._exit`` writes the figures first (scripts end with it to skip a slow DataLoader teardown; a forked
+        worker's exit through it writes nothing: it has no trackers)."""
+        real = os._exit
+        if getattr(real, "feedfast_watch", False):
+            return
+
+        def _exit(status: int) -> NoReturn:
+            self.write(end="os._exit")
+            real(status)
+
+        _exit.feedfast_watch = True  # type: ignore[attr-defined]
+        os._exit = _exit
+
+    def _on_sigterm(self, previous: Any, signum: int, frame: Any) -> None:
+        if not callable(previous):  # the default: the figures are final, then the job dies of the signal
+            self.write(end="SIGTERM")
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.write(final=False, end="SIGTERM")  # the job's handler may end the job, or only ask its loop to stop
+        previous(signum, frame)
 
     def _note_rank(self) -> None:
         torch = sys.modules.get("torch")
@@ -219,8 +279,12 @@ class Agent:
             rank, world = self._dist
         return rank, world, local
 
-    def record(self) -> dict[str, Any]:
-        """This process's figures: who it is, its machine, its samplers, and per loader its facts and summary."""
+    def record(self, end: str = "exit") -> dict[str, Any]:
+        """This process's figures: who it is, its machine, its samplers, and per loader its facts and summary.
+
+        ``end``: how the process stood when it wrote them: ``exit`` (its last write), ``running`` (written as it
+        went: a process whose last write says so ended abruptly), ``SIGTERM``.
+        """
         import torch
 
         rank, world, local = self._rank()
@@ -234,13 +298,18 @@ class Agent:
             if self.settings.series and tracker.meter is not None:
                 entry["series"] = tracker.meter.series()
             loaders.append(entry)
-        return {"version": RECORD_VERSION, "pid": self._pid, "host": socket.gethostname(), "rank": rank,
+        return {"version": RECORD_VERSION, "pid": self._pid, "end": end, "written_at": time.time(),
+                "host": socket.gethostname(), "rank": rank,
                 "world_size": world, "local_rank": local, "argv": list(sys.argv), "cores": _env.usable_cores(),
                 "cuda": bool(torch.cuda.is_initialized()), "usage": usage,
                 "samplers": {s.name: s.status() for s in self._samplers}, "loaders": loaders}
 
-    def write(self, *, final: bool = True) -> None:
-        """Write ``proc-<pid>.json`` (at exit, and when ``--steps`` is reached); never raises into the job."""
+    def write(self, *, final: bool = True, end: str | None = None) -> None:
+        """Write ``proc-<pid>.json`` (at exit, on SIGTERM, when ``--steps`` is reached, and as it goes, every
+        :data:`FLUSH_S` seconds or :data:`FLUSH_SHARE`); never raises into the job. ``end`` (default ``exit`` when
+        final, else ``running``): see :meth:`record`."""
+        started = time.monotonic()
+        self.flush_at = started + FLUSH_S
         if self._written or os.getpid() != self._pid or not self.trackers:
             return
         try:
@@ -248,9 +317,11 @@ class Agent:
                 self._written = True
                 self._settle()
             path = self.settings.run_dir / f"proc-{self._pid}.json"
-            temporary = path.with_suffix(".tmp")
-            report.to_json(self.record(), temporary)
+            end = end or ("exit" if final else "running")
+            temporary = path.with_suffix(f".{end}.tmp")  # a SIGTERM's write may land inside a running one's
+            report.to_json(self.record(end), temporary)
             os.replace(temporary, path)
+            self.flush_at = started + max(FLUSH_S, (time.monotonic() - started) / FLUSH_SHARE)
         except Exception as exc:  # noqa: BLE001 - the job's exit must stay the job's
             print(f"feedfast watch: pid {self._pid} could not write its figures: {type(exc).__name__}: {exc}",
                   file=sys.stderr)

@@ -11,6 +11,7 @@ unavailable and every figure is None.
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 import warnings
@@ -19,6 +20,23 @@ from typing import Any
 from feedfast.meter.samplers import Running, ThreadSampler, Unavailable
 
 _MIB = 1024 * 1024
+# Where a machine shows an NVIDIA GPU: its device files, or the driver's list of GPUs.
+_GPU_MARKERS = ("/dev/nvidia[0-9]*", "/proc/driver/nvidia/gpus/*")
+NO_GPU = "no GPU (no NVIDIA device or driver on this machine)"
+
+
+def gpu_present(markers: tuple[str, ...] = _GPU_MARKERS) -> bool:
+    """Whether this machine shows an NVIDIA GPU (a device file or the driver's GPU list).
+
+    Tells "no GPU" apart from "a GPU NVML cannot reach" when NVML does not start; it reads
+    the file system only, never CUDA or NVML.
+    """
+    return any(glob.glob(pattern) for pattern in markers)
+
+
+def nvml_init_failure(exc: Exception) -> str:
+    """Why NVML did not start: :data:`NO_GPU` on a machine without a GPU, else NVML's reason."""
+    return f"NVML did not start: {exc}" if gpu_present(_GPU_MARKERS) else NO_GPU
 
 
 def nvml_target(cuda_index: int, visible: str | None) -> tuple[int | None, str | None]:
@@ -91,7 +109,7 @@ class NvmlSampler(ThreadSampler):
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
-            raise Unavailable(f"NVML did not start: {exc}") from exc
+            raise Unavailable(nvml_init_failure(exc)) from exc
         self._nvml = pynvml
         try:
             self._handle = self._find_handle()

@@ -14,6 +14,7 @@ from feedfast.ops.registry import OPS, suggest
 from feedfast.spec import model as m
 from feedfast.spec.params import check_params
 from feedfast.spec.shipped import resolve_spec_path
+from feedfast.spec.yamlfile import load_yaml
 
 TOP_KEYS = ("version", "name", "source", "pipeline", "outputs", "batch", "shuffle", "device", "seed", "decoder",
             "loader", "tune")
@@ -65,9 +66,9 @@ def read_file(path: Path) -> dict[str, Any]:
         elif path.suffix == ".json":
             data = json.loads(text)
         else:
-            import yaml
-
-            data = yaml.safe_load(text)
+            data = load_yaml(text, file=str(path))
+    except SpecError:
+        raise
     except Exception as exc:  # each parser has its own error family; all mean "unparsable"
         raise SpecError(f"cannot parse the file: {exc}".replace("\n", " "), file=str(path)) from exc
     if not isinstance(data, dict):
