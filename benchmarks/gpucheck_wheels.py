@@ -320,9 +320,10 @@ def unpack_site(pieces: Sequence[Path], target: Path, *, only: str | None = None
 
 
 def install_site(name: str, pieces: Sequence[Path], target: Path, *, only: str | None = None) -> str:
-    """Unpack the site into ``target`` once per archive (the stamp records which); say how."""
+    """Unpack the site into ``target`` once per archive (the stamp records which: name, size, a digest of its
+    ends); say how."""
     stamp = target / STAMP
-    want = f"{name} {sum(p.stat().st_size for p in pieces)} bytes\n"
+    want = f"{name} {sum(p.stat().st_size for p in pieces)} bytes {_ends_digest(pieces)}\n"
     if stamp.exists() and stamp.read_text(encoding="utf-8") == want:
         return f"{name} already unpacked in {target}"
     if only is None and stamp.exists():
@@ -332,6 +333,18 @@ def install_site(name: str, pieces: Sequence[Path], target: Path, *, only: str |
         stamp.write_text(want, encoding="utf-8")
     what = f"{only}/ of " if only else ""
     return f"unpacked {files} files ({what}{name}, {len(pieces)} pieces) into {target}"
+
+
+def _ends_digest(pieces: Sequence[Path]) -> str:
+    """A digest of the archive's first and last MiB: another build of the same size differs there (its
+    ``feedfast-ext/`` comes first, xz's index last)."""
+    digest = hashlib.sha256()
+    with pieces[0].open("rb") as first:
+        digest.update(first.read(1 << 20))
+    with pieces[-1].open("rb") as last:
+        last.seek(max(0, pieces[-1].stat().st_size - (1 << 20)))
+        digest.update(last.read())
+    return digest.hexdigest()[:16]
 
 
 def source_hashes(repo: Path | None = None) -> str:
