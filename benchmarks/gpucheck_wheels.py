@@ -15,10 +15,10 @@ libjpeg's headers are installed:
    that Python 3.12, linked with rpath ``$ORIGIN``, into the site's ``feedfast-ext/`` with the libjpeg they
    link (``libjpeg.so.62``) beside them and the hashes of the C sources they came from (``SOURCES``): the
    GPU machine has neither libjpeg's headers to build them nor a libjpeg to load.
-4. :func:`pack_site` packs the site with xz (``-9e``, blocks of 256 MiB on all cores: 3.4 minutes on 2
+4. :func:`pack_site` packs the site with xz (``-9e``, blocks of 256 MiB on all cores: 3.5 minutes on 2
    cores) and cuts it evenly into ``DIR/site-py312.tar.xz.part-1-of-N`` ... ``part-N-of-N`` of at most
-   :data:`PIECE_BYTES`: the only files to copy. For DALI 2.4: 504 MiB unpacked, 167.9 MB packed, three
-   pieces of 56 MB (``-8`` would make 172.3 MB: four).
+   :data:`PIECE_BYTES`: the only files to copy. For DALI 2.4: 504 MiB unpacked, 167.7 MB packed, three
+   pieces of 55.9 MB (``-8`` in xz's default blocks made 172.3 MB: four).
 
 On the GPU machine: copy the N pieces into one folder, then ``make gpu-check WHEELS=that-folder`` (or
 ``python benchmarks/gpu_check.py --wheels that-folder``). The setup section checks that all N pieces are
@@ -26,11 +26,12 @@ there (a missing one is named), unpacks the site straight from them into the tar
 ``that-folder/site-py312``), puts it on ``sys.path`` and copies the C extensions into this checkout's
 ``feedfast/``, where an in-place build puts them. That and not the site: the checkout is first on
 ``sys.path`` and ``feedfast`` is a regular package, so no other ``feedfast`` folder is ever searched;
-adding the site's folder to ``feedfast.__path__`` would hold in this process only, not in the processes
-the check starts (DALI's log relay, the decoder check's worker, the shard indexers), and only before
-feedfast's modules first try the import. ``*.so`` is ignored by git, so the checkout stays clean; they are
-copied only when this checkout's C sources are the ones they were built from (a stale extension is an
-error, not a quiet fallback).
+adding the site's folder to ``feedfast.__path__`` would hold in this process only, not in a fresh
+interpreter the check starts, and only before feedfast's modules first try the import (they remember a
+failed one). There every process that imports this checkout's feedfast finds them, with their libjpeg
+beside them for ``$ORIGIN``. ``*.so`` is ignored by git, so the checkout stays clean; they are copied only
+when this checkout's C sources are the ones they were built from (a stale extension is an error, not a
+quiet fallback).
 
 The older form still works: a folder of ``.whl`` files, or of ``wheels.tar.part-aa``, ``-ab``, ... pieces
 (``--wheels-only`` makes them; :func:`pack`), installed there with ``pip install --no-index --no-deps
@@ -778,7 +779,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         built = build_extensions(python, site / EXT_DIR, work)
         say(f"built {', '.join(f.name for f in built)} into {site / EXT_DIR}")
         unpacked = sum(f.stat().st_size for f in site.rglob("*") if f.is_file())
-        say(f"packing {unpacked / 2**20:.0f} MiB with xz -{args.preset} (minutes: 3.4 for 504 MiB on 2 cores)")
+        say(f"packing {unpacked / 2**20:.0f} MiB with xz -{args.preset} (minutes: 3.5 for 504 MiB on 2 cores)")
         for old in args.out.glob("wheels.tar.part-*"):
             old.unlink()
         pieces = pack_site(site, args.out, name=name, piece_bytes=args.piece_bytes, preset=args.preset)
