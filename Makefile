@@ -128,10 +128,15 @@ gpu-check:
 	timeout -k 5 $$(( $(GPU_LIMIT) + 30 )) $(GPU_PY) benchmarks/gpu_check.py $(if $(WHEELS),--wheels $(WHEELS)) \
 	  $(if $(DRY_RUN),--dry-run) --budget $(GPU_BUDGET) --limit $(GPU_LIMIT) --json $(GPU_JSON)
 
-# Wheel pieces for gpu-check on a GPU machine without network: run here (pip must reach PyPI); it downloads DALI for
-# CUDA 13 and what it needs for Python 3.12 (benchmarks/gpucheck_wheels.py PACKAGES) and cuts them into pieces of
-# under 60 MB in GPU_WHEELS. Copy the pieces into one folder there and run: make gpu-check WHEELS=that-folder
+# The pieces for gpu-check on a GPU machine without network (Python 3.12, torch, no DALI, no libjpeg headers). Run
+# here, where pip reaches PyPI and a Python 3.12 (python3.12 on PATH or pyenv's; else GPU_BUILD_PY=...) and libjpeg's
+# headers are: it installs DALI for CUDA 13 and what it needs (benchmarks/gpucheck_wheels.py PACKAGES) into one site
+# folder for Python 3.12, builds feedfast's C extensions beside their libjpeg, packs it all with xz and cuts it into
+# GPU_WHEELS/site-py312.tar.xz.part-1-of-N ... part-N-of-N of at most 57,000,000 bytes (it prints them: N = 3 for
+# DALI 2.4, about 4 minutes on 2 cores). Copy those N files, nothing else, into one folder on the GPU machine, and run
+# there, in this checkout: make gpu-check WHEELS=that-folder
 GPU_WHEELS ?= bench-results/gpu-wheels
+GPU_BUILD_PY ?=
 .PHONY: gpu-wheels
 gpu-wheels:
-	$(GPU_PY) benchmarks/gpucheck_wheels.py --out $(GPU_WHEELS)
+	$(GPU_PY) benchmarks/gpucheck_wheels.py --out $(GPU_WHEELS) $(if $(GPU_BUILD_PY),--build-python $(GPU_BUILD_PY))

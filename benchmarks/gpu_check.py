@@ -11,12 +11,15 @@ the next section runs.
 
 ======================  ========================================================================
 ``setup``               DALI, webdataset, braceexpand, PyYAML, psutil, numpy and PIL import; when
-                        one does not and a wheel folder is given (``--wheels`` or ``$WHEELS``),
-                        every wheel there is installed with ``pip install --no-index --no-deps
-                        --target`` (pieces ``NAME.part-*`` are joined first and a joined ``.tar``
-                        unpacked) and the target folder is put on ``sys.path``. The pieces are
-                        made on a machine with network by ``make gpu-wheels`` (see
-                        ``gpucheck_wheels.py``).
+                        one does not and a folder is given (``--wheels`` or ``$WHEELS``) holding the
+                        pieces ``make gpu-wheels`` made (``site-py312.tar.xz.part-1-of-N`` ...), all N
+                        must be there (a missing one is named); the site they hold is unpacked from
+                        them into ``--target`` (default ``WHEELS/site-py312``), put on ``sys.path``,
+                        and feedfast's C extensions with their libjpeg are copied from it into this
+                        checkout's ``feedfast/`` (the GPU machine cannot build them; see
+                        ``gpucheck_wheels.py``); each extension then imports or the section fails.
+                        A folder of ``.whl`` files or ``wheels.tar.part-aa`` ... pieces (the older
+                        form) is installed with ``pip install --no-index --no-deps --target``.
 ``dataset``             ``--samples N`` photo-like JPEGs (2,048 on a GPU: 32 batches an epoch, so a
                         training row crosses epoch boundaries as training does), generated once
                         into feedfast's cache.
@@ -205,8 +208,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 epilog="sections: " + ", ".join(s.name for s in STEPS))
-    p.add_argument("--wheels", type=Path, default=None, help="folder of wheels (default: $WHEELS)")
-    p.add_argument("--target", type=Path, default=None, help="install folder (default: WHEELS/site-pyXY)")
+    p.add_argument("--wheels", type=Path, default=None, help="folder of the pieces make gpu-wheels made, or of wheels (default: $WHEELS)")
+    p.add_argument("--target", type=Path, default=None, help="where they are unpacked or installed (default: WHEELS/site-pyXY)")
     p.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (implied without CUDA)")
     p.add_argument("--json", dest="json_path", default=None, help="write the results here")
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGET,

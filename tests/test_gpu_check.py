@@ -8,6 +8,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -352,8 +353,8 @@ def test_activate_reaches_an_nvidia_folder_hidden_by_a_regular_nvidia_package(
         sys.modules.pop("nvidia.ffgc_part", None)
 
 
-def test_pieces_made_for_the_gpu_machine_are_under_60_mb_and_join_back(gcw: ModuleType, tmp_path: Path) -> None:
-    assert gcw.PIECE_BYTES < 60_000_000 and "nvidia-dali-cuda130" in gcw.PACKAGES
+def test_pieces_made_for_the_gpu_machine_are_under_58_mb_and_join_back(gcw: ModuleType, tmp_path: Path) -> None:
+    assert gcw.PIECE_BYTES < 58_000_000 and "nvidia-dali-cuda130" in gcw.PACKAGES
     made, pieces_dir = tmp_path / "made", tmp_path / "pieces"
     made.mkdir()
     wheels = [_wheel(made, name, {f"{name}/__init__.py": "X = 1\n" * 400}) for name in ("ffgc_a", "ffgc_b")]
@@ -364,6 +365,108 @@ def test_pieces_made_for_the_gpu_machine_are_under_60_mb_and_join_back(gcw: Modu
     gcw.join_pieces(pieces_dir)
     assert sorted(w.name for w in pieces_dir.glob("*.whl")) == sorted(w.name for w in wheels)
     assert all((pieces_dir / w.name).read_bytes() == w.read_bytes() for w in wheels)
+
+
+def _fake_site(tmp_path: Path, gcw: ModuleType) -> tuple[Path, Path, Path]:
+    """A site with a module, incompressible data and ``feedfast-ext/`` built from a fake checkout's C source."""
+    site, repo = tmp_path / "site", tmp_path / "repo"
+    (repo / "feedfast").mkdir(parents=True)
+    (repo / "feedfast" / "_fake.c").write_text("int fake;\n")
+    (site / "ffgc_site_probe").mkdir(parents=True)
+    (site / "ffgc_site_probe" / "__init__.py").write_text("VALUE = 7\n")
+    (site / "ffgc_site_probe" / "blob.bin").write_bytes(os.urandom(40_000))  # several pieces of 8,000 bytes
+    ext = site / gcw.EXT_DIR
+    ext.mkdir()
+    (ext / "_fake.cpython-312-x86_64-linux-gnu.so").write_bytes(b"\x7fELF fake extension")
+    (ext / "libjpeg.so.62").write_bytes(b"\x7fELF fake libjpeg")
+    (ext / "SOURCES").write_text(gcw.source_hashes(repo))
+    return site, repo, tmp_path / "pieces"
+
+
+@pytest.mark.parametrize("use_xz", [False, None], ids=["python-lzma", "xz-command-if-present"])
+def test_a_packed_site_arrives_from_its_pieces_and_a_missing_or_short_piece_is_named(
+        gcw: ModuleType, tmp_path: Path, use_xz: bool | None) -> None:
+    site, repo, out = _fake_site(tmp_path, gcw)
+    name = f"site-py{sys.version_info[0]}{sys.version_info[1]}.tar.xz"
+    pieces = gcw.pack_site(site, out, name=name, piece_bytes=8000, preset="0", use_xz=use_xz)
+    total = len(pieces)
+    assert total > 3 and all(p.stat().st_size <= 8000 for p in pieces)
+    assert [p.name for p in pieces] == [f"{name}.part-{i}-of-{total}" for i in range(1, total + 1)]
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in pieces)  # nothing else to copy
+    assert gcw.find_site(out) == (name, pieces)
+
+    # feedfast-ext/ comes first, so it alone is read without the rest
+    assert gcw.unpack_site(pieces, tmp_path / "ext-only", only=gcw.EXT_DIR) == 3
+    assert sorted(p.name for p in (tmp_path / "ext-only").iterdir()) == [gcw.EXT_DIR]
+
+    target = tmp_path / "target"
+    assert gcw.install_site(name, pieces, target).startswith(f"unpacked 5 files ({name}, {total} pieces)")
+    for path in site.rglob("*"):
+        if path.is_file():
+            assert (target / path.relative_to(site)).read_bytes() == path.read_bytes()
+    assert gcw.install_site(name, pieces, target).endswith("already unpacked in " + str(target))
+
+    # the extensions go into the checkout's feedfast/ when its C sources are the ones they were built from
+    package = repo / "feedfast"
+    assert gcw.install_extensions(target / gcw.EXT_DIR, package).startswith("copied _fake.cpython-312")
+    assert (package / "libjpeg.so.62").read_bytes() == b"\x7fELF fake libjpeg" and not (package / "SOURCES").exists()
+    assert gcw.install_extensions(target / gcw.EXT_DIR, package).startswith("feedfast's C extensions already in")
+    (package / "_fake.c").write_text("int changed;\n")
+    with pytest.raises(RuntimeError, match=r"other C sources than this checkout's \(feedfast/_fake.c\)"):
+        gcw.install_extensions(target / gcw.EXT_DIR, package)
+
+    second = pieces[1]
+    second.rename(tmp_path / second.name)
+    with pytest.raises(RuntimeError, match=rf"missing {re.escape(second.name)} \({total - 1} of {total} pieces"):
+        gcw.find_site(out)
+    (tmp_path / second.name).rename(second)
+    full = pieces[0].stat().st_size  # cut evenly: every piece but the last has this size
+    assert {p.stat().st_size for p in pieces[:-1]} == {full} and pieces[-1].stat().st_size <= full
+    pieces[0].write_bytes(pieces[0].read_bytes()[:5000])
+    with pytest.raises(RuntimeError, match=rf"{re.escape(pieces[0].name)}: 5000 bytes where the largest piece has {full}"):
+        gcw.pieces_of(out, name)
+    pieces[0].unlink()  # without the first, the second is taken for the first: the count still finds it
+    with pytest.raises(RuntimeError, match=rf"missing {re.escape(pieces[0].name)} "):
+        gcw.pieces_of(out, name)
+
+
+def test_lettered_pieces_with_a_gap_name_the_missing_one(gcw: ModuleType, tmp_path: Path) -> None:
+    for suffix in ("aa", "ac"):
+        (tmp_path / f"wheels.tar.part-{suffix}").write_bytes(b"x" * 10)
+    with pytest.raises(RuntimeError, match=r"missing wheels.tar.part-ab "):
+        gcw.join_pieces(tmp_path)
+
+
+def test_setup_installs_a_packed_site_and_copies_the_extensions_into_the_checkout(
+        gc: ModuleType, gcw: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site, repo, out = _fake_site(tmp_path, gcw)
+    name = f"site-py{sys.version_info[0]}{sys.version_info[1]}.tar.xz"
+    pieces = gcw.pack_site(site, out, name=name, piece_bytes=8000, preset="0")
+    monkeypatch.setattr(gcw, "REPO", repo)  # the fake checkout's feedfast/ gets the extensions
+    monkeypatch.setattr(gcw, "REQUIRED", ("ffgc_site_probe",))
+    monkeypatch.setattr(gcw, "EXTENSIONS", ())
+    path = list(sys.path)
+    monkeypatch.setattr(sys, "path", list(path))
+    monkeypatch.setenv("PYTHONPATH", "")
+    ctx = gc.make_context(gc.parse_args(["--dry-run", "--wheels", str(out), "--target", str(tmp_path / "t")]))
+    sec = gc.Section("setup", "setup")
+    try:
+        gcw.setup_section(ctx, sec)
+        assert importlib.import_module("ffgc_site_probe").VALUE == 7
+    finally:
+        sys.modules.pop("ffgc_site_probe", None)
+    notes = {row.what: row.note for row in sec.rows}
+    assert notes["wheels"].startswith(f"unpacked 5 files ({name}, {len(pieces)} pieces) into {tmp_path / 't'}")
+    assert notes["C extensions"].startswith("copied _fake.cpython-312-x86_64-linux-gnu.so, libjpeg.so.62 into")
+    assert notes["import ffgc_site_probe"].startswith("from the wheels")
+    assert (repo / "feedfast" / "_fake.cpython-312-x86_64-linux-gnu.so").exists()
+    assert os.environ["PYTHONPATH"] == str(tmp_path / "t")
+
+    pieces[-1].unlink()  # a fresh target: the last piece is missing, and named
+    monkeypatch.setattr(sys, "path", list(path))
+    ctx = gc.make_context(gc.parse_args(["--dry-run", "--wheels", str(out), "--target", str(tmp_path / "t2")]))
+    with pytest.raises(RuntimeError, match=rf"missing {re.escape(pieces[-1].name)} "):
+        gcw.setup_section(ctx, gc.Section("setup", "setup"))
 
 
 def test_host_syncs_are_only_forbidden_with_cuda(gc: ModuleType) -> None:
