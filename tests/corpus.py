@@ -147,6 +147,42 @@ def deflate_tiff(img: Image.Image) -> bytes:
             + b"\x00" * (len(data) & 1) + ifd + struct.pack("<I", 0))
 
 
+def planar_extra_tiff(planes: np.ndarray, extra: int = 1, *, deflate: bool = True, signed: bool = False,
+                      rows_per_strip: int | None = None) -> bytes:
+    """A TIFF of separate planes (PlanarConfiguration 2) whose last ``extra`` planes are "unspecified" extra
+    samples (ExtraSamples 0), written by hand from ``planes`` (H x W x N uint8): grey or RGB, then the extras.
+
+    Pillow's test image ``separate_planar_extra_samples.tiff`` is one (grey, signed 8-bit samples, Deflate, one
+    extra): Pillow 12.2 reads it without the extra planes; an older PIL (pillow-simd 12.1) refuses it, and
+    DALI's libtiff decoder refuses signed samples."""
+    import struct
+    import zlib
+
+    h, w, n = planes.shape
+    rows = rows_per_strip or h
+    strips = [np.ascontiguousarray(planes[y:y + rows, :, c]).tobytes() for c in range(n) for y in range(0, h, rows)]
+    strips = [zlib.compress(b) for b in strips] if deflate else strips
+    out = bytearray(b"II*\x00" + bytes(4))
+
+    def put(data: bytes) -> int:
+        at = len(out)
+        out.extend(data + b"\x00" * (len(data) & 1))
+        return at
+
+    offsets = [put(b) for b in strips]
+    tags = [(256, 3, [w]), (257, 3, [h]), (258, 3, [8] * n), (259, 3, [8 if deflate else 1]),
+            (262, 3, [1 if n - extra == 1 else 2]), (273, 4, offsets), (277, 3, [n]), (278, 3, [rows]),
+            (279, 4, [len(b) for b in strips]), (284, 3, [2]), (338, 3, [0] * extra), (339, 3, [2 if signed else 1] * n)]
+    entries = b""
+    for tag, kind, values in tags:
+        packed = struct.pack(f"<{len(values)}{'H' if kind == 3 else 'I'}", *values)
+        value = packed.ljust(4, b"\x00") if len(packed) <= 4 else struct.pack("<I", put(packed))
+        entries += struct.pack("<HHI", tag, kind, len(values)) + value
+    out[4:8] = struct.pack("<I", len(out))
+    out.extend(struct.pack("<H", len(tags)) + entries + bytes(4))
+    return bytes(out)
+
+
 def _animated_gif(seed: int) -> bytes:
     frames = [photo(seed + i).convert("P") for i in range(3)]
     b = io.BytesIO()
@@ -181,6 +217,13 @@ def _gradient16() -> Image.Image:
     return Image.fromarray(np.tile(ramp, (48, 1)))
 
 
+
+def _with_extra(img: Image.Image) -> np.ndarray:
+    """``img``'s bands (H x W x C) and one more plane of noise after them."""
+    bands = np.asarray(img).reshape(img.height, img.width, -1)
+    noise = np.random.default_rng(9).integers(0, 256, bands.shape[:2] + (1,), dtype=np.uint8)
+    return np.concatenate([bands, noise], axis=2)
+
 @lru_cache(maxsize=1)
 def hostile_images() -> Mapping[str, tuple[bytes, str]]:
     """{key: (bytes, expected)}: expected is ``delivered`` or ``skipped`` (under either on_error policy,
@@ -201,6 +244,8 @@ def hostile_images() -> Mapping[str, tuple[bytes, str]]:
         "gif": _enc(rgb.convert("P"), "GIF"), "gif_animated": _animated_gif(3),
         "tiff": _enc(rgb, "TIFF"), "tiff_cmyk": _enc(rgb.convert("CMYK"), "TIFF"), "tiff_deflate": deflate_tiff(rgb),
         "tiff_pages": _multipage_tiff(5), "bmp": _enc(rgb, "BMP"),
+        "tiff_planar_extra": planar_extra_tiff(_with_extra(rgb.convert("L")), signed=True),  # as Pillow's test image
+        "tiff_planar_rgbx": planar_extra_tiff(_with_extra(rgb), deflate=False, rows_per_strip=16),
         "ppm": _enc(rgb, "PPM"), "pgm": _enc(rgb.convert("L"), "PPM"), "tga": _enc(rgb, "TGA"),
         "sgi": _enc(rgb, "SGI"), "pcx": _enc(rgb, "PCX"), "ico": _enc(rgb, "ICO", sizes=[(32, 32)]),
         "dds": _enc(rgb.convert("RGBA"), "DDS"), "qoi": _enc(rgb, "QOI"), "im": _enc(rgb, "IM"),

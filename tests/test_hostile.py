@@ -249,6 +249,57 @@ def test_pixels_of_formats_one_decoder_lacks_match_the_source(tmp_path: Path, ba
     assert np.abs(got["jpeg"].numpy().astype(int) - source).mean() < 12  # lossy (the source is noisy)
 
 
+
+@pytest.mark.parametrize(("extra", "deflate", "grey", "rows"), [(1, True, True, None), (1, False, True, 5),
+                                                               (1, True, False, 7), (1, False, False, None),
+                                                               (2, True, False, None), (2, False, True, 4)])
+def test_a_tiff_of_separate_planes_and_unspecified_extra_samples_opens_without_them(
+        extra: int, deflate: bool, grey: bool, rows: int | None) -> None:
+    """Pillow 12.2 reads such a TIFF (its test image ``separate_planar_extra_samples.tiff``: grey, signed, Deflate, one
+    extra); pillow-simd 12.1 refuses it (grey: "cannot identify"; RGB: opened as RGBX, then "unknown raw mode" or "decoder
+    error -2"). :func:`open_image` reads it on either, its pixels the kept planes', and PIL's re-encoding is of them."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from feedfast.checks.decoders import open_image, pil_png
+    from tests.corpus import planar_extra_tiff
+
+    bands = 1 if grey else 3
+    planes = np.random.default_rng(extra).integers(0, 256, (30, 20, bands + extra), dtype=np.uint8)
+    data = planar_extra_tiff(planes, extra, deflate=deflate, signed=grey, rows_per_strip=rows)
+    img = open_image(data)
+    assert (img.format, img.mode, img.size) == ("TIFF", "L" if grey else "RGB", (20, 30))
+    want = planes[..., 0] if grey else planes[..., :3]
+    assert np.array_equal(np.asarray(img), want)
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(pil_png(data)))), want)
+
+
+@pytest.mark.parametrize("backend", ["dali", "pil", "threads"])
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+def test_tiffs_of_separate_planes_and_extra_samples_arrive_with_their_pixels(tmp_path: Path, backend: str,
+                                                                             on_error: str) -> None:
+    """Issue 37 item 4: skipped before ("not an image file PIL knows"; DALI: "Unsupported sample format: 2"). The signed
+    grey one DALI's decoder rejects is re-encoded (skip) or rescued mid-epoch (raise) on the dali backend."""
+    import numpy as np
+
+    from tests.corpus import photo
+
+    keys = ["jpeg", "tiff_planar_extra", "tiff_planar_rgbx"]
+    spec = {"pipeline": {"image": ["decode", {"resize": {"size": [48, 64]}}], "label": ["label"]},
+            "source": {"components": {"image": {"ext": "jpg", "kind": "image"}, "label": {"ext": "cls", "kind": "label"}},
+                       "on_error": on_error}, "batch": {"size": 2}, "outputs": ["image", "label"]}
+    loader = feedfast.DataLoader(spec, shards=str(write_hostile(tmp_path, keys)), backend=backend,
+                                 num_workers=0 if backend == "pil" else 1)
+    got = _epoch(loader)
+    assert sorted(got) == keys and loader.skipped_samples() == []
+    source = photo(7, 64, 48)
+    grey = np.repeat(np.asarray(source.convert("L"))[..., None], 3, 2)
+    for key, want in (("tiff_planar_rgbx", np.asarray(source)), ("tiff_planar_extra", grey)):  # within a resize's rounding
+        assert np.abs(got[key].numpy().astype(int) - want.astype(int)).max() <= 1, key
+
+
 def _kill_once_busy(worker: Any) -> None:
     """SIGKILL ``worker``'s process once its job is wholly sent and it has spent 50 ms of CPU on it: mid-check
     however loaded the machine is (a fixed delay could fire before the job reached the worker, or after it had

@@ -29,6 +29,7 @@ import sys
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import IO, Any, Iterator
 
 DALI_FORMATS = frozenset({"JPEG", "MPO", "PNG", "TIFF", "BMP", "PPM", "JPEG2000", "WEBP"})
@@ -96,7 +97,7 @@ def _pil_probe(data: bytes, max_pixels: int, decode: bool) -> Probe:
     if not data:
         return Probe(False, kind="limit", reason="zero-byte image")
     try:
-        img = Image.open(io.BytesIO(data))
+        img = open_image(data)
         w, h = img.size
         if w * h > max_pixels:
             return Probe(False, img.format or "?", "limit",
@@ -156,16 +157,108 @@ def pil_codecs() -> dict[str, tuple[bool, str]]:
 def pil_png(data: bytes) -> bytes:
     """Re-encode an image PIL reads as PNG: its first frame (or the composite of a layered
     file), 16-bit scaled to 8, in RGB, RGBA or L."""
-    from PIL import Image
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        img = Image.open(io.BytesIO(data))
+        img = open_image(data)
         img.load()  # the first frame, or a PSD's composite: never seek (PSD has no frame 0 to seek back to)
         img = to_8bit(img)
         out = io.BytesIO()
         img.save(out, "PNG", compress_level=1)
     return out.getvalue()
+
+
+TIFF_MAGIC = (b"II*\x00", b"MM\x00*")
+
+
+def open_image(data: bytes) -> Any:
+    """``Image.open`` of ``data`` (not yet loaded), with one fallback for TIFFs.
+
+    A TIFF of separate planes (PlanarConfiguration 2) whose extra samples are all "unspecified"
+    (ExtraSamples 0: no alpha, nothing to show) is refused by PIL before 12.2 ("cannot identify
+    image file": no mode has the extra bands), and by DALI's libtiff decoder when its samples are
+    signed. Pillow 12.2 reads it without the extra planes (Pillow's test image
+    ``separate_planar_extra_samples.tiff``); so does this fallback on any PIL, also uncompressed
+    (PIL then reads the planes' strips itself, and is given only those of the bands it keeps).
+
+    Raises:
+        PIL.UnidentifiedImageError: as ``Image.open``, when the fallback does not read it either.
+        PIL.Image.DecompressionBombError: as ``Image.open``.
+    """
+    from PIL import Image
+
+    try:
+        img = Image.open(io.BytesIO(data))
+    except Image.UnidentifiedImageError:  # grey or 5+ samples: no mode has the extra bands
+        if not data.startswith(TIFF_MAGIC):
+            raise
+        try:
+            img = _planar_tiff_class()(io.BytesIO(data))
+        except Exception:  # noqa: BLE001 - not such a TIFF, or broken: PIL's own error stands
+            img = None
+        if img is None or not img.dropped_planes:
+            raise
+    else:  # RGB + 1: opened as RGBX, whose planes PIL cannot then decode ("unknown raw mode", "decoder error -2")
+        if img.format != "TIFF" or not _planar_extra(img):
+            return img
+        try:
+            img = _planar_tiff_class()(io.BytesIO(data))
+        except Exception:  # noqa: BLE001 - broken otherwise: PIL's own reading (and error) stands
+            return img
+    check = getattr(Image, "_decompression_bomb_check", None)  # what Image.open does after opening
+    if check is not None:
+        check(img.size)
+    return img
+
+
+def _planar_extra(img: Any) -> bool:
+    """Whether a TIFF opened by PIL has separate planes and unspecified extra samples (PIL < 12.2 keeps them)."""
+    from PIL import TiffImagePlugin as tiff
+
+    tags = getattr(img, "tag_v2", None)
+    if tags is None or tags.get(tiff.PLANAR_CONFIGURATION, 1) != 2:
+        return False
+    extra = tuple(tags.get(tiff.EXTRASAMPLES, ()))
+    return bool(extra) and max(extra) == 0
+
+
+@lru_cache(maxsize=1)
+def _planar_tiff_class() -> type:
+    """A ``TiffImageFile`` that leaves out the trailing unspecified extra samples of separate planes."""
+    from PIL import TiffImagePlugin as tiff
+
+    class PlanarExtraTiff(tiff.TiffImageFile):  # type: ignore[misc]
+        dropped_planes = 0
+
+        def _setup(self) -> None:
+            tags = self.tag_v2
+            extra = tuple(tags.get(tiff.EXTRASAMPLES, ()))
+            samples = tags.get(tiff.SAMPLESPERPIXEL, 1)
+            if tags.get(tiff.PLANAR_CONFIGURATION, 1) == 2 and extra and max(extra) == 0 \
+                    and isinstance(samples, int) and samples > len(extra):
+                keep = samples - len(extra)
+                bits = tuple(tags.get(tiff.BITSPERSAMPLE, (1,)))
+                if len(bits) > 1:
+                    tags[tiff.BITSPERSAMPLE] = bits[:keep]
+                formats = tuple(tags.get(tiff.SAMPLEFORMAT, ()))
+                if len(formats) > 1:  # one value for all kept bands, as PIL reads one pixel type
+                    formats = formats[:keep]
+                    tags[tiff.SAMPLEFORMAT] = formats[:1] if len(set(formats)) == 1 else formats
+                for offsets_tag, counts_tag in ((tiff.STRIPOFFSETS, tiff.STRIPBYTECOUNTS),
+                                                (tiff.TILEOFFSETS, tiff.TILEBYTECOUNTS)):
+                    offsets = tags.get(offsets_tag)
+                    if isinstance(offsets, tuple) and len(offsets) % samples == 0:  # plane after plane
+                        kept = len(offsets) // samples * keep
+                        tags[offsets_tag] = offsets[:kept]
+                        counts = tags.get(counts_tag)
+                        if isinstance(counts, tuple) and len(counts) == len(offsets):
+                            tags[counts_tag] = counts[:kept]
+                tags[tiff.SAMPLESPERPIXEL] = keep
+                del tags[tiff.EXTRASAMPLES]
+                self.dropped_planes = len(extra)
+            super()._setup()
+
+    return PlanarExtraTiff
 
 
 def to_8bit(img: Any) -> Any:

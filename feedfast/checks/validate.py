@@ -9,7 +9,7 @@ decoder when DALI is installed), and
 - ``ok``: both decode it (JPEG incl. CMYK and grayscale, PNG incl. 16-bit and alpha, and
   TIFF, BMP, PNM, JPEG 2000, WebP when both can): it is read from its shard.
 - ``convert``: one of them decodes it and the other cannot (GIF, PSD, DDS, ICO, TGA, SGI
-  and other PIL-only formats; PNGs with bad checksums and JPEGs DALI rejects; WebP, TIFF
+  and other PIL-only formats; PNGs with bad checksums, JPEGs and signed TIFFs DALI rejects; WebP, TIFF
   or JPEG 2000 that this PIL build lacks a codec for, seen from the header), or DALI
   decodes it only after one of its decoders failed and printed an ``[ERROR]`` line (a
   CMYK TIFF): it is re-encoded losslessly as PNG (by PIL, else from DALI's pixels; the

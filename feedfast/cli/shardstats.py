@@ -8,7 +8,6 @@ are returned too, for a decode micro-benchmark.
 
 from __future__ import annotations
 
-import io
 import math
 import os
 from collections.abc import Sequence
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from feedfast.checks.decoders import open_image
 from feedfast.shards.index.tarindex import Member, parse_index
 
 
@@ -83,7 +83,6 @@ def shard_stats(paths: Sequence[str], index_paths: Sequence[str], image_exts: se
         image_exts: extensions of the image component (lower case); empty: no images.
         limit: about how many images to sample.
     """
-    from PIL import Image
 
     sizes_b = [os.path.getsize(p) for p in paths]
     total = sum(sizes_b) / 1e6
@@ -92,7 +91,7 @@ def shard_stats(paths: Sequence[str], index_paths: Sequence[str], image_exts: se
     dims, good, unreadable = [], [], 0
     for data in images:
         try:
-            with Image.open(io.BytesIO(data)) as img:
+            with open_image(data) as img:
                 dims.append(img.size)
         except Exception:  # noqa: BLE001 - any decoder failure: counted and reported in ShardStats.unreadable
             unreadable += 1

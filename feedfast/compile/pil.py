@@ -16,10 +16,10 @@ either way.
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from feedfast.checks.decoders import open_image
 from feedfast.compile.build import build_plan
 from feedfast.errors import BackendError
 from feedfast.ops.base import Rng, Signature, stream_for
@@ -134,7 +134,7 @@ def _apply(step: PilStep, value: Any, rng: Rng) -> Any:
     from PIL import Image
 
     try:
-        return emitter(Image.open(io.BytesIO(value)), step.params, rng)  # type: ignore[misc]
+        return emitter(open_image(value), step.params, rng)  # type: ignore[misc]
     except (*_PIL_ERRORS, Image.DecompressionBombError) as exc:
         what = "the component is empty" if not value else f"{type(exc).__name__}: {exc}"
         raise DecodeFailure(f"cannot decode the image ({what})") from None

@@ -10,7 +10,6 @@ DALI backend delivers it; what neither decodes raises with both decoders' reason
 
 from __future__ import annotations
 
-import io
 from typing import Sequence
 
 from feedfast.checks.second_decode import as_ppm, second_opinion
@@ -30,12 +29,11 @@ def image_decodes(program: PilProgram) -> list[tuple[int, str]]:
 
 def pil_failure(data: bytes) -> str | None:
     """Why PIL cannot decode ``data`` to pixels (``Type: message``), or None when it can."""
-    from PIL import Image
 
-    from feedfast.checks.decoders import short, to_8bit
+    from feedfast.checks.decoders import open_image, short, to_8bit
 
     try:
-        img = Image.open(io.BytesIO(data))
+        img = open_image(data)
         img.load()
         to_8bit(img)
     except Exception as exc:  # noqa: BLE001 - any decoder failure is PIL's answer

@@ -29,13 +29,13 @@ reduction by more than :data:`REDUCING_GAP` first averages pixel blocks (Pillow'
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
 
+from feedfast.checks.decoders import open_image
 from feedfast.compile.pil import PilProgram, PilStep, own_draws
 from feedfast.loader.backends.cpu.pil_fast import (
     REGION_FORMATS,
@@ -166,7 +166,7 @@ def _open(step: PilStep, raw: bytes) -> Any:
     from PIL import Image
 
     try:
-        return Image.open(io.BytesIO(raw))
+        return open_image(raw)
     except (*_PIL_ERRORS, Image.DecompressionBombError) as exc:
         raise _decode_failure(step, exc, raw) from None
 
