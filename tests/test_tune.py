@@ -258,3 +258,18 @@ def test_a_gain_within_the_noise_is_not_taken() -> None:
         tuner.feed(_obs(period, period - 5, loop_cpu_ms=2, process_cpu_ms=102))
     assert tuner.done and knobs.threads == 1 and "kept" in tuner.reason
     assert tuner.report()["trials"][0]["spread"] == pytest.approx(0.7)
+
+
+def test_model_predicts_more_threads_than_cores_help_a_loader_whose_threads_stall() -> None:
+    # no step: the loop waits 62 of 63 ms for 2 threads on 2 cores that keep only 0.94 of a core busy
+    # (60 ms of CPU a batch: they stall on the GIL or reads), so a third thread adds 0.47 of a core
+    model = CostModel(Knobs(2, 2), Figures.of([_obs(63, 62, loop_cpu_ms=1, process_cpu_ms=61, loader_cpu_ms=59.2)] * 3),
+                      cores=2)
+    assert model.thread_limited and not model.cpu_bound
+    assert model.predict(2, 2) == pytest.approx(0.063, rel=0.01)  # the measured period, the base
+    assert model.predict(3, 2) == pytest.approx(0.042, rel=0.02)  # 63 * 2 / 3
+    assert model.predict(2, 4) == model.predict(2, 2)  # a deeper queue does not speed the loader that sets the pace
+    # threads that keep their cores busy are not thread-limited: no gain beyond the cores (as before)
+    busy = CostModel(Knobs(2, 2), Figures.of([_obs(63, 62, loop_cpu_ms=1, process_cpu_ms=121, loader_cpu_ms=120)] * 3),
+                     cores=2)
+    assert not busy.thread_limited and busy.predict(3, 2) == busy.predict(2, 2)

@@ -20,7 +20,11 @@ How it searches, in the spirit of Plumber's operational analysis (Kuchnik et al.
    proportion as fewer threads compete for the cores: ``C(n) = C - R + R * min(n, K) /
    min(n0, K)``. Predicted ``T(n) = max(C(n), L(n))``. Where the loop waited but the loader's
    CPU does not explain the wait (``L(n0)`` under 0.6 of the period), the waits come from
-   jitter or read latency, and more batches ahead are predicted to absorb them.
+   jitter or read latency, and more batches ahead are predicted to absorb them. Where the loader
+   sets the pace (the loop waited half its period or more) yet its threads kept under 0.8 of the
+   cores they could use busy (``D / T``: they stall on the GIL or on reads), each thread is taken
+   to add ``D / (T * n0)`` of a core, up to ``K - u``: ``L(n) = D / min(n * D / (T * n0), K - u)``,
+   so more threads than cores are predicted to help (on 2 cores, 3 threads beat 2 with no step).
 3. **Try** the configuration the model ranks best, if it predicts a gain of at least 3 %;
    keep it only if its measured period beats the best so far by 3 % and by half the spread of
    either's measured periods (a shared machine's noise must not pick it); re-fit the model and try
@@ -44,6 +48,7 @@ from typing import Any
 from feedfast.loader.knobs import Knobs
 
 MARGIN = 0.03  # a candidate must be predicted, then measured, this much faster than the best so far
+BUSY = 0.8  # a loader that sets the pace yet keeps less than this share of its cores busy is thread-limited
 SETTLE = 1  # batches after a change before measuring (the queue still holds the old configuration's)
 MEASURE = 3  # batches measured per trial (the median counts)
 MIN_BUDGET = 1 + MEASURE + SETTLE + MEASURE  # batches: the default's trial and one candidate's
@@ -164,9 +169,25 @@ class CostModel:
         f = self.figures
         return self.loader_bound and f.loader_cpu / self._capacity(self.base.threads) >= 0.6 * f.period
 
+    @property
+    def busy(self) -> float:
+        """Cores the loader's threads kept busy over the measured period."""
+        return self.figures.loader_cpu / self.figures.period if self.figures.period > 0 else 0.0
+
+    @property
+    def thread_limited(self) -> bool:
+        """Whether the loader sets the loop's pace (the loop waited half its period or more) while its threads
+        kept under :data:`BUSY` of the cores they could use busy: they stall (on the GIL, on reads), so more
+        threads than cores still add throughput, up to the cores."""
+        f = self.figures
+        return f.wait >= 0.5 * f.period and self.busy < BUSY * self._capacity(self.base.threads)
+
     def loader_period(self, threads: int) -> float:
         """Seconds the loader takes per batch with ``threads``."""
         f = self.figures
+        if self.thread_limited:  # each thread keeps busy/n0 of a core busy, up to the cores free of the step
+            per_thread = self.busy / max(1, self.base.threads)
+            return f.loader_cpu / max(1e-9, min(threads * per_thread, self._capacity(self.cores)))
         if self.cpu_bound:  # calibrated: the measured period is the loader's at the base thread count
             return f.period * self._capacity(self.base.threads) / self._capacity(threads)
         return f.loader_cpu / self._capacity(threads)
@@ -180,7 +201,7 @@ class CostModel:
     def predict(self, threads: int, prefetch: int) -> float:
         """The loop's predicted period (seconds per batch)."""
         period = max(self.step(threads), self.loader_period(threads))
-        if self.cpu_bound:
+        if self.cpu_bound or self.thread_limited:  # a deeper queue does not speed a loader that sets the pace
             return period
         # waits the loader's CPU does not explain (jitter, read latency) stay; a deeper queue absorbs them
         return period + self.figures.wait * min(1.0, self.base.prefetch / prefetch)
@@ -337,7 +358,8 @@ class Tuner:
             figures_ms = {k: round(v * 1e3, 2) for k, v in asdict(m.figures).items()}
             predicted = {f"threads={n},prefetch={p}": round(m.predict(n, p) * 1e3, 2) for n, p in self._grid()}
             model = {"cores": m.cores, "fitted_on": m.base.as_dict(), "loader_bound": m.loader_bound,
-                     "cpu_bound": m.cpu_bound, **figures_ms, "predicted_ms": predicted}
+                     "cpu_bound": m.cpu_bound,
+                     "thread_limited": m.thread_limited, "busy_cores": round(m.busy, 2), **figures_ms, "predicted_ms": predicted}
         return {"state": "done" if self.done else "searching", "budget_batches": self.budget,
                 "batches_seen": self.seen, "tunable": list(self.tunable),
                 "trials": [t.row() for t in self.trials if t.observations or t is self.trials[0]],
