@@ -98,7 +98,7 @@ def epoch_feed(paths: list[str], folder: Path, epoch: int, *, workers: int, pack
                        partial(step_positions, batch_size=BATCH, count=len(rows)), steps=ep.steps,
                        cache=None, transfer=Transfer(), workers=workers, ahead=ahead, dali=[0])
     if not packed:  # the member reader's path, as every step went before the packed read
-        feed.packed, feed._ring = False, None
+        feed.packed, feed.ring = False, None
     return feed
 
 

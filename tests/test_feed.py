@@ -52,7 +52,7 @@ def test_the_packed_feed_hands_dali_each_member_and_keeps_the_labels_out_of_it(t
     shards = make_shards(tmp_path, samples=22, per_shard=5)
     feed = _feed(tmp_path, shards, dali=[0])
     try:
-        assert feed.packed and feed.retains
+        assert feed.packed and feed.ring is not None
         held = deque(maxlen=DALI_HOLDS)  # DALI holds its last few steps' TensorLists while later ones are read
         for step in range(feed.steps):
             (images,) = feed(step)  # one TensorList: the images; the label component is not DALI's

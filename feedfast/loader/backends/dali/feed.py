@@ -130,7 +130,8 @@ class BatchFeeder:
         self.packed = (_plan is not None and all(kind == "file" for kind in kinds) and valid is None
                        and not (windows and rows.window is not None))
         self.ahead = min(ahead, PACKED_AHEAD) if self.packed else ahead
-        self._ring = (ring or Ring(self.components, self.ahead + holds + 2)) if self.packed else None
+        self.ring = (ring or Ring(self.components, self.ahead + holds + 2)) if self.packed else None
+        """The ring the packed path reads DALI's components into (None off it), shared by the next epoch's feed."""
         self._ring_base = ring_base
         threads = min(workers, 2) if self.packed else workers  # a packed read is a step per call, the GIL released
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="feedfast-feed")
@@ -141,12 +142,6 @@ class BatchFeeder:
         self.filled: dict[int, Filled] = {}  # steps with rows lost, made whole (under skip)
         self._spare: list[np.ndarray] | None = None  # a sample read earlier: fills a batch all of whose rows are lost
         weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
-
-    @property
-    def retains(self) -> bool:
-        """Whether what :meth:`__call__` returns stays untouched until DALI is done with it (``no_copy`` is safe):
-        on the packed path, whose ring is written again only :data:`DALI_HOLDS` steps plus the read-ahead later."""
-        return self._ring is not None
 
     def __call__(self, info: Any) -> list[Any]:
         step = int(getattr(info, "iteration", info))
@@ -176,12 +171,12 @@ class BatchFeeder:
         on the packed path sharing a ring buffer (no copy), else copied from the member reader's arrays."""
         from nvidia.dali.tensors import TensorCPU, TensorListCPU
 
-        parts: list[Any] = self.step_bytes(step, self._ring) if self._ring is not None else self.batch(step)
+        parts: list[Any] = self.step_bytes(step, self.ring) if self.ring is not None else self.batch(step)
         host = {c: parts[c] for c in range(self.components) if c not in self.dali}
         if host:
             with self._lock:
                 self._host[step] = host
-        if self._ring is not None:  # TensorCPU shares each view's memory; the list then shares them (measured:
+        if self.ring is not None:  # TensorCPU shares each view's memory; the list then shares them (measured:
             # 1.4 us a sample, where a list of arrays takes 1.6 and a contiguous TensorList copies, 31 us at 55 KB)
             return [TensorListCPU([TensorCPU(v) for v in parts[c].views()], contiguous=False) for c in self.dali]
         return [TensorListCPU(parts[c]) for c in self.dali]
@@ -196,16 +191,17 @@ class BatchFeeder:
                 del self._host[step]
         if part is not None:
             return part
-        return self.step_bytes(step)[component] if self.packed else self.batch(step)[component]
+        return self.step_bytes(step, components=[component])[0] if self.packed else self.batch(step)[component]
 
     def want(self, rows: list[int]) -> None:
         """Start reading the windows of ``rows`` ahead (:meth:`MemberReader.want`)."""
         self.reader.want(rows)
 
-    def step_bytes(self, step: int, ring: Ring | None = None) -> list[StepBytes]:
+    def step_bytes(self, step: int, ring: Ring | None = None,
+                   components: Sequence[int] | None = None) -> list[StepBytes]:
         """Per component, step ``step``'s members end to end in one buffer (for a component DALI takes, a slot of
         ``ring``; else a new one), each component's read one call with the GIL released (local shards; see
-        :attr:`packed`).
+        :attr:`packed`). ``components``: only those, in that order (None: all).
 
         Raises:
             ShardError: a read failed or came short; names the shard and the sample.
@@ -214,7 +210,7 @@ class BatchFeeder:
         where = self.rows.take(rows)
         fds = self.reader.files.fds(where.shard)
         out: list[StepBytes] = []
-        for c in range(self.components):
+        for c in range(self.components) if components is None else components:
             sizes = np.ascontiguousarray(where.sizes[:, c])
             lengths = np.maximum(sizes, 0)
             starts = np.zeros(len(sizes), dtype=np.int64)

@@ -83,7 +83,7 @@ class StepQueue:
             self._numbered += end - first
         stream = make(base)
         if self.ring is None:
-            self.ring = stream.feeder._ring
+            self.ring = stream.feeder.ring
         with self._lock:
             self.segments[number] = Segment(epoch, key, stream, first, end)
             self._queue.extend(Queued(number, step) for step in range(first, end))
