@@ -44,8 +44,8 @@ SPEC = {"version": 1, "name": "dali-loader",
         "outputs": ["image", "label"], "batch": {"size": BATCH}, "seed": 0}
 
 
-def padded_jpeg(seed: int) -> bytes:
-    """A 64x64 JPEG with a COM segment after its SOI that brings it to about :data:`BYTES`."""
+def padded_jpeg(seed: int, nbytes: int = BYTES) -> bytes:
+    """A 64x64 JPEG with a COM segment after its SOI that brings it to about ``nbytes``."""
     import numpy as np
     from PIL import Image
 
@@ -55,7 +55,7 @@ def padded_jpeg(seed: int) -> bytes:
     Image.fromarray(pixels).save(out, "JPEG", quality=90)
     jpeg = out.getvalue()
     comment = b"\xff\xfe"
-    room = max(0, BYTES - len(jpeg) - 4)
+    room = max(0, nbytes - len(jpeg) - 4)
     segments = b""
     while room > 0:  # a COM segment holds at most 65,533 bytes
         size = min(room, 65_533)

@@ -1,11 +1,13 @@
 """DALI's feed alone: a step's members read and handed over as DALI drives it, without a GPU.
 
-Issue 36's CPU proxy. 32 shards x 256 members of about 55 KB (random bytes named ``.jpg``: the feed
-does not decode) plus a ``.cls``, warm page cache, the global permutation of a shuffled epoch
-(``partition="global"``), batch 256. The feed (:class:`feedfast.loader.backends.dali.feed.BatchFeeder`)
-is called step after step from this thread, as DALI's executor calls it, and each TensorList it
-returns is held for ``DALI_HOLDS`` steps, as DALI holds them; the images go to DALI, the labels
-are taken as the loader's producer takes them (:meth:`~feedfast.loader.backends.dali.feed.BatchFeeder.host`).
+Issue 36's CPU proxy. 32 shards x 256 JPEGs of about 55 KB (64 x 64 pixels carrying a comment segment:
+the feed reads each one's frame header, not its pixels) plus a ``.cls``, warm page cache, the global
+permutation of a shuffled epoch (``partition="global"``), batch 256. The feed
+(:class:`feedfast.loader.backends.dali.feed.BatchFeeder`) is called step after step from this thread, as
+DALI's executor calls it, and each TensorList it returns is held for ``DALI_HOLDS`` steps, as DALI holds
+them; the images go to DALI with each sample's crop window and flip drawn for imagenet-train's
+``random_resized_crop`` and ``flip`` (:mod:`feedfast.loader.backends.dali.draws`), the labels are taken as the
+loader's producer takes them (:meth:`~feedfast.loader.backends.dali.feed.BatchFeeder.host`).
 
 Measured, each a median of ``--rounds`` rounds, the packed path (one ``read_packed`` call a
 step and component, the GIL released, TensorLists sharing a reused ring) and, in the same
@@ -57,10 +59,12 @@ def make_set(folder: Path) -> list[str]:
     from feedfast.shards.index.tarindex import load_index
 
     folder.mkdir(parents=True, exist_ok=True)
+    from dali_loader import padded_jpeg
+
     rng = np.random.default_rng(0)
     paths = []
     for s in range(SHARDS):
-        path = folder / f"feed-{s:04d}.tar"
+        path = folder / f"feed-jpeg-{s:04d}.tar"
         paths.append(str(path))
         if path.exists():
             continue
@@ -68,7 +72,8 @@ def make_set(folder: Path) -> list[str]:
         with tarfile.open(tmp, "w") as tar:
             for i in range(PER_SHARD):
                 size = int(np.clip(rng.normal(MEAN_BYTES, MEAN_BYTES / 4), 8_000, 4 * MEAN_BYTES))
-                for ext, payload in (("jpg", rng.bytes(size)), ("cls", str(int(rng.integers(1000))).encode())):
+                image = padded_jpeg(s * PER_SHARD + i, size)
+                for ext, payload in (("jpg", image), ("cls", str(int(rng.integers(1000))).encode())):
                     info = tarfile.TarInfo(f"{s:04d}_{i:05d}.{ext}")
                     info.size = len(payload)
                     tar.addfile(info, io.BytesIO(payload))
@@ -82,21 +87,28 @@ def epoch_feed(paths: list[str], folder: Path, epoch: int, *, workers: int, pack
     """A feed over ``epoch``'s rows of the global permutation (rank 0 of 1)."""
     from functools import partial
 
+    from feedfast.compile.build import build_plan
+    from feedfast.compile.dali_draws import fed_draws
+    from feedfast.loader.backends.dali.draws import StepDraws
     from feedfast.loader.backends.dali.feed import BatchFeeder
     from feedfast.order.deal import plan_epoch, step_positions
+    from feedfast.order.draws import draws_key
     from feedfast.order.rows import epoch_rows
     from feedfast.shards.index.tarindex import load_index
     from feedfast.shards.transport.remote import Transfer
     from feedfast.sources.dataset import ShardSet
+    from feedfast.spec.load import load_spec
 
     idx = tuple(str(load_index(p, folder)[0]) for p in paths)
     sset = ShardSet(tuple(paths), idx, (PER_SHARD,) * SHARDS, cache_dir=str(folder))
     ep = plan_epoch([PER_SHARD] * SHARDS, batch_size=BATCH, rank=0, world=1, last_batch="partial",
                     partition="global", seed=0, epoch=epoch)
     rows = epoch_rows(sset, [{"jpg"}, {"cls"}], ep, rank=0, world=1, seed=0, epoch=epoch, shuffle=True)
+    fed = fed_draws(build_plan(load_spec("imagenet-train"), device="cpu"))
     feed = BatchFeeder(tuple(paths), ("file",) * SHARDS, rows,
                        partial(step_positions, batch_size=BATCH, count=len(rows)), steps=ep.steps,
-                       cache=None, transfer=Transfer(), workers=workers, ahead=ahead, dali=[0])
+                       cache=None, transfer=Transfer(), workers=workers, ahead=ahead, dali=[0],
+                       draws=StepDraws(fed, draws_key(0, epoch)) if fed is not None else None)
     if not packed:  # the member reader's path, as every step went before the packed read
         feed.packed, feed.ring = False, None
     return feed

@@ -8,6 +8,13 @@
  * round half to even, the counter-based draws of feedfast.order.draws), so it gives the same
  * numbers: tests/test_plan_native.py checks it against the Python walk, sample for sample.
  *
+ * plan_batch(..., out, geometry=False): with `geometry`, the view alone for any JPEG whose header libjpeg reads (no
+ *   colour-mode or pixel-limit status): the crop boxes and flips DALI is fed (feedfast.loader.backends.dali.draws).
+ *
+ * plan_packed(data, starts, sizes, samples, key, program, out)
+ *   plan_batch(..., geometry=True) over members end to end in `data` (member i: data[starts[i] : starts[i] +
+ *   sizes[i]], none where sizes[i] <= 0), as DALI's feed reads a step: no Python object per member.
+ *
  * read_batch(fds, offsets, sizes) -> list of bytes
  *   fds: int32, offsets and sizes: int64, one each per sample: pread of each, the GIL released.
  *   A read that fails or comes short gives None in its place (the caller reads it again in
@@ -299,9 +306,12 @@ header(const unsigned char *data, size_t len, long *width, long *height, int *mo
 
 /* ---- one sample ---------------------------------------------------------------------------------------- */
 
+/* One sample's row. `geometry`: the view alone, as DALI's fed draws take it (feedfast.loader.backends.dali.draws):
+ * any JPEG whose frame header libjpeg reads, whatever its colour mode or size (DALI decodes it to the decode's
+ * colour, and has no pixel limit). */
 static void
 plan_one(const unsigned char *data, size_t len, uint64_t sample, uint64_t key, const double *program, Py_ssize_t ops,
-         long long max_pixels, double *row)
+         long long max_pixels, int geometry, double *row)
 {
     memset(row, 0, sizeof(double) * PLAN_COLS);
     long width, height;
@@ -311,12 +321,12 @@ plan_one(const unsigned char *data, size_t len, uint64_t sample, uint64_t key, c
         return;
     }
     row[COL_WIDTH] = (double)width, row[COL_HEIGHT] = (double)height;
-    if (max_pixels > 0 && (long long)width * height > max_pixels) {
+    if (!geometry && max_pixels > 0 && (long long)width * height > max_pixels) {
         row[COL_STATUS] = (long long)width * height > 2 * max_pixels ? ST_BOMB : ST_LARGE;
         return;
     }
     int gray = ops > 0 && program[1] != 0.0;
-    if (mode != (gray ? 1 : 3)) {
+    if (!geometry && mode != (gray ? 1 : 3)) {
         row[COL_STATUS] = ST_NOT_REGION;
         return;
     }
@@ -348,7 +358,9 @@ plan_batch(PyObject *self, PyObject *args)
     Py_buffer samples, program, out;
     unsigned long long key;
     long long max_pixels;
-    if (!PyArg_ParseTuple(args, "O!y*Ky*Lw*", &PyList_Type, &raws, &samples, &key, &program, &max_pixels, &out))
+    int geometry = 0;
+    if (!PyArg_ParseTuple(args, "O!y*Ky*Lw*|p", &PyList_Type, &raws, &samples, &key, &program, &max_pixels, &out,
+                          &geometry))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(raws);
     PyObject *result = NULL;
@@ -364,12 +376,52 @@ plan_batch(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS /* the list holds the bytes alive, raw the other buffers; nothing else touches Python objects */
     for (Py_ssize_t i = 0; i < n; i++)
         plan_one(raw.data[i], (size_t)raw.lens[i], (uint64_t)((const int64_t *)samples.buf)[i], (uint64_t)key,
-                 (const double *)program.buf, ops, max_pixels, (double *)out.buf + i * PLAN_COLS);
+                 (const double *)program.buf, ops, max_pixels, geometry, (double *)out.buf + i * PLAN_COLS);
     Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);
 done:
     raws_close(&raw);
+    PyBuffer_Release(&samples);
+    PyBuffer_Release(&program);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyObject *
+plan_packed(PyObject *self, PyObject *args)
+{
+    Py_buffer data, starts, sizes, samples, program, out;
+    unsigned long long key;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*Ky*w*", &data, &starts, &sizes, &samples, &key, &program, &out))
+        return NULL;
+    Py_ssize_t n = starts.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *result = NULL;
+    const int64_t *start = starts.buf, *size = sizes.buf;
+    if (sizes.len != starts.len || samples.len != starts.len ||
+        out.len != n * PLAN_COLS * (Py_ssize_t)sizeof(double) || program.len % (OP_SLOTS * sizeof(double)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "plan_packed: starts, sizes, samples, program or out has the wrong size");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (size[i] > 0 && (start[i] < 0 || start[i] + size[i] > data.len)) {
+            PyErr_Format(PyExc_ValueError, "plan_packed: member %zd lies outside the data", i);
+            goto done;
+        }
+    Py_ssize_t ops = program.len / (Py_ssize_t)(OP_SLOTS * sizeof(double));
+    const unsigned char *base = data.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        plan_one(size[i] > 0 ? base + start[i] : NULL, size[i] > 0 ? (size_t)size[i] : 0,
+                 (uint64_t)((const int64_t *)samples.buf)[i], (uint64_t)key, (const double *)program.buf, ops, 0, 1,
+                 (double *)out.buf + i * PLAN_COLS);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&sizes);
     PyBuffer_Release(&samples);
     PyBuffer_Release(&program);
     PyBuffer_Release(&out);
@@ -593,6 +645,7 @@ done:
 static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS, "pread of fixed-size records at many offsets, the GIL released."},
     {"plan_batch", plan_batch, METH_VARARGS, "A batch's image geometry (see the module's comment)."},
+    {"plan_packed", plan_packed, METH_VARARGS, "plan_batch's geometry over members end to end in one buffer."},
     {"read_batch", read_batch, METH_VARARGS, "pread of each sample's bytes, the GIL released."},
     {"read_packed", read_packed, METH_VARARGS, "pread of members into one buffer, end to end, the GIL released."},
     {"parse_labels", parse_labels, METH_VARARGS, "A batch of ASCII decimal labels to int64, the GIL released."},

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from feedfast.compile import shapes
+from feedfast.compile.dali_draws import FedDraws, fed_draws
 from feedfast.compile.plan import Node, Plan
 from feedfast.errors import BackendError
 from feedfast.ops import _dali as d
@@ -30,6 +31,8 @@ class EmitContext:
     layout: str = ""
     channels: int | None = None
     """The node's output channels where its signature knows them (1 after a gray decode)."""
+    fed: dict[str, Any] = field(default_factory=dict)
+    """The node's draws fed as data (:mod:`feedfast.compile.dali_draws`), by name; empty: DALI's generator."""
 
 
 @dataclass
@@ -43,6 +46,8 @@ class ReaderConfig:
     pipeline's thread with a ``BatchInfo`` per iteration (it reads ahead in its own
     threads), and ``stream`` names each step's samples (``stream.origins(step, size)``)
     and finds undecodable ones (``stream.bad_sample``): see ``feedfast.loader.backends.dali.stream``.
+    A feed returns each step's draws after its components where the plan's nodes take them
+    (:func:`~feedfast.compile.dali_draws.fed_draws`), and those nodes are emitted with them.
     """
 
     paths: list[str]
@@ -89,7 +94,9 @@ def emit(plan: Plan, reader: ReaderConfig) -> tuple[list[Any], DaliOutputs]:
     """
     exts = [plan.nodes[i].params["ext"] for i in range(len(plan.components))]
     fed = dali_components(plan) if reader.feed is not None else list(range(len(exts)))
-    raw = _source(reader, [exts[c] for c in fed])
+    draws = fed_draws(plan) if reader.feed is not None else None
+    raw = _source(reader, [exts[c] for c in fed], draws)
+    raw, fed_inputs = raw[:len(fed)], (draws.inputs(raw[len(fed):]) if draws is not None else {})
     values: dict[int, Any] = dict(zip(fed, raw))
     sizes: dict[int, Any] = {}
     for n in plan.nodes[len(plan.components):]:
@@ -98,7 +105,7 @@ def emit(plan: Plan, reader: ReaderConfig) -> tuple[list[Any], DaliOutputs]:
         x, src = values[n.inputs[0]], n.inputs[0]
         if n.device == "gpu" and plan.nodes[src].device in ("cpu", "host"):
             x = x.gpu()  # a per-op override: decoded on the CPU, augmented on the GPU
-        values[n.id] = emit_node(n, x, sizes.get(src), decoder=plan.spec.decoder)
+        values[n.id] = emit_node(n, x, sizes.get(src), decoder=plan.spec.decoder, fed=fed_inputs.get(n.id))
         sizes[n.id] = shapes.out_hw(n, sizes.get(src), x if plan.nodes[src].op == "read" else None)
     fields, outs, deferred = [], [], {}
     for name, nid in plan.outputs.items():
@@ -117,12 +124,18 @@ def emit(plan: Plan, reader: ReaderConfig) -> tuple[list[Any], DaliOutputs]:
     return outs + raw, DaliOutputs(fields, list(plan.components), deferred, reader.stream, fed)
 
 
-def _source(reader: ReaderConfig, exts: list[str]) -> list[Any]:
-    """The raw component outputs: DALI's webdataset reader, or an external source over ``reader.feed``."""
+def _source(reader: ReaderConfig, exts: list[str], draws: FedDraws | None = None) -> list[Any]:
+    """The raw component outputs: DALI's webdataset reader, or an external source over ``reader.feed`` (then
+    the ``draws`` after the components: float32 pairs of a window, then int32 flags, see :class:`FedDraws`)."""
     if reader.feed is not None:
+        t = d.types()
+        windows = 2 if draws is not None and draws.window is not None else 0
+        extra = draws.outputs if draws is not None else 0
+        dtypes = [t.UINT8] * len(exts) + [t.FLOAT] * windows + [t.INT32] * (extra - windows)
         # not parallel=True: two live pipelines with parallel external sources corrupt data (DALI 2.4)
         return list(d.fn().external_source(
-            source=reader.feed, num_outputs=len(exts), batch=True, batch_info=True, dtype=d.types().UINT8, ndim=1,
+            source=reader.feed, num_outputs=len(exts) + extra, batch=True, batch_info=True, dtype=dtypes,
+            ndim=[1] * (len(exts) + windows) + [0] * (extra - windows),
             no_copy=bool(getattr(reader.feed, "retains", False)),  # a feed whose buffers outlive DALI's use
         ))
     raw = d.fn().readers.webdataset(
@@ -145,7 +158,8 @@ def _channels(sig: Any) -> int | None:
     return c if isinstance(c, int) else None
 
 
-def emit_node(n: Node, x: Any, in_hw: Any = None, *, decoder: DecoderSettings | None = None) -> Any:
+def emit_node(n: Node, x: Any, in_hw: Any = None, *, decoder: DecoderSettings | None = None,
+              fed: dict[str, Any] | None = None) -> Any:
     """One node as DALI ops.
 
     Args:
@@ -153,6 +167,7 @@ def emit_node(n: Node, x: Any, in_hw: Any = None, *, decoder: DecoderSettings | 
         x: its input DataNode.
         in_hw: the input's per-sample (height, width) on the CPU.
         decoder: the spec's nvJPEG settings (defaults when None), given to a ``mixed`` decode.
+        fed: its draws fed as data, by name (:mod:`feedfast.compile.dali_draws`); None: DALI's generator.
     """
     ctx = EmitContext(
         device=d.dali_device(n.device),
@@ -161,6 +176,7 @@ def emit_node(n: Node, x: Any, in_hw: Any = None, *, decoder: DecoderSettings | 
         decoder_args=(decoder or DecoderSettings()).args_for(n.device),
         layout=n.sig.layout,
         channels=_channels(n.sig),
+        fed=fed or {},
     )
     parts = n.op.split("+")
     if len(parts) > 1:  # a fused node (passes.fuse): its last op's declared form takes the others

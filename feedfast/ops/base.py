@@ -164,6 +164,9 @@ class OpDef:
         conditionals: whether its DALI form needs ``enable_conditionals`` (``nvidia.dali.auto_aug``).
         dali_refuses: ``params -> reason`` where DALI has no form for these parameters (else None):
             ``auto`` then leaves the spec to the threaded path.
+        dali_draws: how its DALI form takes its draws as data fed per sample (:mod:`feedfast.compile.dali_draws`):
+            ``window`` (a crop window of the decoded image: ``ctx.fed`` holds ``anchor`` and ``shape``) or
+            ``flips`` (``horizontal`` and ``vertical``); None: it draws from DALI's generator.
     """
 
     name: str
@@ -185,6 +188,7 @@ class OpDef:
     dali_folded: Callable[..., Any] | None = None
     conditionals: bool = False
     dali_refuses: Callable[[dict[str, Any]], "str | None"] | None = None
+    dali_draws: Literal["window", "flips"] | None = None
 
 
 def as_hw(size: int | Sequence[int]) -> tuple[int, int]:

@@ -42,7 +42,9 @@ def _normalize_folded_dali(ctx: Any, params: dict[str, dict[str, Any]], x: Any) 
     from feedfast.ops.base import as_hw
 
     norm = params["normalize"]
-    mirror = d.coin(params["flip"]["horizontal"]) if "flip" in params else 0
+    mirror = 0
+    if "flip" in params:  # the flag fed as data (compile.dali_draws), else DALI's coin
+        mirror = ctx.fed["horizontal"] if ctx.fed else d.coin(params["flip"]["horizontal"])
     if "center_crop" not in params:
         return _normalize_dali(ctx, norm, x, mirror=mirror)
     h, w = as_hw(params["center_crop"]["size"])

@@ -56,6 +56,10 @@ def _image_infer_sized(op: str):  # type: ignore[no-untyped-def]
 
 def _rrc_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
     h, w = as_hw(p["size"])
+    if ctx.fed:  # the window drawn as the other backends draw it (compile.dali_draws), of the decoded image
+        crop = d.fn().slice(x, ctx.fed["anchor"], ctx.fed["shape"], device=ctx.device, axis_names="WH",
+                            normalized_anchor=False, normalized_shape=False)
+        return d.fn().resize(crop, device=ctx.device, size=[h, w], interp_type=d.interp(p["interpolation"]))
     return d.fn().random_resized_crop(
         x, device=ctx.device, size=[h, w], random_area=list(p["scale"]),
         random_aspect_ratio=list(p["ratio"]), interp_type=d.interp(p["interpolation"]),
@@ -111,6 +115,7 @@ RANDOM_RESIZED_CROP = OpDef(
     threaded=th.Threaded("geometry", geometry=_rrc_geometry, resamples=True, plan_row=_rrc_row),
     dali_after_decode=DaliForm("decoders.image_random_crop+resize",
                                lambda ctx, decode_p, p, x: fused_decode_rrc_dali(ctx, decode_p, p, x)),
+    dali_draws="window",
 )
 
 
@@ -250,6 +255,8 @@ RANDOM_CROP = OpDef(
 
 
 def _flip_dali(ctx: Any, p: dict[str, Any], x: Any) -> Any:
+    if ctx.fed:  # the flags drawn as the other backends draw them (compile.dali_draws)
+        return d.fn().flip(x, device=ctx.device, horizontal=ctx.fed["horizontal"], vertical=ctx.fed["vertical"])
     return d.fn().flip(x, device=ctx.device, horizontal=d.coin(p["horizontal"]), vertical=d.coin(p["vertical"]))
 
 
@@ -282,6 +289,7 @@ FLIP = OpDef(
     threaded=th.Threaded("flip", flips=_flips,
                          plan_row=lambda p: [th.PLAN_FLIP, float(p["horizontal"]), float(p["vertical"])]),
     folds=lambda p: p["vertical"] == 0.0,  # crop_mirror_normalize mirrors horizontally only
+    dali_draws="flips",
 )
 
 
@@ -330,11 +338,17 @@ def fused_decode_rrc_dali(ctx: Any, decode_p: dict[str, Any], p: dict[str, Any],
     t = d.types()
     h, w = as_hw(p["size"])
     out = t.GRAY if decode_p["color"] == "gray" else t.RGB
+    rdev = "gpu" if ctx.decoder_device == "mixed" else "cpu"
+    if ctx.fed:  # the window drawn as the other backends draw it (compile.dali_draws): a region decode of it
+        crop = d.fn().decoders.image_slice(
+            x, ctx.fed["anchor"], ctx.fed["shape"], device=ctx.decoder_device, output_type=out, axis_names="WH",
+            normalized_anchor=False, normalized_shape=False, **ctx.decoder_args,
+        )
+        return d.fn().resize(crop, device=rdev, size=[h, w], interp_type=d.interp(p["interpolation"]))
     crop = d.fn().decoders.image_random_crop(
         x, device=ctx.decoder_device, output_type=out, random_area=list(p["scale"]),
         random_aspect_ratio=list(p["ratio"]), num_attempts=10, **ctx.decoder_args,
     )
-    rdev = "gpu" if ctx.decoder_device == "mixed" else "cpu"
     return d.fn().resize(crop, device=rdev, size=[h, w], interp_type=d.interp(p["interpolation"]))
 
 

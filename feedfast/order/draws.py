@@ -147,7 +147,12 @@ def draws_key(seed: int, epoch: int) -> int:
 
 def batch_draws(*, seed: int, epoch: int, samples: np.ndarray) -> list[SampleDraws]:
     """The draws of a batch's samples (canonical numbers), one :class:`SampleDraws` each."""
-    table = _Table(draws_key(seed, epoch), np.asarray(samples, dtype=np.int64))
+    return keyed_draws(draws_key(seed, epoch), samples)
+
+
+def keyed_draws(key: int, samples: np.ndarray) -> list[SampleDraws]:
+    """:func:`batch_draws` under the key :func:`draws_key` gave."""
+    table = _Table(key, np.asarray(samples, dtype=np.int64))
     return [SampleDraws(table, i) for i in range(len(table.samples))]
 
 

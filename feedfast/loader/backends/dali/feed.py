@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from feedfast.errors import ShardError
+from feedfast.loader.backends.dali.draws import StepDraws
 from feedfast.shards.transport.cache import ShardCache
 from feedfast.shards.transport.remote import Transfer
 from feedfast.sources.lostrows import LostShards, lost_last
@@ -111,14 +112,17 @@ class BatchFeeder:
             a ``.cls`` label) are kept for :meth:`host`, never made into TensorLists.
         ring, ring_base: a ring shared with the feeds of other epochs of one pipeline (step ``s`` takes slot
             ``ring_base + s``, numbered on from the epoch before), else one of its own.
+        draws: the epoch's draws DALI is fed after the components (each sample's crop window and flips:
+            :mod:`.draws`), None: none.
     """
 
     def __init__(self, names: tuple[str, ...], kinds: tuple[str, ...], rows: Any, step_rows: Any, *, steps: int,
                  cache: ShardCache | None, transfer: Transfer, workers: int = 2, ahead: int = 4,
                  windows: bool = True, requests: int = 8, valid: Sequence[int] | None = None,
                  holds: int = DALI_HOLDS, dali: Sequence[int] | None = None, ring: Ring | None = None,
-                 ring_base: int = 0) -> None:
+                 ring_base: int = 0, draws: StepDraws | None = None) -> None:
         self.names = names
+        self.draws = draws
         self.rows = rows
         self.components = rows.index.components
         self.dali = list(range(self.components)) if dali is None else list(dali)
@@ -168,18 +172,43 @@ class BatchFeeder:
 
     def _dali_batch(self, step: int) -> list[Any]:
         """The samples of step ``step`` as one DALI ``TensorListCPU`` per component, made in a reader thread:
-        on the packed path sharing a ring buffer (no copy), else copied from the member reader's arrays."""
+        on the packed path sharing a ring buffer (no copy), else copied from the member reader's arrays; then
+        the step's draws (:attr:`draws`)."""
         from nvidia.dali.tensors import TensorCPU, TensorListCPU
 
-        parts: list[Any] = self.step_bytes(step, self.ring) if self.ring is not None else self.batch(step)
+        where = self.rows.take(self.step_rows(step))
+        parts: list[Any] = self.step_bytes(step, self.ring, where=where) if self.ring is not None else self.batch(step)
         host = {c: parts[c] for c in range(self.components) if c not in self.dali}
         if host:
             with self._lock:
                 self._host[step] = host
         if self.ring is not None:  # TensorCPU shares each view's memory; the list then shares them (measured:
             # 1.4 us a sample, where a list of arrays takes 1.6 and a contiguous TensorList copies, 31 us at 55 KB)
-            return [TensorListCPU([TensorCPU(v) for v in parts[c].views()], contiguous=False) for c in self.dali]
-        return [TensorListCPU(parts[c]) for c in self.dali]
+            lists = [TensorListCPU([TensorCPU(v) for v in parts[c].views()], contiguous=False) for c in self.dali]
+        else:
+            lists = [TensorListCPU(parts[c]) for c in self.dali]
+        return lists + self._draws(step, parts, where)
+
+    def _draws(self, step: int, parts: list[Any], where: Any) -> list[np.ndarray]:
+        """Step ``step``'s draws from its members (``parts``, as read; ``where``: its rows), none without
+        :attr:`draws`. A step made whole under skip is fed in :attr:`filled`'s order."""
+        if self.draws is None:
+            return []
+        ids = where.draw_ids
+        filled = self.filled.get(step)
+        if filled is not None:
+            ids = ids[filled.order]
+        return self.draws.arrays(parts[self.draws.fed.component], ids,
+                                 lambda i: (self.names[int(where.shard[i])], self.rows.index.batch_keys(where)[i]))
+
+    def filler(self, step: int) -> list[Any]:
+        """Step ``step`` as :meth:`__call__` feeds it, copied out of the ring (a batch DALI runs and feedfast
+        drops: the ring's slot moves on)."""
+        from nvidia.dali.tensors import TensorListCPU
+
+        columns = self.batch(step)
+        where = self.rows.take(self.step_rows(step))
+        return [TensorListCPU([a.copy() for a in columns[c]]) for c in self.dali] + self._draws(step, columns, where)
 
     def host(self, step: int, component: int) -> Any:
         """Step ``step``'s members of ``component`` for host ops: a :class:`StepBytes` on the packed path, else a
@@ -197,17 +226,18 @@ class BatchFeeder:
         """Start reading the windows of ``rows`` ahead (:meth:`MemberReader.want`)."""
         self.reader.want(rows)
 
-    def step_bytes(self, step: int, ring: Ring | None = None,
-                   components: Sequence[int] | None = None) -> list[StepBytes]:
+    def step_bytes(self, step: int, ring: Ring | None = None, components: Sequence[int] | None = None, *,
+                   where: Any = None) -> list[StepBytes]:
         """Per component, step ``step``'s members end to end in one buffer (for a component DALI takes, a slot of
         ``ring``; else a new one), each component's read one call with the GIL released (local shards; see
-        :attr:`packed`). ``components``: only those, in that order (None: all).
+        :attr:`packed`). ``components``: only those, in that order (None: all); ``where``: the step's rows
+        (``rows.take``), when the caller has them.
 
         Raises:
             ShardError: a read failed or came short; names the shard and the sample.
         """
-        rows = self.step_rows(step)
-        where = self.rows.take(rows)
+        if where is None:
+            where = self.rows.take(self.step_rows(step))
         fds = self.reader.files.fds(where.shard)
         out: list[StepBytes] = []
         for c in range(self.components) if components is None else components:

@@ -139,14 +139,11 @@ class StepQueue:
 
     def _filler(self) -> list[Any]:
         """A batch DALI will run and feedfast drop: the last step fed, copied (its ring slot moves on)."""
-        from nvidia.dali.tensors import TensorListCPU
-
         if self._last is None:
             segment = next(iter(self.segments.values()))
             self._last = (segment.stream, segment.first)
         stream, step = self._last
-        columns = stream.feeder.batch(step)
-        return [TensorListCPU([a.copy() for a in columns[c]]) for c in stream.feeder.dali]
+        return stream.feeder.filler(step)
 
     def close(self) -> None:
         """Stop every feed."""

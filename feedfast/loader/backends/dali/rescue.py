@@ -82,12 +82,14 @@ def rescuable(shards: ShardSet) -> bool:
 
 
 def patch_step(stream: StreamEpoch, step: int, arrays: list[Any], patches: Patches) -> list[Any]:
-    """Step ``step``'s TensorLists as fed (one per component DALI takes), with each rescued image as PNG in place."""
+    """Step ``step``'s TensorLists as fed (one per component DALI takes, then its draws, which stand: a PNG
+    has its image's size), with each rescued image as PNG in place."""
     fed = stream.feeder.dali
-    patched: list[list[np.ndarray]] | None = None
+    patched: list[Any] | None = None
     for i, where in enumerate(stream.origins(step, stream.batch_size)):
         for c in sorted(patches.images.get(where, ())):
-            patched = patched or [[np.array(sample) for sample in column] for column in arrays]
+            patched = patched or [[np.array(sample) for sample in column] for column in arrays[:len(fed)]] + \
+                list(arrays[len(fed):])
             column = patched[fed.index(c)]
             with routed(where):  # PIL read it in a check worker, under the time limit, already
                 png = rescue_png(column[i].tobytes())  # PIL's re-encoding, else DALI's own pixels
