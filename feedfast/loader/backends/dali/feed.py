@@ -71,6 +71,17 @@ class StepBytes:
             views[i] = MISSING if self.sizes[i] < 0 else EMPTY
         return views
 
+    def buffers(self) -> list[Any]:
+        """Each member as a memoryview of ``data`` (as :meth:`views`, cheaper to make and to hand to DALI's
+        ``TensorCPU``, which shares either: view, tensor and list 1.25 to 1.30 us a member, against 1.35 to 1.39
+        with NumPy views)."""
+        whole = memoryview(self.data)
+        ends = (self.starts + np.maximum(self.sizes, 0)).tolist()
+        buffers: list[Any] = [whole[a:b] for a, b in zip(self.starts.tolist(), ends)]
+        for i in np.flatnonzero(self.sizes <= 0).tolist():
+            buffers[i] = MISSING if self.sizes[i] < 0 else EMPTY
+        return buffers
+
 
 class Ring:
     """``slots`` reusable byte buffers per component, one a step (slot ``n % slots`` for the ``n``-th step fed),
@@ -184,7 +195,7 @@ class BatchFeeder:
                 self._host[step] = host
         if self.ring is not None:  # TensorCPU shares each view's memory; the list then shares them (measured:
             # 1.4 us a sample, where a list of arrays takes 1.6 and a contiguous TensorList copies, 31 us at 55 KB)
-            lists = [TensorListCPU([TensorCPU(v) for v in parts[c].views()], contiguous=False) for c in self.dali]
+            lists = [TensorListCPU([TensorCPU(v) for v in parts[c].buffers()], contiguous=False) for c in self.dali]
         else:
             lists = [TensorListCPU(parts[c]) for c in self.dali]
         return lists + self._draws(step, parts, where)
