@@ -36,6 +36,13 @@ the next section runs.
                         judged against ``dali_anchor`` (issue 36): rate at least 0.9 of its, first batch
                         at most 1 s after its, the longest epoch boundary (an epoch's last batch to the
                         next one's first, over the run's 8 epochs) at most 2 of its own batch periods.
+``train_synthetic``     ResNet-50 (bf16 autocast, channels_last, SGD) at batch 256 on one synthetic batch
+                        kept on the device: the compute ceiling (``gpucheck_default.py``).
+``train_default``       the same fed by the default loader at batch 256: at least 0.95 of
+                        ``train_synthetic``'s rate (issue 36).
+``recipe_gpu``          ``imagenet-train-recipe`` (TrivialAugmentWide, RandomErasing, mixup/cutmix, crop
+                        176) GPU-placed on DALI at batch 256, alone: images/s and its share of
+                        ``dali_anchor``'s (reported; no target).
 ``pixels_hw``           every measured batch of hardware-decoded images (``hw_decoder_load=1.0``,
                         imagenet-val) against DALI's CPU decode of the same samples: one image off
                         by more than a few levels fails the check (a decoder race must not pass as
@@ -123,6 +130,7 @@ from gpucheck_common import (  # noqa: E402
     say,
 )
 from gpucheck_decode import decode_gpu_section, pixels_hw_section  # noqa: E402
+from gpucheck_default import recipe_gpu_section, train_default_section, train_synthetic_section  # noqa: E402
 from gpucheck_guard import Watchdog, enable_crash_tracebacks  # noqa: E402
 from gpucheck_report import render, table_rows, write_json  # noqa: E402
 from gpucheck_sections import (  # noqa: E402
@@ -161,6 +169,9 @@ STEPS = (
     Step("readme_default", "README call, no device/placement", readme_default_section),
     Step("dali_anchor", "hand-written DALI, the anchor", dali_anchor_section),
     Step("decode_gpu", "default loader alone, batch 256", decode_gpu_section),
+    Step("train_synthetic", "ResNet-50 <- synthetic data, batch 256 (ceiling)", train_synthetic_section),
+    Step("train_default", "ResNet-50 <- default loader, batch 256", train_default_section),
+    Step("recipe_gpu", "imagenet-train-recipe GPU-placed alone, batch 256", recipe_gpu_section),
     Step("pixels_hw", "hardware-decoded pixels vs DALI CPU", pixels_hw_section),
     Step("train_feedfast_gpu", "(a) ResNet-50 <- feedfast DALI GPU-placed", train_feedfast_gpu_section,
          needs_cuda=True),

@@ -23,7 +23,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-SECTIONS = ["setup", "dataset", "readme_default", "dali_anchor", "decode_gpu", "pixels_hw", "train_feedfast_gpu", "train_feedfast_cpu",
+SECTIONS = ["setup", "dataset", "readme_default", "dali_anchor", "decode_gpu", "train_synthetic", "train_default",
+            "recipe_gpu", "pixels_hw", "train_feedfast_gpu", "train_feedfast_cpu",
             "train_threads", "train_torch", "train_tuned", "sync_debug", "loader_gpu", "loader_cpu_cuda", "placement",
             "loader_cpu_cpu", "stall", "nvml"]
 NEEDS_CUDA = ("train_feedfast_gpu", "loader_gpu", "loader_cpu_cuda", "placement")
@@ -132,6 +133,13 @@ def test_dry_run_prints_one_table_and_records_every_section(tmp_path: Path) -> N
     targets = decode["targets"]
     assert [(t["op"], t["bound"]) for t in targets.values()] == [(">=", 0.9), ("<=", 1.0), ("<=", 2.0)]
     assert all(t["verdict"] in ("pass", "FAIL") for t in targets.values())
+    ceiling, fed = sections["train_synthetic"]["data"], sections["train_default"]["data"]
+    assert ceiling["samples_per_s"] > 0 and ceiling["first_batch_s"] is None and fed["backend"] == "dali"
+    assert fed["synthetic_share"] == pytest.approx(fed["samples_per_s"] / ceiling["samples_per_s"])
+    assert fed["targets"]["rate / synthetic data's"]["bound"] == 0.95
+    recipe = sections["recipe_gpu"]["data"]
+    assert recipe["images_per_s"] > 0 and recipe["backend"] == "dali" and "targets" not in recipe
+    assert recipe["anchor_share"] == pytest.approx(recipe["images_per_s"] / anchor["images_per_s"])
     pixels = sections["pixels_hw"]["data"]
     assert pixels["bad_batches"] == [] and pixels["images"] > 0 and pixels["mean_levels"] == 0.0
     rows = report["table"]
