@@ -27,11 +27,22 @@ the next section runs.
                         shards=..., batch_size=64)`` with no device or placement: with CUDA it must
                         yield CUDA tensors on the current device from a GPU-placed plan.
 ``dali_anchor``         a hand-written DALI pipeline of the same graph on the same shards (batch 256,
-                        ``mixed`` decode): the rate every GPU row is divided by (``gpucheck_anchor.py``).
-``decode_gpu``          GPU decode + augment alone (imagenet-train, DALI GPU-placed, batch 256, no
-                        model): samples/s against one H200's feeding target, 7,950 images/s (MLPerf
-                        Training v4.0, NVIDIA's single-node H200 ResNet-50, ~63,400 over 8 GPUs),
-                        and as a share of ``dali_anchor`` (at least 0.9), first batch against its.
+                        ``mixed`` decode), epoch after epoch: the rate every GPU row is divided by, its
+                        first batch and epoch boundaries (``gpucheck_anchor.py``).
+``decode_gpu``          the default loader alone, ``feedfast.DataLoader("imagenet-train", shards=...,
+                        batch_size=256, device="cuda")`` (it must run DALI GPU-placed), no model:
+                        samples/s against one H200's feeding target, 7,950 images/s (MLPerf Training
+                        v4.0, NVIDIA's single-node H200 ResNet-50, ~63,400 over 8 GPUs, reported), and
+                        judged against ``dali_anchor`` (issue 36): rate at least 0.9 of its, first batch
+                        at most 1 s after its, the longest epoch boundary (an epoch's last batch to the
+                        next one's first, over the run's 8 epochs) at most 2 of its own batch periods.
+``train_synthetic``     ResNet-50 (bf16 autocast, channels_last, SGD) at batch 256 on one synthetic batch
+                        kept on the device: the compute ceiling (``gpucheck_default.py``).
+``train_default``       the same fed by the default loader at batch 256: at least 0.95 of
+                        ``train_synthetic``'s rate (issue 36).
+``recipe_gpu``          ``imagenet-train-recipe`` (TrivialAugmentWide, RandomErasing, mixup/cutmix, crop
+                        176) GPU-placed on DALI at batch 256, alone: images/s and its share of
+                        ``dali_anchor``'s (reported; no target).
 ``pixels_hw``           every measured batch of hardware-decoded images (``hw_decoder_load=1.0``,
                         imagenet-val) against DALI's CPU decode of the same samples: one image off
                         by more than a few levels fails the check (a decoder race must not pass as
@@ -57,6 +68,9 @@ the next section runs.
                         the GPU idles max(0, S - T) of every S ms step (S=20, T=10: 0.5; S=5: 0).
 ``nvml``                the meter's NVML figures (gpu_util, gpu_mem_mb) under a GPU-bound loop.
 ======================  ========================================================================
+
+A row judged against a target says ``pass`` or ``FAIL`` beside the target; on a GPU a missed target fails its
+section (an error, exit status 1), in a dry run it is reported only (CPU figures are not the GPU's).
 
 Each training feed gives one row: samples/s, the meter's GPU stall fraction from CUDA events
 over 60 measured steps (after 10 warm-up steps), NVML utilization over those steps only, and
@@ -116,6 +130,7 @@ from gpucheck_common import (  # noqa: E402
     say,
 )
 from gpucheck_decode import decode_gpu_section, pixels_hw_section  # noqa: E402
+from gpucheck_default import recipe_gpu_section, train_default_section, train_synthetic_section  # noqa: E402
 from gpucheck_guard import Watchdog, enable_crash_tracebacks  # noqa: E402
 from gpucheck_report import render, table_rows, write_json  # noqa: E402
 from gpucheck_sections import (  # noqa: E402
@@ -153,7 +168,10 @@ STEPS = (
     Step("dataset", "dataset", dataset_section),
     Step("readme_default", "README call, no device/placement", readme_default_section),
     Step("dali_anchor", "hand-written DALI, the anchor", dali_anchor_section),
-    Step("decode_gpu", "GPU decode + augment alone", decode_gpu_section),
+    Step("decode_gpu", "default loader alone, batch 256", decode_gpu_section),
+    Step("train_synthetic", "ResNet-50 <- synthetic data, batch 256 (ceiling)", train_synthetic_section),
+    Step("train_default", "ResNet-50 <- default loader, batch 256", train_default_section),
+    Step("recipe_gpu", "imagenet-train-recipe GPU-placed alone, batch 256", recipe_gpu_section),
     Step("pixels_hw", "hardware-decoded pixels vs DALI CPU", pixels_hw_section),
     Step("train_feedfast_gpu", "(a) ResNet-50 <- feedfast DALI GPU-placed", train_feedfast_gpu_section,
          needs_cuda=True),

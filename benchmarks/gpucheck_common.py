@@ -162,6 +162,46 @@ class Section:
                              first_batch_s=first_batch_s))
 
 
+@dataclass(frozen=True)
+class Target:
+    """A figure's target, e.g. ``Target(">=", 0.9, "issue 36")``: the figure passes when ``figure op bound``."""
+
+    op: str  # ">=" or "<="
+    bound: float
+    source: str = ""
+
+    def met(self, figure: float) -> bool:
+        """Whether ``figure`` meets the target."""
+        return figure >= self.bound if self.op == ">=" else figure <= self.bound
+
+    def text(self, unit: str = "") -> str:
+        """``target >= 0.9 x (issue 36)``."""
+        return f"target {self.op} {self.bound:g}{' ' + unit if unit else ''}{f' ({self.source})' if self.source else ''}"
+
+
+def judge(sec: Section, what: str, figure: float | None, unit: str, target: Target, note: str = "") -> bool | None:
+    """A row with the figure, its target and ``pass`` or ``FAIL`` (``n/a`` without a figure); kept in the section's
+    ``data["targets"]`` for :func:`enforce`. Returns whether it passed (None: not measured)."""
+    met = None if figure is None else target.met(figure)
+    verdict = {None: "n/a", True: "pass", False: "FAIL"}[met]
+    sec.add(what, figure, unit, f"{verdict}: {target.text(unit)}" + (f"; {note}" if note else ""))
+    sec.data.setdefault("targets", {})[what] = {"figure": figure, "unit": unit, "op": target.op,
+                                                "bound": target.bound, "verdict": verdict}
+    return met
+
+
+def enforce(ctx: Context, sec: Section) -> None:
+    """Fail the section (:class:`CheckFailed`) when a target it judged was missed, on a GPU; a dry run's CPU figures
+    are reported against the targets but never fail them (they are not the GPU's)."""
+    missed = [f"{what}: {t['figure']:.3g} {t['unit']} (target {t['op']} {t['bound']:g})".replace("  ", " ")
+              for what, t in sec.data.get("targets", {}).items() if t["verdict"] == "FAIL"]
+    if missed and ctx.cuda:
+        raise CheckFailed("missed: " + "; ".join(missed))
+    if missed:
+        sec.add("targets missed", len(missed), "", "not enforced: a dry run's CPU figures are not the GPU's")
+        sec.data["targets_enforced"] = False
+
+
 def say(message: str) -> None:
     """Progress on stderr (the table goes to stdout at the end)."""
     print(f"[gpu-check] {message}", file=sys.stderr, flush=True)

@@ -1,5 +1,5 @@
-"""``gpu_check.py``'s decode sections: GPU decode + augment alone against one H200's feeding target, and
-hardware-decoded pixels against DALI's CPU decode of the same samples.
+"""``gpu_check.py``'s decode sections: the default loader alone (GPU decode + augment) against one H200's feeding
+target and the hand-written DALI anchor, and hardware-decoded pixels against DALI's CPU decode of the same samples.
 
 In a dry run both run on the CPU (DALI CPU-placed), so their plumbing is checked; their rows say so.
 """
@@ -11,8 +11,10 @@ from typing import Any
 
 import torch
 from gpucheck_anchor import anchor_share
-from gpucheck_common import FEED_TARGET, REPO, SPEC, CheckFailed, Context, Section
-from gpucheck_sections import first_and_rate, forever, need_shards
+from gpucheck_common import FEED_TARGET, REPO, CheckFailed, Context, Section, enforce
+from gpucheck_default import default_call, default_loader, ran_as_default
+from gpucheck_sections import forever, need_shards
+from gpucheck_timing import timed_epochs
 
 VAL_SPEC = REPO / "pipelines" / "imagenet-val.yaml"
 """The deterministic recipe (resize, centre crop, normalize): the same pixels whichever decoder runs."""
@@ -33,35 +35,33 @@ def gpu_placement(ctx: Context) -> tuple[str, str, str]:
     return "cpu", "cpu", "DALI CPU-placed (dry run: the plumbing only)"
 
 
-# ---------------------------------------------------------------------------- (a) decode + augment alone
+# ---------------------------------------------------------------------------- (a) the default loader alone
 def decode_gpu_section(ctx: Context, sec: Section) -> None:
-    """imagenet-train's decode and augmentation alone (no model): samples/s against :data:`FEED_TARGET`."""
-    import feedfast
-
-    placement, device, what = gpu_placement(ctx)
+    """The README's default loader at the anchor's batch, alone (no model): its rate against :data:`FEED_TARGET`, and
+    against ``dali_anchor`` its rate, first batch and epoch boundaries (:func:`gpucheck_anchor.anchor_share`)."""
     size, count = ctx.sizes.decode_batch, ctx.sizes.decode_batches
     started = time.perf_counter()
-    loader = feedfast.DataLoader(SPEC, shards=need_shards(ctx), batch_size=size, placement=placement, device=device,
-                                 backend="dali", overrides=ctx.overrides, timeout=ctx.sizes.loader_timeout)
-    batches = forever(loader)
+    loader = default_loader(ctx, size)
     try:
-        first, first_s, rate = first_and_rate(batches, ctx, started, count)
+        timing = timed_epochs(loader, ctx, started, count)
     finally:
-        batches.close()
         loader.close()
-    if loader.backend != "dali" or loader.plan.placement != placement:
-        raise CheckFailed(f"asked for DALI {placement}-placed, ran {loader.backend} {loader.plan.placement}-placed")
+    ran_as_default(ctx, loader)
+    rate, first = timing.images_per_s, timing.first
     share = rate / FEED_TARGET
     verdict = "meets" if share >= 1 else "below"
-    sec.add_feed(f"{what}, batch {size}", samples_per_s=rate, stall=None, gpu_util=None, first_batch_s=first_s,
+    sec.add_feed(f"{default_call(ctx, size)}: {loader.backend} {loader.plan.placement}-placed", samples_per_s=rate,
+                 stall=None, gpu_util=None, first_batch_s=timing.first_s,
                  note=f"{count} batches after {ctx.sizes.warmup} warm-up, {loader.threads} CPU threads, "
-                      f"{tuple(first[0].shape[1:])} {first[0].dtype} on {first[0].device}; no model")
+                      f"{tuple(first[0].shape[1:])} {first[0].dtype} on {first[0].device}; no model"
+                      + ("" if ctx.cuda else "; dry run: DALI CPU-placed, the plumbing only"))
     sec.add("against one H200's feeding target", share, "x",
             f"{verdict} {FEED_TARGET:,} img/s/GPU (MLPerf Training v4.0, NVIDIA H200 ResNet-50: ~63,400 img/s on 8)"
             + ("" if ctx.cuda else "; a dry run's CPU rate, not a GPU figure"))
-    sec.data.update(images_per_s=rate, target=FEED_TARGET, share_of_target=share, verdict=verdict,
+    sec.data.update(timing.summary(), target=FEED_TARGET, share_of_target=share, verdict=verdict,
                     placement=loader.plan.placement, backend=loader.backend, batch=size, batches=count)
-    anchor_share(ctx, sec, rate, first_s)
+    anchor_share(ctx, sec, timing)
+    enforce(ctx, sec)
 
 
 # ---------------------------------------------------------------------------- (b) pixels against DALI's CPU decode

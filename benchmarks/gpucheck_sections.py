@@ -78,22 +78,6 @@ def timed_batches(batches: Iterator[Any], ctx: Context, sync: Callable[[], None]
     return images / (time.perf_counter() - started), first
 
 
-def first_and_rate(batches: Iterator[Any], ctx: Context, started: float, count: int) -> tuple[Any, float, float]:
-    """The first batch, the seconds from ``started`` to it, and images/s over ``count`` batches after the warm-up."""
-    sync = synchronizer(ctx.cuda)
-    first = next(batches)
-    first_s = time.perf_counter() - started
-    for _ in range(ctx.sizes.warmup):
-        next(batches)
-    sync()
-    t0, images = time.perf_counter(), 0
-    for _ in range(count):
-        images += int(next(batches)[0].shape[0])
-        ctx.budget.check()
-    sync()
-    return first, first_s, images / (time.perf_counter() - t0)
-
-
 def loader_rate(ctx: Context, sec: Section, placement: str, device: str) -> None:
     """imagenet-train through feedfast.DataLoader: images/s, pinned bytes, plan placement, and the backend that ran."""
     import feedfast

@@ -129,25 +129,27 @@ def train(ctx: Context, trainee: Trainee, batches: Iterator[Any], started: float
                     {**nvml.figures(), "status": nvml.status()})
 
 
-def epoch_note(ctx: Context) -> str:
+def epoch_note(ctx: Context, batch: int) -> str:
     """A warning when the run is longer than an epoch (the loader restarts inside the timing)."""
-    per_epoch = max(1, ctx.samples // ctx.sizes.batch)
+    per_epoch = max(1, ctx.samples // batch)
     steps = ctx.sizes.train_warmup + ctx.sizes.train_steps
     if per_epoch >= steps:
         return ""
     return (f"; an epoch is ~{per_epoch} batches, so epoch restarts are timed "
-            f"(--samples {ctx.sizes.batch * steps * 2} avoids that)")
+            f"(--samples {batch * steps * 2} avoids that)")
 
 
-def report_training(ctx: Context, sec: Section, run: TrainRun, feed: str) -> None:
-    """The feed's row (samples/s, stall, GPU util, first batch); a loss that is not finite fails the check."""
-    s = run.summary
+def report_training(ctx: Context, sec: Section, run: TrainRun, feed: str, batch: int | None = None, *,
+                    epochs: bool = True) -> None:
+    """The feed's row (samples/s, stall, GPU util, first batch) at ``batch`` (default: the training rows' batch;
+    ``epochs``: the feed has epochs, whose restarts the note counts); a loss that is not finite fails the check."""
+    s, batch = run.summary, batch or ctx.sizes.batch
     util = run.nvml["gpu_util"]
     nvml = "NVML over the measured steps" if util is not None else f"NVML: {run.nvml['status']}"
     sec.add_feed("", samples_per_s=s["samples_per_s"], stall=s["stall_fraction"], gpu_util=util,
                  first_batch_s=run.first_batch_s,
-                 note=f"{run.model} bf16 channels_last, batch {ctx.sizes.batch}, {feed}; {s['steps']} steps after "
-                      f"{s['warmup_steps']} warm-up; {s['verdict']} ({s['basis']}); {nvml}{epoch_note(ctx)}")
+                 note=f"{run.model} bf16 channels_last, batch {batch}, {feed}; {s['steps']} steps after "
+                      f"{s['warmup_steps']} warm-up; {s['verdict']} ({s['basis']}); {nvml}{epoch_note(ctx, batch) if epochs else ''}")
     sec.data.update({k: s[k] for k in ("samples_per_s", "stall_fraction", "verdict", "basis", "steps",
                                        "wait_p50_ms", "step_p50_ms")},
                     gpu_util=util, nvml=run.nvml, model=run.model, loss=run.loss, first_batch_s=run.first_batch_s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import importlib.util
 import io
@@ -22,7 +23,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-SECTIONS = ["setup", "dataset", "readme_default", "dali_anchor", "decode_gpu", "pixels_hw", "train_feedfast_gpu", "train_feedfast_cpu",
+SECTIONS = ["setup", "dataset", "readme_default", "dali_anchor", "decode_gpu", "train_synthetic", "train_default",
+            "recipe_gpu", "pixels_hw", "train_feedfast_gpu", "train_feedfast_cpu",
             "train_threads", "train_torch", "train_tuned", "sync_debug", "loader_gpu", "loader_cpu_cuda", "placement",
             "loader_cpu_cpu", "stall", "nvml"]
 NEEDS_CUDA = ("train_feedfast_gpu", "loader_gpu", "loader_cpu_cuda", "placement")
@@ -123,6 +125,21 @@ def test_dry_run_prints_one_table_and_records_every_section(tmp_path: Path) -> N
     anchor = sections["dali_anchor"]["data"]  # the hand-written DALI pipeline every GPU row is divided by
     assert anchor["images_per_s"] > 0 and decode["anchor_share"] == pytest.approx(decode["images_per_s"] /
                                                                                  anchor["images_per_s"])
+    # issue 36's targets: judged beside their figures, reported but not enforced in a dry run
+    assert decode["anchor_first_batch_late_s"] == pytest.approx(decode["first_batch_s"] - anchor["first_batch_s"])
+    for timing in (anchor, decode):  # epoch after epoch: at least two boundaries, each against the batch period
+        assert timing["epochs"] >= 3 and len(timing["boundaries_s"]) >= 2 and timing["period_s"] > 0
+        assert timing["worst_boundary_periods"] == pytest.approx(max(timing["boundaries_s"]) / timing["period_s"])
+    targets = decode["targets"]
+    assert [(t["op"], t["bound"]) for t in targets.values()] == [(">=", 0.9), ("<=", 1.0), ("<=", 2.0)]
+    assert all(t["verdict"] in ("pass", "FAIL") for t in targets.values())
+    ceiling, fed = sections["train_synthetic"]["data"], sections["train_default"]["data"]
+    assert ceiling["samples_per_s"] > 0 and ceiling["first_batch_s"] is None and fed["backend"] == "dali"
+    assert fed["synthetic_share"] == pytest.approx(fed["samples_per_s"] / ceiling["samples_per_s"])
+    assert fed["targets"]["rate / synthetic data's"]["bound"] == 0.95
+    recipe = sections["recipe_gpu"]["data"]
+    assert recipe["images_per_s"] > 0 and recipe["backend"] == "dali" and "targets" not in recipe
+    assert recipe["anchor_share"] == pytest.approx(recipe["images_per_s"] / anchor["images_per_s"])
     pixels = sections["pixels_hw"]["data"]
     assert pixels["bad_batches"] == [] and pixels["images"] > 0 and pixels["mean_levels"] == 0.0
     rows = report["table"]
@@ -224,6 +241,44 @@ def test_the_outer_limit_ends_a_hung_run_with_the_json_written(tmp_path: Path) -
     assert "in <lambda>" in proc.stderr  # the hung frame, from faulthandler
     report = json.loads(out.read_text())
     assert report["complete"] is False and report["exit_code"] == 3 and list(report["sections"]) == ["quick"]
+
+
+class _SlowBoundaries:
+    """A loader of 4 batches an epoch, one every 4 ms, whose epochs after the first start 40 ms late."""
+
+    def __init__(self) -> None:
+        self.epochs = 0
+
+    def __iter__(self) -> Any:
+        import time
+
+        if self.epochs:
+            time.sleep(0.040)
+        self.epochs += 1
+        for _ in range(4):
+            time.sleep(0.004)
+            yield torch.zeros(2, 1), torch.zeros(2)
+
+
+def test_epoch_boundaries_are_timed_against_the_batch_period_and_judged(gc: ModuleType) -> None:
+    from gpucheck_common import DRY_SIZES, Budget, CheckFailed, Context, Section, enforce
+    from gpucheck_timing import timed_epochs
+
+    ctx = Context(sizes=DRY_SIZES, dry=True, cuda=False, cuda_present=False, budget=Budget(60), wheels=None,
+                  target=None)
+    timing = timed_epochs(_SlowBoundaries(), ctx, 0.0, count=3, min_boundaries=2)
+    assert timing.epochs == 3 and timing.batches == 9 and len(timing.boundaries_s) == 2
+    assert 0.003 < timing.period_s < 0.010 and all(b > 0.040 for b in timing.boundaries_s)
+    assert timing.worst_boundary_periods > 4 and timing.images_per_s > 0
+    ctx.results.update(anchor_images_per_s=timing.images_per_s, anchor_first_batch_s=timing.first_s)
+    sec = Section("decode_gpu", "t")
+    importlib.import_module("gpucheck_anchor").anchor_share(ctx, sec, timing)
+    verdicts = {what: t["verdict"] for what, t in sec.data["targets"].items()}
+    assert list(verdicts.values()) == ["pass", "pass", "FAIL"]  # the same rate and first batch; a slow boundary
+    enforce(ctx, sec)  # a dry run reports a missed target
+    assert sec.rows[-1].what == "targets missed" and sec.data["targets_enforced"] is False
+    with pytest.raises(CheckFailed, match="epoch boundary"):
+        enforce(dataclasses.replace(ctx, cuda=True), sec)  # on a GPU it fails the section
 
 
 def test_a_wrong_pixel_fails_the_hardware_decode_check(gc: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
