@@ -98,11 +98,7 @@ def test_a_gpu_placed_state_resumes_on_the_cpu_placed_dali_path(small_spec: dict
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("stop", [3, pytest.param(EPOCH + 2, marks=pytest.mark.xfail(
-    raises=UserError, strict=True,
-    reason="refused today: a CPU-placed pipeline delivering to cuda ships uint8 and normalizes on the device (cheap "
-           "transfer), so its DALI graph ends in flip, not crop_mirror_normalize, and check_operators finds the "
-           "GPU-placed checkpoint's operators foreign"))], ids=["epoch0-no-checkpoint", "epoch1-checkpoint"])
+@pytest.mark.parametrize("stop", [3, EPOCH + 2], ids=["epoch0-no-checkpoint", "epoch1-checkpoint"])
 def test_a_gpu_placed_state_on_a_cpu_placed_loader_delivering_to_cuda(small_spec: dict, shards: list[str],
                                                                       stop: int) -> None:
     reference = _loader(small_spec, shards, "gpu", "cuda")
@@ -137,8 +133,45 @@ def test_a_gpu_placed_pipeline_has_the_operators_of_the_cpu_placed_one(small_spe
     assert gpu is not None and gpu == _operators(small_spec, shards, "cpu", "cpu")
 
 
-@pytest.mark.xfail(strict=True, reason="cheap transfer (a CPU pipeline for a cuda consumer) emits flip instead of "
-                                       "crop_mirror_normalize: another graph, so a GPU-placed checkpoint is refused")
-def test_a_cpu_placed_pipeline_for_cuda_has_the_operators_of_the_gpu_placed_one(small_spec: dict,
-                                                                                shards: list[str]) -> None:
-    assert _operators(small_spec, shards, "gpu", "cuda") == _operators(small_spec, shards, "cpu", "cuda")
+def test_a_cpu_placed_pipeline_for_cuda_builds_another_graph(small_spec: dict, shards: list[str]) -> None:
+    """Cheap transfer (a CPU pipeline for a cuda consumer ships uint8 and normalizes on the device) ends the graph in
+    flip, not crop_mirror_normalize: a GPU-placed state's checkpoint names operators this graph lacks."""
+    assert _operators(small_spec, shards, "gpu", "cuda") != _operators(small_spec, shards, "cpu", "cuda")
+
+
+@pytest.mark.parametrize("jitter", [False, True], ids=["every-draw-fed", "a-draw-of-dali"])
+def test_a_checkpoint_of_another_graph_is_set_aside_when_every_draw_is_fed(
+        small_spec: dict, shards: list[str], monkeypatch: pytest.MonkeyPatch, jitter: bool) -> None:
+    """A state whose DALI checkpoint is of another graph (as a GPU-placed state is to a CPU-placed loader delivering
+    to cuda, simulated: the loading pipeline's operators are the cuda consumer's): where the crop and flip are fed
+    as data and nothing else draws, the step alone resumes the uninterrupted run, bit for bit; where an op draws
+    from DALI's generator, the checkpoint is needed and refused, naming it."""
+    from feedfast.loader.backends.dali import backend
+
+    if jitter:
+        small_spec["pipeline"]["image"].insert(2, {"color_jitter": {"brightness": 0.3}})
+    reference = _loader(small_spec, shards, "cpu", "cpu")
+    whole = [batch for _ in range(2) for batch in _batches(reference)]
+    reference.close()
+    state = _state_after(_loader(small_spec, shards, "cpu", "cpu"), EPOCH + 2)
+    assert state["dali"] is not None
+    foreign = _operators(small_spec, shards, "cpu", "cuda")
+    assert foreign is not None and foreign != _operators(small_spec, shards, "cpu", "cpu")
+    real, calls = backend.pipeline_operators, []
+
+    def loading_pipeline_is_another(plan: Any, *args: Any, **kw: Any) -> set[str] | None:
+        calls.append(plan)  # the first: the loading loader's own graph; then the spec's graphs it compares against
+        return foreign if len(calls) == 1 else real(plan, *args, **kw)
+
+    monkeypatch.setattr(backend, "pipeline_operators", loading_pipeline_is_another)
+    resumed = _loader(small_spec, shards, "cpu", "cpu")
+    if jitter:
+        with pytest.raises(UserError, match="dali.checkpoint"):
+            resumed.load_state_dict(state)
+        resumed.close()
+        return
+    resumed.load_state_dict(state)
+    rest = _batches(resumed)
+    resumed.close()
+    assert [keys for _, keys in rest] == [keys for _, keys in whole[EPOCH + 2:]]
+    assert all(torch.equal(x, wx) for (x, _), (wx, _) in zip(rest, whole[EPOCH + 2:]))

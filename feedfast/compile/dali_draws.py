@@ -128,3 +128,17 @@ def _ops(node: Node) -> list[str]:
 
 def _params(node: Node, op: str) -> dict:
     return node.params[op] if "+" in node.op else node.params
+
+
+def draws_all_fed(plan: Plan) -> bool:
+    """Whether every random op of the plan's DALI graph takes its draws as data (behind the feed): the graph
+    then holds no generator whose state matters, and a pipeline needs no checkpoint to resume."""
+    fed = fed_draws(plan)
+    taken = {fed.window, fed.flip} if fed is not None else set()
+    for node in plan.nodes[len(plan.components):]:
+        if node.device == "host" or node.deferred:
+            continue
+        for op in _ops(node):
+            if OPS[op].random and not (node.id in taken and OPS[op].dali_draws is not None):
+                return False
+    return True

@@ -459,8 +459,8 @@ class DataLoader(TorchAttributes):
         else:
             point = ResumePoint(r.epoch, r.step, 0, r.checkpoint, r.checkpoint_step)
         self._check_point(point)
-        if point.checkpoint is not None:
-            self._backend.check_checkpoint(point.checkpoint, point.epoch)
+        if point.checkpoint is not None and not self._backend.check_checkpoint(point.checkpoint, point.epoch):
+            point = ResumePoint(point.epoch, point.step)  # the step alone resumes the same batches
         self.epoch = r.epoch
         self._chosen = True
         self._stats = dict(parsed.stats)

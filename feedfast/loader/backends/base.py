@@ -144,8 +144,9 @@ class Backend(ABC):
         del checkpoint
         return False
 
-    def check_checkpoint(self, checkpoint: str, epoch: int) -> None:
-        """Refuse (UserError naming ``dali.checkpoint``) a checkpoint this backend cannot restore for ``epoch``."""
+    def check_checkpoint(self, checkpoint: str, epoch: int) -> bool:
+        """Refuse (UserError naming ``dali.checkpoint``) a checkpoint this backend cannot restore for ``epoch``;
+        False: it need not be restored (the step alone resumes the same batches)."""
         del epoch
         raise UserError(f"cannot resume from this state: field 'dali.checkpoint' holds a checkpoint, and backend "
                         f"{self.name!r} resumes from the step alone (got {len(checkpoint)} characters)")

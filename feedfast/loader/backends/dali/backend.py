@@ -20,7 +20,10 @@ import numpy as np
 import torch
 
 from feedfast.checks.validate import DEFAULT_MAX_PIXELS
+from feedfast.compile.build import build_plan
+from feedfast.compile.dali_draws import draws_all_fed
 from feedfast.compile.plan import Plan
+from feedfast.errors import UserError
 from feedfast.loader.backends.base import Backend, BackendSettings
 from feedfast.loader.backends.dali import convert, nativelog, rescue
 from feedfast.loader.backends.dali.checkpoint import check_operators, pipeline_operators
@@ -291,14 +294,41 @@ class DaliBackend(Backend):
         """A life pipeline's checkpoint (it says the DALI iteration it resumes at) runs on into the next epoch."""
         return rescue.wrapped_iteration(checkpoint) is not None
 
-    def check_checkpoint(self, checkpoint: str, epoch: int) -> None:
+    def check_checkpoint(self, checkpoint: str, epoch: int) -> bool:
         """Refuse a checkpoint whose operators are not this spec's pipeline's (a one-line UserError naming
-        ``dali.checkpoint``): DALI would otherwise fail, or restore the wrong operators, mid-epoch."""
+        ``dali.checkpoint``): DALI would otherwise fail, or restore the wrong operators, mid-epoch.
+
+        Returns:
+            False where the checkpoint is this spec's pipeline at another placement or for another consumer (a
+            GPU-placed state on a CPU-placed loader delivering to cuda, whose cheap transfer ends the graph
+            otherwise) and this pipeline is fed every draw it makes
+            (:func:`~feedfast.compile.dali_draws.draws_all_fed`): its batches are then a function of the step
+            alone, and the checkpoint is set aside. True: it is restored.
+        """
         inner, _, keys = rescue.unwrap_checkpoint(checkpoint)
         ep = self.plan_for(epoch)
         fed = bool(keys) or self.fed(epoch, ep)
-        check_operators(inner or "", pipeline_operators(self.plan, self.shards_for(epoch), fed=fed,
-                                                        batch_size=self.batch_size))
+        shards = self.shards_for(epoch)
+        try:
+            check_operators(inner or "", pipeline_operators(self.plan, shards, fed=fed, batch_size=self.batch_size))
+        except UserError:
+            if not fed or keys or not draws_all_fed(self.plan) or not self._another_graph(inner or "", shards):
+                raise
+            rescue.log.info("this state's DALI checkpoint is of this spec's pipeline at another placement or for "
+                            "another consumer; every draw of this one is fed as data, so it resumes from the step")
+            return False
+        return True
+
+    def _another_graph(self, checkpoint: str, shards: ShardSet) -> bool:
+        """Whether ``checkpoint`` is of this spec's fed pipeline placed on the CPU or the GPU, for either consumer."""
+        for device, consumer in (("gpu", "cuda"), ("gpu", "cpu"), ("cpu", "cuda"), ("cpu", "cpu")):
+            plan = build_plan(self.plan.spec, device=device, consumer=consumer)
+            try:
+                check_operators(checkpoint, pipeline_operators(plan, shards, fed=True, batch_size=self.batch_size))
+                return True
+            except UserError:
+                continue
+        return False
 
     def _drop(self, ep_pipe: EpochPipe | None) -> None:
         if ep_pipe is not None:
