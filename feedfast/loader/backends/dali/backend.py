@@ -1,8 +1,8 @@
 """The DALI backend: one rank's epochs through DALI (CPU or GPU placement).
 
-An epoch feedfast's feed reads (the global order of a shuffled epoch, remote shards, rescued images) runs
-through one pipeline built for the loader's life (:mod:`.life`); an unshuffled epoch of local shards, read by
-DALI's own reader, through a pipeline of its own (:mod:`.pipe`). A batch DALI fails is rescued by
+An epoch feedfast's feed reads (every epoch of local or http shards, a shuffled one of s3/gs shards, rescued
+images) runs through one pipeline built for the loader's life (:mod:`.life`); an unshuffled epoch of s3/gs shards,
+read by DALI's own reader, through a pipeline of its own (:mod:`.reader`). A batch DALI fails is rescued by
 :mod:`feedfast.loader.backends.dali.rescue` where the shards allow it (PIL reads the images DALI could not,
 delivered re-encoded), or named by :mod:`feedfast.loader.backends.dali.diagnose`; a state's checkpoint is
 checked against this spec's pipeline on load (:mod:`.checkpoint`). Outputs leave DALI's
@@ -12,35 +12,22 @@ memory through the delivery stage, which this backend never sees.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-import numpy as np
-import torch
-
-from feedfast.checks.validate import DEFAULT_MAX_PIXELS
 from feedfast.compile.build import build_plan
 from feedfast.compile.dali_draws import draws_all_fed
-from feedfast.compile.plan import Plan
 from feedfast.errors import UserError
 from feedfast.loader.backends.base import Backend, BackendSettings
-from feedfast.loader.backends.dali import convert, nativelog, rescue
+from feedfast.loader.backends.dali import nativelog, rescue
 from feedfast.loader.backends.dali.checkpoint import check_operators, pipeline_operators
 from feedfast.loader.backends.dali.diagnose import diagnose
-from feedfast.loader.backends.dali.life import LifePipe, StepQueue
-from feedfast.loader.backends.dali.pipe import (
-    CHECKPOINT_EVERY,
-    EpochPipe,
-    epoch_seed,
-    make_life,
-    make_pipeline,
-    release_memory,
-)
+from feedfast.loader.backends.dali.life import LifePipe, StepQueue, run_life_epoch
+from feedfast.loader.backends.dali.pipe import epoch_seed, make_life, release_memory
+from feedfast.loader.backends.dali.reader import ReaderEpochs, Refeed
 from feedfast.loader.backends.dali.stream import StreamEpoch, epoch_stream
 from feedfast.loader.batch import Batch
 from feedfast.order.deal import EpochPlan
-from feedfast.order.rows import epoch_rows
 from feedfast.sources.dataset import ShardSet
 
 GPU_DEPTH = 3
@@ -75,8 +62,7 @@ class DaliBackend(Backend):
         self.max_pixels, self.checkpoint_every = s.max_pixels, s.checkpoint_every
         self.patches = rescue.Patches()  # images DALI rejected and PIL decoded, re-encoded (kept across epochs)
         self.capture: nativelog.Capture | None = None  # DALI's native log lines to logging while pipelines live
-        self.pipe: EpochPipe | None = None  # the open epoch's pipeline behind DALI's reader
-        self.ahead: EpochPipe | None = None  # the next epoch's, started early
+        self.reader = ReaderEpochs(settings, self._capture)  # the epochs behind DALI's reader
         self.life: LifePipe | None = None  # the pipeline behind the feed, for the loader's life
         self.segment: int | None = None  # the open epoch's steps in the life pipeline's queue
         self.depth = max(self.prefetch, GPU_DEPTH) if s.plan.placement == "gpu" else max(1, self.prefetch)
@@ -94,26 +80,10 @@ class DaliBackend(Backend):
             yield from self._fed_batches(epoch, ep, start, checkpoint)
             return
         self._drop_life()
-        ahead, self.ahead = self.ahead, None
-        if ahead is not None and (ahead.epoch, start, checkpoint) == (epoch, 0, None):
-            self.pipe = ahead
-        else:
-            self._drop(ahead)
-            self.pipe = self._build(epoch, ep, start, checkpoint)
-        refeed: _Refeed | None = None
+        recover = partial(self._recover, epoch, ep) if rescue.rescuable(self.shards_for(epoch)) else None
         try:
-            rng = random.Random(f"{self.seed}/{epoch}/{self.rank}/{start}")
-            shards = self.shards_for(epoch)
-            recover = partial(self._recover, epoch, ep) if rescue.rescuable(shards) else None
-            suspects = partial(self._suspects, epoch, ep, self.pipe.depth)
-            yield from run_epoch(self.pipe, self.plan, ep, rng, shards, max_pixels=self.max_pixels,
-                                 suspects=suspects, recover=recover, every=self.checkpoint_every)
-        except _Refeed as exc:
-            refeed = exc
-        finally:  # the delivery stage finished its copies out of DALI's buffers before it asked again
-            pipe, self.pipe = self.pipe, None
-            self._drop(pipe)
-        if refeed is not None:  # images rescued: the epoch goes on behind the feed, with them as PNG
+            yield from self.reader.batches(epoch, ep, start, checkpoint, recover)
+        except Refeed as refeed:  # images rescued: the epoch goes on behind the feed, with them as PNG
             yield from self._fed_batches(epoch, ep, refeed.step, None, rescued_at=refeed.step)
 
     def _fed_batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None,
@@ -121,8 +91,7 @@ class DaliBackend(Backend):
         """The epoch's batches through the life pipeline: the prepared steps of this epoch where they match, else
         its steps queued now; built first when there is none, a state's checkpoint is restored, or a rescue
         starts it again (``rescued_at``: the step the rescue resumes)."""
-        self._drop(self.ahead)
-        self.ahead = None
+        self.reader.drop_ahead()
         life = self.life
         if life is None or checkpoint is not None or rescued_at is not None:
             self._drop_life()
@@ -139,8 +108,7 @@ class DaliBackend(Backend):
         step = start
         while step < ep.steps:
             try:
-                for batch in run_life_epoch(life, segment, self.plan, ep, rng, shards, step,
-                                            max_pixels=self.max_pixels, every=self.checkpoint_every):
+                for batch in run_life_epoch(life, segment, self.plan, ep, rng, step, every=self.checkpoint_every):
                     step += 1
                     yield batch
             except RuntimeError as exc:
@@ -153,17 +121,14 @@ class DaliBackend(Backend):
         life.queue.retire(segment)
         self.segment = None
 
-    def _recover(self, epoch: int, ep: EpochPlan, step: int, exc: RuntimeError) -> EpochPipe:
-        """After DALI's reader pipeline failed ``step``: rescue the images that broke it; the epoch then goes on
-        from ``step`` behind the feed (:class:`_Refeed`)."""
-        failed = self.pipe
-        assert failed is not None
+    def _recover(self, epoch: int, ep: EpochPlan, step: int, depth: int, exc: RuntimeError) -> None:
+        """After DALI's reader pipeline failed ``step``: rescue the images that broke it (the epoch then goes on
+        from ``step`` behind the feed), or raise what failed."""
         stream = self._stream(epoch, ep)
         try:
-            self._rescue(epoch, ep, step, exc, stream, failed.depth, reader=True)
+            self._rescue(epoch, ep, step, exc, stream, depth, reader=True)
         finally:
             stream.feeder.close()
-        raise _Refeed(step)
 
     def _rescue(self, epoch: int, ep: EpochPlan, step: int, exc: RuntimeError, stream: StreamEpoch, depth: int,
                 reader: bool = False) -> None:
@@ -178,7 +143,7 @@ class DaliBackend(Backend):
         found = rescue.examine(stream, steps, rescue.image_components(self.plan), self.patches,
                                max_pixels=self.max_pixels, seconds=self.plan.spec.check_seconds)
         if not found:  # a GPU decoder or another operator failed: named from DALI's message where it can be
-            suspects = self._suspects(epoch, ep, depth, step) if reader else None
+            suspects = self.reader.suspects(epoch, ep, depth, step) if reader else None
             raise diagnose(exc, self.plan, step, self.shards_for(epoch), None if reader else stream,
                            max_pixels=self.max_pixels, candidates=suspects) from exc
         for where in found:
@@ -193,32 +158,9 @@ class DaliBackend(Backend):
                             batch_size=self.batch_size, seed=self.seed, epoch=epoch,
                             workers=max(2, self.threads), ahead=max(2, self.threads) + self.depth, **feed)
 
-    def _suspects(self, epoch: int, ep: EpochPlan, depth: int, step: int) -> list[tuple[str, str]]:
-        """(shard, key) of the samples DALI's native reader holds for steps ``step`` .. ``step + depth``.
-
-        Its order is the rank's contiguous range (no shuffle: a shuffled epoch goes through the
-        feed, which names its samples); a shuffle buffer would widen it, so the buffer is added.
-        """
-        shards = self.shards_for(epoch)
-        rows = epoch_rows(shards, self.plan.component_exts(), ep, rank=self.rank, world=self.world, seed=self.seed,
-                          epoch=epoch, shuffle=False)
-        lo = max(0, step * self.batch_size - self.plan.spec.shuffle_buffer)
-        hi = min(len(rows), (step + depth + 1) * self.batch_size + self.plan.spec.shuffle_buffer)
-        where = rows.take(np.arange(lo, hi))
-        return [(shards.paths[s], k) for s, k in zip(where.shard.tolist(), rows.index.batch_keys(where))]
-
     def _capture(self) -> None:
         if self.capture is None or not self.capture.held:
             self.capture = nativelog.Capture()
-
-    def _build(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> EpochPipe:
-        """The epoch's pipeline behind DALI's reader, from ``start``."""
-        self._capture()
-        return make_pipeline(
-            self.plan, self.shards_for(epoch), ep, rank=self.rank, world=self.world, batch_size=self.batch_size,
-            threads=self.threads, device_id=self.device_id, seed=self.seed, epoch=epoch,
-            prefetch=self.prefetch, checkpoint=checkpoint, start=start,
-        )
 
     def _build_life(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None,
                     first_step: int = 0) -> LifePipe:
@@ -265,7 +207,7 @@ class DaliBackend(Backend):
         """Whether every step of the open epoch has been handed to DALI."""
         if self.segment is not None and self.life is not None:
             return self.life.all_scheduled(self.segment)
-        return self.pipe is not None and self.pipe.all_scheduled
+        return self.reader.all_scheduled
 
     def prepare(self, epoch: int) -> None:
         """Start the next epoch while this epoch's last batches finish.
@@ -282,13 +224,7 @@ class DaliBackend(Backend):
             if life is not None and life.queue.find(epoch, ep, 0) is None:
                 self._queue(life, epoch, ep, 0)
             return
-        if self.ahead is not None and self.ahead.epoch == epoch:
-            return
-        self._drop(self.ahead)
-        self.ahead = None
-        ahead = self._build(epoch, ep, 0, None)
-        ahead.prefetch()
-        self.ahead = ahead
+        self.reader.prepare(epoch, ep)
 
     def runs_on(self, checkpoint: str | None) -> bool:
         """A life pipeline's checkpoint (it says the DALI iteration it resumes at) runs on into the next epoch."""
@@ -330,11 +266,6 @@ class DaliBackend(Backend):
                 continue
         return False
 
-    def _drop(self, ep_pipe: EpochPipe | None) -> None:
-        if ep_pipe is not None:
-            pipe, ep_pipe.pipe = ep_pipe.pipe, None
-            release_memory(pipe, pools=not self.keep_pools)
-
     def _drop_life(self) -> None:
         life, self.life, self.segment = self.life, None, None
         if life is not None:
@@ -344,8 +275,7 @@ class DaliBackend(Backend):
 
     def close(self) -> None:
         """Drop the pipelines, give back DALI's pooled memory, stop capturing DALI's log lines."""
-        ahead, self.ahead = self.ahead, None
-        self._drop(ahead)
+        self.reader.drop_ahead()
         self._drop_life()
         if self.keep_pools:
             release_memory(None)
@@ -355,118 +285,3 @@ class DaliBackend(Backend):
 
 def _feeds(partition: str, transport: str, read_kinds: tuple[str, ...]) -> bool:
     return partition != "shards" or transport != "native" or all(kind == "file" for kind in read_kinds)
-
-
-class _Refeed(Exception):
-    """Images DALI's reader pipeline failed on were rescued: the epoch goes on from ``step`` behind the feed."""
-
-    def __init__(self, step: int) -> None:
-        super().__init__(step)
-        self.step = step
-
-
-def run_life_epoch(life: LifePipe, segment: int, plan: Plan, ep: EpochPlan, rng: random.Random, shards: ShardSet,
-                   start: int, *, max_pixels: int = DEFAULT_MAX_PIXELS, every: int = CHECKPOINT_EVERY) -> Iterator[Batch]:
-    """Yield the epoch's batches from ``start`` out of the life pipeline (run on the producer thread).
-
-    As :func:`run_epoch`, but the samples are named, and the components host ops read handed over, by the
-    epoch's feed; DALI's checkpoint is also taken after the epoch's last step, since the pipeline runs on
-    into the next epoch (a state taken there resumes with the draws the uninterrupted run made), and before
-    the first batch where the pipeline made others before it (``Batch.before``). A failure
-    of DALI is raised as DALI's ``RuntimeError`` for the backend to rescue or name.
-    """
-    stream = life.queue.segments[segment].stream
-    for step in range(start, ep.steps):
-        outs, before = life.take(segment, step, before=step == start)
-        last = step + 1 == ep.steps
-        checkpoint = life.checkpoint() if (step + 1) % every == 0 or last else None
-        size = ep.batch_sizes[step]
-        where = stream.origins(step, size)
-        lost = stream.lost(step)  # under skip: rows of a shard unreadable mid-epoch
-        valid, skipped = lost if lost is not None else (ep.valid[step], ())
-        fields = _fields(outs, life.omap, plan, size, rng, where, partial(stream.host, step))
-        yield Batch(fields, where, valid, checkpoint, lost=skipped, before=before)
-
-
-def run_epoch(ep_pipe: EpochPipe, plan: Plan, ep: EpochPlan, rng: random.Random,
-              shards: ShardSet, *, max_pixels: int = DEFAULT_MAX_PIXELS,
-              suspects: Callable[[int], list[tuple[str, str]]] | None = None,
-              recover: Callable[[int, RuntimeError], EpochPipe] | None = None,
-              every: int = CHECKPOINT_EVERY) -> Iterator[Batch]:
-    """Yield this rank's batches of the epoch from the pipe's start step on (run on the producer thread).
-
-    Each batch's DALI outputs are :class:`DaliOutput` objects, copied out of DALI's memory by
-    the delivery stage (:mod:`feedfast.loader.deliver`); host ops (labels, keys) run here. When
-    DALI fails a step, ``recover(step, error)`` gives the pipeline that goes on from that step (it raises
-    when it cannot: see :mod:`feedfast.loader.backends.dali.rescue`); without it, the failure is raised,
-    ``suspects(step)`` (the samples of the steps in flight) narrowing
-    :func:`~feedfast.loader.backends.dali.diagnose.diagnose`'s search for the sample to name.
-
-    DALI's checkpoint is taken after every ``every``-th step of the epoch (``Batch.checkpoint``;
-    None after the others): 1 when each batch carries its state.
-    """
-    step = ep_pipe.start
-    while step < ep.steps:
-        omap = ep_pipe.omap
-        try:
-            outs = ep_pipe.next()
-        except RuntimeError as exc:
-            if recover is None:
-                candidates = suspects(step) if suspects is not None and omap.stream is None else None
-                raise diagnose(exc, plan, step, shards, omap.stream, max_pixels=max_pixels,
-                               candidates=candidates) from exc
-            ep_pipe = recover(step, exc)
-            continue
-        checkpoint = ep_pipe.checkpoint() if (step + 1) % every == 0 else None
-        size = ep.batch_sizes[step]
-        raw_at = len(omap.fields)
-        where = omap.stream.origins(step, size) if omap.stream else convert.origins(outs[raw_at], size)
-        lost = omap.stream.lost(step) if omap.stream else None  # under skip: rows of a shard unreadable mid-epoch
-        valid, skipped = lost if lost is not None else (ep.valid[step], ())
-        fields = _fields(outs, omap, plan, size, rng, where, partial(_raw_output, outs, len(omap.fields)))
-        step += 1
-        yield Batch(fields, where, valid, checkpoint, lost=skipped)
-
-
-@dataclass(frozen=True)
-class DaliOutput:
-    """One output of a DALI iteration, still in DALI's memory (a :class:`~feedfast.loader.batch.Pending`)."""
-
-    dense: Any  # a contiguous TensorCPU or TensorGPU: the spec declares fixed-size fields
-    rows: int  # the batch's rows (a partial last batch is cut from a full-size output)
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    on_device: bool
-
-    @classmethod
-    def of(cls, tensor_list: Any, rows: int) -> "DaliOutput":
-        """A TensorList (CPU or GPU) of ``rows`` samples."""
-        dense = tensor_list.as_tensor()
-        return cls(dense, rows, tuple(dense.shape()), convert.dali_dtype_to_torch(tensor_list),
-                   type(dense).__name__ == "TensorGPU")
-
-    def write(self, out: torch.Tensor, stream: Any) -> torch.Tensor:
-        """Copy into ``out`` (from the GPU: queued on ``stream``); the batch's rows of it."""
-        return convert.tensorlist_to_torch(self.dense, out, stream)[: self.rows]
-
-    def to_host(self) -> "DaliOutput":
-        """The output copied to host memory (placement gpu, device cpu: asked for, warned about at construction)."""
-        return DaliOutput.of(self.dense.as_cpu(), self.rows)
-
-
-def _fields(outs: Any, omap: Any, plan: Plan, size: int, rng: random.Random,
-            where: Any, raw: Callable[[int], Any]) -> dict[str, Any]:
-    """One batch's fields: DALI's outputs as they are (the delivery stage copies them), host ops run on a raw
-    component (``raw(c)``: the one DALI returned, or behind the feed the members the feed kept for them)."""
-    fields: dict[str, Any] = {name: DaliOutput.of(outs[i], size) for i, name in enumerate(omap.fields)}
-    for name, nid in plan.outputs.items():
-        if plan.nodes[nid].device == "host":
-            comp, chain = convert.host_chain(plan.nodes, nid)
-            values = raw(plan.components.index(comp))
-            fields[name] = convert.host_field(chain, values, size, rng, where, plan.nodes[nid].sig.kind)
-    return fields
-
-
-def _raw_output(outs: Any, first: int, component: int) -> Any:
-    """The raw output of ``component`` among DALI's outputs (after the ``first`` field outputs)."""
-    return outs[first + component]

@@ -11,7 +11,6 @@ sample in most cases, and its failure is then rescued or named as any other.
 
 from __future__ import annotations
 
-import io
 import logging
 from typing import Any, Callable, Sequence
 
@@ -83,7 +82,7 @@ class StepDraws:
                         "window of its first pixel", shard, key)
         elif self.fed.window is not None:
             form = OPS[self.fed.window_op].threaded
-            geometry = form.geometry(width, height, self.fed.window_params, draws)  # type: ignore[union-attr]
+            geometry = form.geometry(width, height, self.fed.window_params, draws)  # type: ignore[union-attr,misc]
             left, top, w, h = geometry.crop if geometry is not None and geometry.crop else (0, 0, width, height)
             row[BOX:BOX + 4] = (left, top, left + w, top + h)
         if self.fed.flip is not None:

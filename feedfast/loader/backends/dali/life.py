@@ -20,14 +20,20 @@ something real changes: a state is loaded, or DALI failed a batch (a rescue).
 
 from __future__ import annotations
 
+import random
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from functools import partial
+from typing import Any, Callable, Iterator
 
+from feedfast.compile.plan import Plan
 from feedfast.loader.backends.dali.feed import Ring
+from feedfast.loader.backends.dali.outputs import batch_fields
 from feedfast.loader.backends.dali.rescue import Patches, patch_step, wrap_checkpoint
 from feedfast.loader.backends.dali.stream import StreamEpoch
+from feedfast.loader.batch import Batch
+from feedfast.order.deal import EpochPlan
 
 
 @dataclass(frozen=True)
@@ -216,3 +222,27 @@ class LifePipe:
         wrapped = wrap_checkpoint(text, self.first_step, list(self.rescued), iteration=self.taken)
         self._last = (self.taken, wrapped)
         return wrapped
+
+
+def run_life_epoch(life: LifePipe, segment: int, plan: Plan, ep: EpochPlan, rng: random.Random, start: int, *,
+                   every: int) -> Iterator[Batch]:
+    """Yield the epoch's batches from ``start`` out of the life pipeline (run on the producer thread).
+
+    Each batch's DALI outputs are left in DALI's memory for the delivery stage
+    (:class:`~feedfast.loader.backends.dali.outputs.DaliOutput`); the samples are named, and the components host
+    ops read handed over, by the epoch's feed. DALI's checkpoint is taken after every ``every``-th step and after
+    the epoch's last step, since the pipeline runs on into the next epoch (a state taken there resumes with the
+    draws the uninterrupted run made), and before the first batch where the pipeline made others before it
+    (``Batch.before``). A failure of DALI is raised as DALI's ``RuntimeError`` for the backend to rescue or name.
+    """
+    stream = life.queue.segments[segment].stream
+    for step in range(start, ep.steps):
+        outs, before = life.take(segment, step, before=step == start)
+        last = step + 1 == ep.steps
+        checkpoint = life.checkpoint() if (step + 1) % every == 0 or last else None
+        size = ep.batch_sizes[step]
+        where = stream.origins(step, size)
+        lost = stream.lost(step)  # under skip: rows of a shard unreadable mid-epoch
+        valid, skipped = lost if lost is not None else (ep.valid[step], ())
+        fields = batch_fields(outs, life.omap, plan, size, rng, where, partial(stream.host, step))
+        yield Batch(fields, where, valid, checkpoint, lost=skipped, before=before)

@@ -25,9 +25,12 @@ rank, world), resumable at any step: the feed answers for a step, whatever came 
 (A windowed shuffle of the rank's contiguous range, ``epoch_rows(window=...)``, remains for
 comparison: its batches hold a few classes on class-sorted shards.)
 
-The random operators after the source get the seeds they get after DALI's reader (see
-``compile.dali.ReaderConfig``), so without shuffling a stream epoch yields the same pixels
-as a native one, byte for byte.
+The crop window and flips are fed with the samples, drawn per sample as the other backends draw
+them (:mod:`feedfast.compile.dali_draws`); the random operators that still draw from DALI's
+generator get the seeds they get after DALI's reader (see ``compile.dali.ReaderConfig``). So an
+unshuffled stream epoch yields the samples of a native one (an unshuffled epoch of s3/gs shards,
+read by DALI), the pixels of a deterministic chain byte for byte, but not its random crops: those
+are DALI's generator's there.
 
 Bytes are read per batch (per window when shuffling in windows), per shard, in offset
 order, and members less than ``MAX_GAP`` bytes apart are fetched in one read: a batch
@@ -48,8 +51,8 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import ShardError
 from feedfast.loader.backends.dali.draws import StepDraws
 from feedfast.loader.backends.dali.feed import DALI_HOLDS, BatchFeeder, Ring
-from feedfast.order.draws import draws_key
 from feedfast.order.deal import EpochPlan, step_positions
+from feedfast.order.draws import draws_key
 from feedfast.order.rows import epoch_rows
 from feedfast.shards.index.columnar import Origins
 from feedfast.sources.dataset import ShardSet
