@@ -642,6 +642,102 @@ done:
     return result;
 }
 
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+
+/* read_files(root_fd, paths, starts, lengths, sizes, out) -> (int, int, int)
+ *   Whole files by path, end to end into `out`, in the order given, the GIL released: file i's path is
+ *   paths[starts[i] : starts[i] + lengths[i]] (file system bytes; relative to the folder open as `root_fd`, or
+ *   absolute), its size as listed sizes[i] (int64). Each is opened, checked to be that size, read and closed.
+ *   (-1, 0, 0) when every file was read whole, else (i, errno, size) for the first that was not: errno 0 when
+ *   it opened but is now `size` bytes, not sizes[i] (or came short: it changed while read).
+ */
+static int
+read_one_file(int root, const char *path, int64_t listed, char *dst, int *err, int64_t *found)
+{
+    int fd = openat(root, path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        *err = errno;
+        return 0;
+    }
+    struct stat st;
+    int ok = fstat(fd, &st) == 0;
+    if (!ok)
+        *err = errno;
+    else if ((int64_t)st.st_size != listed) {
+        *found = (int64_t)st.st_size;
+        ok = 0;
+    } else if (!pread_full(fd, dst, (size_t)listed, 0)) {
+        *err = errno; /* 0 when it came short */
+        *found = -1;
+        ok = 0;
+    }
+    close(fd);
+    return ok;
+}
+
+static PyObject *
+read_files(PyObject *self, PyObject *args)
+{
+    int root;
+    Py_buffer paths, starts, lengths, sizes, out;
+    if (!PyArg_ParseTuple(args, "iy*y*y*y*w*", &root, &paths, &starts, &lengths, &sizes, &out))
+        return NULL;
+    Py_ssize_t n = starts.len / (Py_ssize_t)sizeof(int64_t), failed = -1, need = 0, longest = 0;
+    PyObject *result = NULL;
+    const int64_t *start = starts.buf, *length = lengths.buf, *size = sizes.buf;
+    if (lengths.len != starts.len || sizes.len != starts.len) {
+        PyErr_SetString(PyExc_ValueError, "read_files: starts, lengths and sizes differ in length");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (start[i] < 0 || length[i] <= 0 || start[i] + length[i] > paths.len || size[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "read_files: file %zd's path lies outside the paths, or its size is unknown", i);
+            goto done;
+        }
+        need += (Py_ssize_t)size[i];
+        longest = length[i] > longest ? (Py_ssize_t)length[i] : longest;
+    }
+    if (out.len < need) {
+        PyErr_Format(PyExc_ValueError, "read_files: out holds %zd bytes, %zd needed", out.len, need);
+        goto done;
+    }
+    char *name = PyMem_Malloc((size_t)longest + 1);
+    if (name == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int err = 0;
+    int64_t found = 0;
+    char *dst = out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        memcpy(name, (const char *)paths.buf + start[i], (size_t)length[i]);
+        name[length[i]] = '\0';
+        if (memchr(name, '\0', (size_t)length[i]) != NULL) { /* a path holds no NUL: it names no file */
+            err = ENOENT;
+            failed = i;
+            break;
+        }
+        if (!read_one_file(root, name, size[i], dst, &err, &found)) {
+            failed = i;
+            break;
+        }
+        dst += size[i];
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_Free(name);
+    result = failed < 0 ? Py_BuildValue("nii", failed, 0, 0) : Py_BuildValue("niL", failed, err, (long long)found);
+done:
+    PyBuffer_Release(&paths);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&sizes);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS, "pread of fixed-size records at many offsets, the GIL released."},
     {"plan_batch", plan_batch, METH_VARARGS, "A batch's image geometry (see the module's comment)."},
@@ -649,6 +745,7 @@ static PyMethodDef methods[] = {
     {"read_batch", read_batch, METH_VARARGS, "pread of each sample's bytes, the GIL released."},
     {"read_packed", read_packed, METH_VARARGS, "pread of members into one buffer, end to end, the GIL released."},
     {"parse_labels", parse_labels, METH_VARARGS, "A batch of ASCII decimal labels to int64, the GIL released."},
+    {"read_files", read_files, METH_VARARGS, "Whole files by path into one buffer, sizes checked, the GIL released."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -282,3 +282,40 @@ def needs(top: str) -> Any:
     import pytest
 
     return pytest.mark.skipif(importlib.util.find_spec(top) is None, reason=_absent(top))
+
+
+def image_tree(root: Path, *, empty_class: bool = False) -> Path:
+    """An image folder with everything torchvision's ImageFolder has a rule for, or none: nested folders sorted
+    by whole path (``a b`` before ``a/``), odd names (spaces, unicode, dots, upper-case endings), hidden files,
+    hidden folders and a hidden class, non-image files, a linked folder and a broken link; ``empty_class`` adds a
+    class with no image. File ``i`` holds ``i + 1`` bytes of its own path (the files are read back in tests)."""
+    names = [
+        "cat/1.jpg", "cat/a/x.JPG", "cat/a b/y.png", "cat/a/b/z.jpeg", "cat/a.b/q.webp", "cat/.hidden.jpg",
+        "cat/.cache/h.png", "cat/notes.txt", "cat/x.jpg.txt", "cat/.jpg", "cat/jpg", "cat/Z.TIFF",
+        "dog/café ü.jpg", "dog/with space.jpeg", "dog/a.b.c.PnG", "dog/deep/er/est/d.bmp", "dog/README",
+        "Dog/upper.jpg", ".hidden_class/h.jpg", "zebra 2/ü/z.pgm", "zebra 2/z.ppm", "top.jpg",
+    ]
+    for i, name in enumerate(names):
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes((name.encode() * (i + 2))[: i + 1])
+    (root / "dog" / "linked").symlink_to(root / "cat" / "a", target_is_directory=True)
+    (root / "cat" / "dangling.jpg").symlink_to(root / "nowhere.jpg")
+    if empty_class:
+        (root / "empty").mkdir()
+        (root / "empty" / "readme.txt").write_text("no images here")
+    return root
+
+
+def age_tree(root: Path, seconds: float = 3600) -> None:
+    """Set every folder's (and file's) times ``seconds`` into the past: a listing of a tree just written is not
+    cached (its folders changed too recently to be trusted), one of an aged tree is."""
+    import os
+    import time
+
+    when = time.time() - seconds
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            if os.path.exists(os.path.join(folder, name)):
+                os.utime(os.path.join(folder, name), (when, when))
+        os.utime(folder, (when, when))
