@@ -19,7 +19,9 @@ rounds, the member reader's path it replaced (Python per sample) as the baseline
 
 Each run first takes ``WARM`` steps untimed (the ring's slots written once).
 - the consumer's wait when it takes a step every ``256 / --rate`` seconds (the rate a GPU
-  decodes at; 24,791 images/s on one H200): p50 and p99 in ms;
+  decodes at; 24,791 images/s on one H200), over 4 epochs queued as the DALI backend queues them
+  (the life pipeline's :class:`~feedfast.loader.backends.dali.life.StepQueue`, one ring shared, the next
+  epoch's first steps read while this one's last are fed): p50 and p99 in ms;
 - with ``--gil``: the GIL held a sample, from ``py-spy record --gil`` on a child process that
   runs the one-thread feed over 1 and then 4 epochs (see :func:`gil_per_sample`).
 
@@ -83,7 +85,8 @@ def make_set(folder: Path) -> list[str]:
     return paths
 
 
-def epoch_feed(paths: list[str], folder: Path, epoch: int, *, workers: int, packed: bool, ahead: int = 4) -> Any:
+def epoch_feed(paths: list[str], folder: Path, epoch: int, *, workers: int, packed: bool, ahead: int = 4,
+               ring: Any = None, ring_base: int = 0) -> Any:
     """A feed over ``epoch``'s rows of the global permutation (rank 0 of 1)."""
     from functools import partial
 
@@ -108,7 +111,8 @@ def epoch_feed(paths: list[str], folder: Path, epoch: int, *, workers: int, pack
     feed = BatchFeeder(tuple(paths), ("file",) * SHARDS, rows,
                        partial(step_positions, batch_size=BATCH, count=len(rows)), steps=ep.steps,
                        cache=None, transfer=Transfer(), workers=workers, ahead=ahead, dali=[0],
-                       draws=StepDraws(fed, draws_key(0, epoch)) if fed is not None else None)
+                       draws=StepDraws(fed, draws_key(0, epoch)) if fed is not None else None, ring=ring,
+                       ring_base=ring_base)
     if not packed:  # the member reader's path, as every step went before the packed read
         feed.packed, feed.ring = False, None
     return feed
@@ -134,7 +138,7 @@ def drive(feed: Any, steps: int, period: float = 0.0) -> tuple[float, list[float
     return time.perf_counter() - start, waits
 
 
-def one_round(paths: list[str], folder: Path, steps: int, rate: float) -> dict[str, float]:
+def one_round(paths: list[str], folder: Path, steps: int, rate: float, epochs: int = 4) -> dict[str, float]:
     """One round of every measurement, both paths."""
     out: dict[str, float] = {}
     for packed in (True, False):
@@ -151,14 +155,56 @@ def one_round(paths: list[str], folder: Path, steps: int, rate: float) -> dict[s
         t = time.perf_counter()
         feed(0)
         out[f"{name}_first_step_ms"] = (time.perf_counter() - t) * 1e3
+        feed.close()
+        queue = queued_epochs(paths, folder, epochs, workers=2, packed=packed)
         try:
-            drive(_From(feed, 1), WARM - 1)
-            _, waits = drive(_From(feed, WARM), steps, period=BATCH / rate)
+            drive(queue, WARM)
+            _, waits = drive(_From(queue, WARM), epochs * SHARDS * PER_SHARD // BATCH - WARM, period=BATCH / rate)
         finally:
-            feed.close()
+            queue.close()
         out[f"{name}_wait_p50_ms"] = float(np.percentile(waits, 50)) * 1e3
         out[f"{name}_wait_p99_ms"] = float(np.percentile(waits, 99)) * 1e3
     return out
+
+
+def queued_epochs(paths: list[str], folder: Path, epochs: int, *, workers: int, packed: bool) -> Any:
+    """The life pipeline's source (:class:`~feedfast.loader.backends.dali.life.StepQueue`) holding epochs 1 ..
+    ``epochs``, their feeds sharing one ring, as the DALI backend queues them: an epoch's first steps are read
+    while the one before's last are fed."""
+    from feedfast.loader.backends.dali.feed import DALI_HOLDS
+    from feedfast.loader.backends.dali.life import StepQueue
+
+    queue = _Queue(StepQueue(None, holds=DALI_HOLDS))
+    steps = SHARDS * PER_SHARD // BATCH
+    for epoch in range(1, epochs + 1):
+        queue.queue.add(epoch, None, lambda base, e=epoch: _Stream(epoch_feed(
+            paths, folder, e, workers=workers, packed=packed, ring=queue.queue.ring, ring_base=base)), 0, steps)
+    return queue
+
+
+class _Stream:
+    """What the step queue needs of an epoch's stream: its feed."""
+
+    def __init__(self, feeder: Any) -> None:
+        self.feeder = feeder
+
+
+class _Queue:
+    """A step queue driven as a feed: iteration -> the step's TensorLists; ``host`` the labels of the step fed at that
+    iteration."""
+
+    def __init__(self, queue: Any) -> None:
+        self.queue = queue
+
+    def __call__(self, iteration: int) -> Any:
+        return self.queue(iteration)
+
+    def host(self, iteration: int, component: int) -> Any:
+        tag = self.queue.tags.pop(iteration)
+        return self.queue.segments[tag.segment].stream.feeder.host(tag.step, component)
+
+    def close(self) -> None:
+        self.queue.close()
 
 
 class _From:

@@ -164,14 +164,25 @@ class BatchFeeder:
             raise StopIteration
         with self._lock:
             for s in range(step, min(step + self.ahead + 1, self.steps)):
-                if s not in self._pending:
-                    self._pending[s] = self._pool.submit(self._dali_batch, s)
+                self._submit(s)
             for stale in [s for s in self._pending if s < step]:
                 self._pending.pop(stale).cancel()
             for stale in [s for s in self._host if s < step - HOST_KEPT]:
                 del self._host[stale]
             pending = self._pending.pop(step)
         return pending.result()
+
+    def prefetch(self, step: int) -> None:
+        """Start reading step ``step`` now, before DALI asks for it (the first steps of the epoch queued after the
+        one DALI is finishing: the boundary then waits on no read). The caller keeps the ring's rule: ``step`` is
+        at most the read-ahead past the last step fed, counted across the epochs sharing the ring."""
+        if step < self.steps:
+            with self._lock:
+                self._submit(step)
+
+    def _submit(self, step: int) -> None:
+        if step not in self._pending:
+            self._pending[step] = self._pool.submit(self._dali_batch, step)
 
     def close(self) -> None:
         """Stop the reader threads and close the shards; pending reads are dropped."""

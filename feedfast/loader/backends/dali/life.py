@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 import threading
 from collections import deque
+from itertools import islice
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Iterator
@@ -131,6 +132,12 @@ class StepQueue:
             segment = self.segments.get(item.segment) if item is not None else None
             if item is not None:
                 self._left[item.segment] -= 1
+            ahead = segment.stream.feeder.ahead if segment is not None else 0
+            upcoming = [(self.segments.get(q.segment), q.step) for q in islice(self._queue, ahead)
+                        if item is not None and q.segment != item.segment]
+        for other, step in upcoming:  # the next epoch's first steps, read while this one's last are fed
+            if other is not None:
+                other.stream.feeder.prefetch(step)
         if item is None or segment is None:  # DALI asked before anything was queued: fed again, dropped
             self.tags[iteration] = None
             arrays = self._filler()
