@@ -23,9 +23,9 @@ from __future__ import annotations
 import random
 import threading
 from collections import deque
-from itertools import islice
 from dataclasses import dataclass
 from functools import partial
+from itertools import islice
 from typing import Any, Callable, Iterator
 
 from feedfast.compile.plan import Plan
