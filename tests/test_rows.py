@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from feedfast.order.deal import plan_epoch, rank_positions, rank_range
 from feedfast.order.epoch import epoch_order
+from feedfast.order.orders import WindowShuffle, _RangeOrder
 from feedfast.order.permute import key_for
-from feedfast.order.rows import WindowShuffle, _RangeOrder, epoch_rows
+from feedfast.order.rows import epoch_rows
 from feedfast.shards.index.tarindex import load_index
 from feedfast.sources.dataset import ShardSet
 from tests.helpers import make_shards

@@ -3,9 +3,9 @@
 Row ``r`` of a rank's epoch is the rank's ``r``-th sample in reading order (padding repeats
 the last row, :func:`~feedfast.order.deal.step_positions`). :class:`Rows` maps rows to
 canonical sample numbers (the dataset's shards concatenated, shard 0's indexed samples
-first) by a function of the epoch, and the dataset's columnar index
-(:mod:`~feedfast.shards.index.columnar`) maps those to shards, offsets, sizes and keys. Which
-function, by the epoch plan's partition (:func:`~feedfast.order.deal.partition_for`):
+first) by a function of the epoch (:func:`~feedfast.order.orders.order_for`), and the dataset's
+columnar index (:mod:`~feedfast.shards.index.columnar`) maps those to shards, offsets, sizes and
+keys. Which function, by the epoch plan's partition (:func:`~feedfast.order.deal.partition_for`):
 
 - ``global``: the epoch's permutation of every sample (:func:`~feedfast.order.epoch.epoch_permutation`)
   dealt out in global batches (:func:`~feedfast.order.epoch.rank_position_of`); under repeated
@@ -33,10 +33,10 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from feedfast import _env
-from feedfast.order.deal import EpochPlan, rank_counts, rank_position_of, rank_range
-from feedfast.order.epoch import BlockOrder, BlockShuffle, epoch_permutation
-from feedfast.order.permute import Permutation, key_for, mix64
-from feedfast.order.repeats import draw_ids, entry_of, repeated, sample_of_id
+from feedfast.order.deal import EpochPlan
+from feedfast.order.epoch import BlockShuffle
+from feedfast.order.orders import order_for
+from feedfast.order.repeats import sample_of_id
 from feedfast.shards.index.columnar import ColumnarIndex, RowBatch, dataset_index
 
 CHUNK = 8192
@@ -51,7 +51,7 @@ class Rows:
         count: rows in the epoch (the rank's samples).
         sample_of: rows (int64 array) -> canonical sample numbers.
         window: the windows of consecutive samples read together (a windowed or block shuffle:
-            :class:`WindowShuffle`, :class:`~feedfast.order.epoch.BlockOrder`), None when rows are
+            :class:`~feedfast.order.orders.WindowShuffle`, :class:`~feedfast.order.epoch.BlockOrder`), None when rows are
             read per step.
     """
 
@@ -150,128 +150,7 @@ def epoch_rows(shards: Dataset, exts: Sequence[set[str] | frozenset[str]], ep: E
         block: the block shuffle's sizes, for ``block``.
     """
     sizes = shards.sizes
+    order = order_for(sizes, ep, rank=rank, world=world, seed=seed, epoch=epoch, shuffle=shuffle, window=window,
+                      block=block)
     index = dataset_index(shards.paths, shards.index_paths, sizes, exts, Path(shards.cache_dir or _env.cache_dir()))
-    total = int(sum(sizes))
-    if ep.partition == "global":
-        remaining = total - ep.consumed
-        count = rank_counts(remaining, world=world, batch_size=ep.batch_size)[rank]
-        return Rows(index, count, _GlobalOrder(total, remaining, ep, rank=rank, world=world, seed=seed, epoch=epoch,
-                                               shuffle=shuffle), copies_of=total if ep.repeats > 1 else 0)
-    if ep.partition == "block":
-        order = BlockOrder(sizes, rank=rank, world=world, shuffle=block or BlockShuffle(), seed=seed, epoch=epoch)
-        return Rows(index, order.count, order, order)
-    lo, hi = rank_range(total, rank, world)
-    ranged = _RangeOrder(sizes, ep.shard_order, lo)
-    if window > 0:
-        shuffled = WindowShuffle(ranged, hi - lo, window, key_for("feedfast-windows", seed, epoch, rank))
-        return Rows(index, hi - lo, shuffled, shuffled)
-    if shuffle:
-        return Rows(index, hi - lo, _Then(Permutation(hi - lo, key_for("feedfast-range", seed, epoch, rank)), ranged))
-    return Rows(index, hi - lo, ranged)
-
-
-class _GlobalOrder:
-    """Rows of the global order: the rank's order positions, past ``consumed``, through the permutation."""
-
-    def __init__(self, total: int, remaining: int, ep: EpochPlan, *, rank: int, world: int, seed: int, epoch: int,
-                 shuffle: bool) -> None:
-        self.remaining, self.consumed, self.batch_size = remaining, ep.consumed, ep.batch_size
-        self.rank, self.world, self.total, self.repeats = rank, world, total, ep.repeats
-        self.perm = epoch_permutation(total, seed=seed, epoch=epoch, shuffle=shuffle)
-
-    def __call__(self, rows: np.ndarray) -> np.ndarray:
-        relative = rank_position_of(rows, self.remaining, rank=self.rank, world=self.world, batch_size=self.batch_size)
-        if self.repeats > 1:  # repeated augmentation: entries of the repeated list, as draw ids (order/repeats.py)
-            entries = self.consumed + entry_of(relative, self.remaining, world=self.world, batch_size=self.batch_size)
-            return draw_ids(*repeated(entries, self.perm, self.repeats), self.total)
-        positions = self.consumed + relative
-        return positions if self.perm is None else self.perm(positions)
-
-
-class _RangeOrder:
-    """Rows of a contiguous range starting at ``lo`` of the shards concatenated in ``order``."""
-
-    def __init__(self, sizes: Sequence[int], order: Sequence[int], lo: int) -> None:
-        counts = np.asarray(sizes, dtype=np.int64)
-        self.lo = lo
-        self.identity = list(order) == list(range(len(counts)))
-        self.order = np.asarray(order, dtype=np.int64)
-        self.starts = np.concatenate([[0], np.cumsum(counts)])[:-1]  # canonical first sample of each shard
-        self.ends = np.cumsum(counts[self.order])  # end of each shard in the epoch's concatenation
-        self.begins = self.ends - counts[self.order]
-
-    def __call__(self, rows: np.ndarray) -> np.ndarray:
-        at = self.lo + np.asarray(rows, dtype=np.int64)
-        if self.identity:
-            return at
-        j = np.searchsorted(self.ends, at, side="right")
-        return self.starts[self.order[j]] + at - self.begins[j]
-
-    def position_of(self, samples: np.ndarray) -> np.ndarray:
-        """The rows at which ``samples`` (canonical numbers inside the range) are read: the inverse."""
-        samples = np.asarray(samples, dtype=np.int64)
-        if self.identity:
-            return samples - self.lo
-        shard = np.searchsorted(self.starts, samples, side="right") - 1
-        place = np.empty(len(self.order), dtype=np.int64)
-        place[self.order] = np.arange(len(self.order))
-        j = place[shard]
-        return self.begins[j] + samples - self.starts[shard] - self.lo
-
-
-class _Then:
-    """``second(first(rows))``."""
-
-    def __init__(self, first: Callable[[np.ndarray], np.ndarray], second: Callable[[np.ndarray], np.ndarray]) -> None:
-        self.first, self.second = first, second
-
-    def __call__(self, rows: np.ndarray) -> np.ndarray:
-        return self.second(self.first(rows))
-
-
-class WindowShuffle:
-    """A range of ``n`` rows read in windows of ``window`` consecutive samples, the windows in a random
-    order and each one's samples shuffled: as a function of rows, with nothing held per sample.
-
-    Windows are ``window`` consecutive positions of the range (the last may be shorter); their
-    order is a permutation by ``key`` (an array of ``n / window``), and inside a window the
-    samples are read by a counter-based key of their position, so any stretch of rows is
-    computed alone. ``ranged`` maps positions to samples (and back, for :meth:`window_of`).
-    """
-
-    def __init__(self, ranged: _RangeOrder, n: int, window: int, key: tuple[int, ...]) -> None:
-        self.ranged, self.n, self.window = ranged, n, window
-        count = -(-n // window)
-        self.order = np.random.Generator(np.random.PCG64(key[0])).permutation(count)
-        self.lens = np.minimum(window, n - self.order * window)
-        self.ends = np.cumsum(self.lens)
-        self.key = np.uint64(key[1])
-
-    def positions(self, rows: np.ndarray) -> np.ndarray:
-        """The range's positions read at ``rows``."""
-        rows = np.asarray(rows, dtype=np.int64)
-        if rows.size == 0:
-            return rows
-        k = np.searchsorted(self.ends, rows, side="right")
-        ks = np.unique(k)
-        w, lens = self.order[ks], self.lens[ks]
-        pos = np.repeat(w * self.window - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
-        group = np.repeat(np.arange(len(ks)), lens)
-        with np.errstate(over="ignore"):
-            u = mix64(pos.astype(np.uint64) ^ self.key)
-        shuffled = pos[np.lexsort((u, group))]  # each window's positions in key order, the windows in turn
-        first = np.cumsum(lens) - lens  # where each window starts in ``shuffled``
-        at = first[np.searchsorted(ks, k)] + rows - (self.ends[k] - self.lens[k])
-        return shuffled[at]
-
-    def __call__(self, rows: np.ndarray) -> np.ndarray:
-        return self.ranged(self.positions(rows))
-
-    def window_of(self, samples: np.ndarray) -> np.ndarray:
-        """Each sample's window number (its position in the range // ``window``)."""
-        return self.ranged.position_of(samples) // self.window
-
-    def members(self, window: int) -> np.ndarray:
-        """The samples of window ``window``."""
-        start = window * self.window
-        return self.ranged(np.arange(start, min(self.n, start + self.window), dtype=np.int64))
+    return Rows(index, order.count, order.sample_of, order.window, order.copies_of)
