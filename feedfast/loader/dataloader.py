@@ -24,7 +24,7 @@ from feedfast.loader.batch import batch_info
 from feedfast.loader.batchmix_stage import mix_stage
 from feedfast.loader.deliver import Delivered, Delivery
 from feedfast.loader.devices import DeviceLayer, layer_for, route_here
-from feedfast.loader.epochs import EpochData
+from feedfast.loader.epochs import Dataset, EpochData
 from feedfast.loader.options import check_pin_memory_device, check_torch_kwargs, rank_cores, settle_spec
 from feedfast.loader.producer import Ahead
 from feedfast.loader.ring import PinnedRing
@@ -32,7 +32,6 @@ from feedfast.loader.settings import loader_settings
 from feedfast.loader.state import Identity, LoaderState, ResumePoint, parse_state, spec_digest
 from feedfast.loader.torchcompat import TorchAttributes
 from feedfast.order.deal import EpochPlan
-from feedfast.sources.dataset import ShardSet
 from feedfast.spec.load import load_spec
 
 _LIVE: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
@@ -176,7 +175,7 @@ class DataLoader(TorchAttributes):
         # the stages: the data of each epoch, the backend, the delivery (ring slots: the producer's queue as
         # deep as a tuner may make it, the batch being made, and a spare), the tuner
         self.data = EpochData(shards, self.spec, self._cache_dir, settings.open_kw, rank=self.rank, world=self.world)
-        self.shards: ShardSet = self.data.shards
+        self.shards: Dataset = self.data.shards
         self.data.check_size(self.plan)
         self.backend = choose_backend(settings.backend, self.plan, self.shards)
         chosen = backend_type(self.backend)
@@ -250,7 +249,7 @@ class DataLoader(TorchAttributes):
         """The device layer of the batches' device (tests replace it with a stand-in)."""
         return layer_for(self.device)
 
-    def shards_for(self, epoch: int) -> ShardSet:
+    def shards_for(self, epoch: int) -> Dataset:
         """The epoch's dataset: the shards, or under a :class:`Mix` that epoch's draw."""
         return self.data.shards_for(epoch)
 
