@@ -175,7 +175,7 @@ def test_every_file_once_per_epoch_over_1_2_3_ranks(folder: Path, tmp_path: Path
     for world in (1, 2, 3):
         out = tmp_path / f"w{world}"
         out.mkdir()
-        records = spawn_ranks(_rank, world, out, lambda r: (r, world, str(folder), str(out)), timeout_s=180)
+        records = spawn_ranks(_rank, world, out, lambda r, w=world, o=out: (r, w, str(folder), str(o)), timeout_s=180)
         keys = [k for r in records for k in r["keys"]]
         assert sorted(keys) == everything, world
         assert len({r["len"] for r in records}) == 1  # equal batch counts on every rank

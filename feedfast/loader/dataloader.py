@@ -1,4 +1,4 @@
-"""``feedfast.DataLoader``: a drop-in for ``torch.utils.data.DataLoader`` over tar shards."""
+"""``feedfast.DataLoader``: a drop-in for ``torch.utils.data.DataLoader`` over tar shards or image folders."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import concurrent.futures.thread  # noqa: F401 - imported first, so its exit hoo
 import os
 import threading
 import weakref
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
 
@@ -32,6 +32,7 @@ from feedfast.loader.settings import loader_settings
 from feedfast.loader.state import Identity, LoaderState, ResumePoint, parse_state, spec_digest
 from feedfast.loader.torchcompat import TorchAttributes
 from feedfast.order.deal import EpochPlan
+from feedfast.sources.dataset import ShardSet
 from feedfast.spec.load import load_spec
 
 _LIVE: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
@@ -67,6 +68,9 @@ class DataLoader(TorchAttributes):
             weighted datasets, or URLs: ``file://``,
             ``http(s)://`` and ``pipe:CMD`` (streamed; see :mod:`feedfast.loader.backends.dali.stream`),
             ``s3://`` and ``gs://`` (DALI's reader; see :mod:`feedfast.sources.dataset`).
+            Or images in place: an image folder (``"data/train/"``, torchvision's ``ImageFolder`` layout: its
+            classes, labels and order, ``loader.dataset.classes``) or a file list (``train.txt`` of ``path label``
+            lines, ``train.csv``), read on the ``threads`` and ``pil`` backends (:mod:`feedfast.sources.folder`).
         batch_size: overrides the spec's batch size.
         shuffle: True reads every epoch in a new uniform permutation of the whole dataset over
             local shards (:mod:`feedfast.order.epoch`; a state then resumes at any world
@@ -240,7 +244,9 @@ class DataLoader(TorchAttributes):
         # DALI's checkpoint costs (on a GPU a device read-back): every batch only when each batch carries its
         # state (sample_info), else every CHECKPOINT_EVERY batches, and a resume steps forward from the last
         return BackendSettings(
-            plan=self.plan, shards_for=self.shards_for, plan_for=self.epoch_plan, rank=self.rank, world=self.world,
+            # a backend is given only the kinds of dataset it declares (Backend.sources, choose_backend); those that
+            # read shards alone annotate ShardSet
+            plan=self.plan, shards_for=cast(Callable[[int], ShardSet], self.shards_for), plan_for=self.epoch_plan, rank=self.rank, world=self.world,
             batch_size=self.spec.batch_size, seed=self.spec.seed, threads=self.threads,
             workers=self.settings.workers, prefetch=self.prefetch, knobs=self.knobs, device_id=self.device_id,
             max_pixels=self.max_pixels, checkpoint_every=1 if self.sample_info else CHECKPOINT_EVERY)

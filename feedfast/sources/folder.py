@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from feedfast.errors import UserError
 from feedfast.files.table import FileTable
 from feedfast.sources.folderindex import FolderIndex, FolderMembers
@@ -122,7 +124,7 @@ class FolderSet:
         """What a loader state must match: the folder and a digest of its listing (paths and labels)."""
         h = hashlib.sha1(b"feedfast-folder/1")
         for array in (self.table.offsets, self.table.paths, self.table.labels):
-            h.update(memoryview(array).cast("B") if array.size else b"")
+            h.update(np.ascontiguousarray(array).data)
         return (self.table.root, f"listing:{h.hexdigest()[:16]}"), (len(self.table), 0)
 
     @property

@@ -103,7 +103,7 @@ class FolderMembers:
             data, ends = self.reader.read(ids)
         except SampleError:  # one file fails: the others one by one, the failing one None
             return [self._one(int(i)) for i in ids.tolist()]
-        view, bounds = memoryview(data), ends.tolist()
+        view, bounds = data.data, ends.tolist()
         return [view[s:e] for s, e in zip(bounds[:-1], bounds[1:])]
 
     def _one(self, i: int) -> bytes | None:

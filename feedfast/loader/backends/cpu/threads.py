@@ -81,8 +81,8 @@ from feedfast.order.rows import Rows
 from feedfast.shards.index.columnar import Origins, RowBatch
 from feedfast.sources.dataset import ShardSet
 from feedfast.sources.folder import FolderSet
-from feedfast.sources.members import Members, ShardMembers
 from feedfast.sources.lostrows import lost_last
+from feedfast.sources.members import Members, ShardMembers
 from feedfast.sources.rangeread import StepReads, as_bytes, epoch_reads
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16}
