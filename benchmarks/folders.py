@@ -75,10 +75,10 @@ def main() -> None:
 
     import torch
     import torchvision.transforms as T
+    from photos import photo_dataset
     from torchvision.datasets import ImageFolder
 
     import feedfast
-    from photos import photo_dataset
 
     shards = photo_dataset("imagenet", samples=args.samples, per_shard=256)
     folder = folder_of(shards)
