@@ -1,4 +1,4 @@
-"""``feedfast.DataLoader``: a drop-in for ``torch.utils.data.DataLoader`` over tar shards."""
+"""``feedfast.DataLoader``: a drop-in for ``torch.utils.data.DataLoader`` over tar shards or image folders."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import concurrent.futures.thread  # noqa: F401 - imported first, so its exit hoo
 import os
 import threading
 import weakref
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
 
@@ -24,7 +24,7 @@ from feedfast.loader.batch import batch_info
 from feedfast.loader.batchmix_stage import mix_stage
 from feedfast.loader.deliver import Delivered, Delivery
 from feedfast.loader.devices import DeviceLayer, layer_for, route_here
-from feedfast.loader.epochs import EpochData
+from feedfast.loader.epochs import Dataset, EpochData
 from feedfast.loader.options import check_pin_memory_device, check_torch_kwargs, rank_cores, settle_spec
 from feedfast.loader.producer import Ahead
 from feedfast.loader.ring import PinnedRing
@@ -68,6 +68,9 @@ class DataLoader(TorchAttributes):
             weighted datasets, or URLs: ``file://``,
             ``http(s)://`` and ``pipe:CMD`` (streamed; see :mod:`feedfast.loader.backends.dali.stream`),
             ``s3://`` and ``gs://`` (DALI's reader; see :mod:`feedfast.sources.dataset`).
+            Or images in place: an image folder (``"data/train/"``, torchvision's ``ImageFolder`` layout: its
+            classes, labels and order, ``loader.dataset.classes``) or a file list (``train.txt`` of ``path label``
+            lines, ``train.csv``), read on the ``threads`` and ``pil`` backends (:mod:`feedfast.sources.folder`).
         batch_size: overrides the spec's batch size.
         shuffle: True reads every epoch in a new uniform permutation of the whole dataset over
             local shards (:mod:`feedfast.order.epoch`; a state then resumes at any world
@@ -176,7 +179,7 @@ class DataLoader(TorchAttributes):
         # the stages: the data of each epoch, the backend, the delivery (ring slots: the producer's queue as
         # deep as a tuner may make it, the batch being made, and a spare), the tuner
         self.data = EpochData(shards, self.spec, self._cache_dir, settings.open_kw, rank=self.rank, world=self.world)
-        self.shards: ShardSet = self.data.shards
+        self.shards: Dataset = self.data.shards
         self.data.check_size(self.plan)
         self.backend = choose_backend(settings.backend, self.plan, self.shards)
         chosen = backend_type(self.backend)
@@ -241,7 +244,9 @@ class DataLoader(TorchAttributes):
         # DALI's checkpoint costs (on a GPU a device read-back): every batch only when each batch carries its
         # state (sample_info), else every CHECKPOINT_EVERY batches, and a resume steps forward from the last
         return BackendSettings(
-            plan=self.plan, shards_for=self.shards_for, plan_for=self.epoch_plan, rank=self.rank, world=self.world,
+            # a backend is given only the kinds of dataset it declares (Backend.sources, choose_backend); those that
+            # read shards alone annotate ShardSet
+            plan=self.plan, shards_for=cast(Callable[[int], ShardSet], self.shards_for), plan_for=self.epoch_plan, rank=self.rank, world=self.world,
             batch_size=self.spec.batch_size, seed=self.spec.seed, threads=self.threads,
             workers=self.settings.workers, prefetch=self.prefetch, knobs=self.knobs, device_id=self.device_id,
             max_pixels=self.max_pixels, checkpoint_every=1 if self.sample_info else CHECKPOINT_EVERY)
@@ -250,7 +255,7 @@ class DataLoader(TorchAttributes):
         """The device layer of the batches' device (tests replace it with a stand-in)."""
         return layer_for(self.device)
 
-    def shards_for(self, epoch: int) -> ShardSet:
+    def shards_for(self, epoch: int) -> Dataset:
         """The epoch's dataset: the shards, or under a :class:`Mix` that epoch's draw."""
         return self.data.shards_for(epoch)
 

@@ -20,10 +20,13 @@ from feedfast.errors import UserError
 from feedfast.loader.batchsize import check_batch_size, sample_bytes
 from feedfast.loader.state import shard_set_digest
 from feedfast.order.deal import EpochPlan, partition_for, plan_epoch
-from feedfast.shards.index.columnar import dataset_index
 from feedfast.sources.dataset import ShardSet
+from feedfast.sources.folder import FolderSet
 from feedfast.sources.mixture import mixed_epoch, open_dataset
 from feedfast.spec.model import Spec
+
+Dataset = ShardSet | FolderSet
+"""What an epoch reads: shards, or images in place (each answers what the loader asks of a dataset)."""
 
 
 class EpochData:
@@ -43,10 +46,10 @@ class EpochData:
         self._mixed: dict[int, ShardSet] = {}
         self._lock = threading.Lock()
         self._mix, base = open_dataset(shards, spec, cache_dir, **open_kw)
-        self.shards: ShardSet = self.shards_for(0) if self._mix else cast(ShardSet, base)
+        self.shards: Dataset = self.shards_for(0) if self._mix else cast(Dataset, base)
         self.partition = partition_for(self.shards.read_kinds, shuffled=spec.shuffled)
         # what a state must match: no shard digest under a Mix, whose draw changes per epoch
-        self.digest = None if self._mix else shard_set_digest(self.shards.paths, self.shards.sizes)
+        self.digest = None if self._mix else shard_set_digest(*self.shards.identity)
 
     def read_by_range(self) -> None:
         """The backend reads every shard by range itself: a shuffled epoch keeps the global order over shards
@@ -58,7 +61,7 @@ class EpochData:
         """Whether each epoch draws its own dataset (a Mix)."""
         return self._mix is not None
 
-    def shards_for(self, epoch: int) -> ShardSet:
+    def shards_for(self, epoch: int) -> Dataset:
         """The epoch's dataset: the shards, or under a Mix that epoch's draw."""
         if self._mix is None:
             return self.shards
@@ -92,5 +95,4 @@ class EpochData:
         """The dataset's columnar index of rows (what a backend reading samples itself reads): built now, once
         per dataset (then opened in O(shards)), not at the first batch. A Mix builds its draws' as they come."""
         if self._mix is None:
-            dataset_index(self.shards.paths, self.shards.index_paths, self.shards.sizes, plan.component_exts(),
-                          self.cache_dir)
+            self.shards.row_index(plan.component_exts())

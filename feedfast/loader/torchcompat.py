@@ -16,6 +16,8 @@ dataset             :class:`LoaderDataset`: an ``IterableDataset`` of the loader
                     at a time; ``len()`` = the epoch's samples over all ranks (torch's
                     ``len(dataset)``, what torchvision's ``evaluate()`` compares with the samples
                     it processed, summed over ranks); ``set_epoch(e)`` = ``loader.set_epoch(e)``
+                    over an image folder read in place, ``classes`` and ``class_to_idx`` as
+                    torchvision's ``ImageFolder`` has them
 sampler             :class:`LoaderSampler`: ``set_epoch(e)``; ``len()`` = this rank's samples per
                     epoch (padding included, as ``DistributedSampler``'s); no indices to iterate
 batch_sampler       :class:`LoaderBatchSampler`: ``set_epoch(e)``, ``batch_size``, ``drop_last``;
@@ -161,6 +163,24 @@ class LoaderDataset(IterableDataset):  # type: ignore[type-arg]
     def set_epoch(self, epoch: int) -> None:
         """The loader's :meth:`~feedfast.DataLoader.set_epoch` (timm's ``_set_loader_epoch`` calls it)."""
         self.loader.set_epoch(epoch)
+
+    @property
+    def classes(self) -> list[str]:
+        """The class names in label order, as torchvision's ``ImageFolder.classes`` (an image folder read in place).
+
+        Raises:
+            AttributeError: the dataset has no class names (shards, a file list): ``hasattr`` is False.
+        """
+        names = self.loader.shards.class_names
+        if not names:
+            raise AttributeError("classes: this dataset has no class names (only an image folder read in place has "
+                                 "them, as torchvision's ImageFolder); its labels are numbers")
+        return list(names)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name to label, as torchvision's ``ImageFolder.class_to_idx`` (see :attr:`classes`)."""
+        return {name: i for i, name in enumerate(self.classes)}
 
     def __iter__(self) -> Iterator[Any]:
         if torch.utils.data.get_worker_info() is not None:

@@ -27,20 +27,35 @@ import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from feedfast import _env
 from feedfast.order.deal import EpochPlan
 from feedfast.order.epoch import BlockShuffle
 from feedfast.order.orders import order_for
 from feedfast.order.repeats import sample_of_id
-from feedfast.shards.index.columnar import ColumnarIndex, RowBatch, dataset_index
+from feedfast.shards.index.columnar import RowBatch
 
 CHUNK = 8192
 """Rows evaluated at once (a permutation costs about 0.3 us a row in chunks of this size)."""
+
+
+class RowIndex(Protocol):
+    """Where a dataset's samples are (:class:`~feedfast.shards.index.columnar.ColumnarIndex`, or a folder's
+    :class:`~feedfast.sources.folderindex.FolderIndex`): rows by canonical sample number."""
+
+    components: int
+
+    def __len__(self) -> int: ...
+
+    def take(self, samples: Sequence[int] | np.ndarray) -> RowBatch: ...
+
+    def shard_of(self, samples: np.ndarray) -> np.ndarray: ...
+
+    def keys(self, samples: Sequence[int] | np.ndarray) -> list[str]: ...
+
+    def batch_keys(self, rows: RowBatch) -> list[str]: ...
 
 
 class Rows:
@@ -55,7 +70,7 @@ class Rows:
             read per step.
     """
 
-    def __init__(self, index: ColumnarIndex, count: int, sample_of: Callable[[np.ndarray], np.ndarray],
+    def __init__(self, index: RowIndex, count: int, sample_of: Callable[[np.ndarray], np.ndarray],
                  window: Any = None, copies_of: int = 0) -> None:
         self.index, self.count, self._sample_of, self.window = index, count, sample_of, window
         self.copies_of = copies_of  # > 0: ``sample_of`` gives draw ids of repeated copies over this many samples
@@ -119,19 +134,13 @@ class Rows:
 
 
 class Dataset(Protocol):
-    """What :func:`epoch_rows` reads of a dataset (a :class:`~feedfast.sources.dataset.ShardSet`)."""
-
-    @property
-    def paths(self) -> tuple[str, ...]: ...
-
-    @property
-    def index_paths(self) -> tuple[str, ...]: ...
+    """What :func:`epoch_rows` reads of a dataset (a :class:`~feedfast.sources.dataset.ShardSet`, a
+    :class:`~feedfast.sources.folder.FolderSet`): its samples per shard and its index of rows."""
 
     @property
     def sizes(self) -> tuple[int, ...]: ...
 
-    @property
-    def cache_dir(self) -> str: ...
+    def row_index(self, exts: Sequence[set[str] | frozenset[str]]) -> RowIndex: ...
 
 
 def epoch_rows(shards: Dataset, exts: Sequence[set[str] | frozenset[str]], ep: EpochPlan, *, rank: int, world: int,
@@ -140,8 +149,7 @@ def epoch_rows(shards: Dataset, exts: Sequence[set[str] | frozenset[str]], ep: E
     """This rank's rows of the epoch ``ep`` plans (see the module docstring).
 
     Args:
-        shards: the dataset: its shards, their (filtered) indexes, their sample counts and the cache
-            folder of its columnar index (empty: the default one).
+        shards: the dataset: its sample counts per shard and its index of rows (:class:`Dataset`).
         exts: each component's extensions.
         ep: the rank's epoch plan (its partition, shard order, samples consumed before a resume).
         shuffle: whether the epoch is shuffled (``global``: a permutation, not the identity;
@@ -152,5 +160,4 @@ def epoch_rows(shards: Dataset, exts: Sequence[set[str] | frozenset[str]], ep: E
     sizes = shards.sizes
     order = order_for(sizes, ep, rank=rank, world=world, seed=seed, epoch=epoch, shuffle=shuffle, window=window,
                       block=block)
-    index = dataset_index(shards.paths, shards.index_paths, sizes, exts, Path(shards.cache_dir or _env.cache_dir()))
-    return Rows(index, order.count, order.sample_of, order.window, order.copies_of)
+    return Rows(shards.row_index(exts), order.count, order.sample_of, order.window, order.copies_of)

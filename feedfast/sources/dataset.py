@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from feedfast import _env
 from feedfast.checks import labels as labelchecks
 from feedfast.checks.checked import CHECK_RULES, SHARDS_AT_ONCE, check_shards
 from feedfast.checks.validate import DEFAULT_MAX_PIXELS
@@ -34,12 +35,14 @@ from feedfast.errors import SampleError, ShardError
 from feedfast.order.deal import partition_for
 from feedfast.order.epoch import BlockShuffle
 from feedfast.shards.index import snapshot
+from feedfast.shards.index.columnar import ColumnarIndex, dataset_index
 from feedfast.shards.index.indexing import prepare_indexes
 from feedfast.shards.index.remote import remote_index, unfetched_index
 from feedfast.shards.index.tarindex import Sample, first_member, left_out, load_index, subset_index
 from feedfast.shards.transport.cache import ShardCache
 from feedfast.shards.transport.remote import DEFAULT_TRANSFER, NOT_THERE, RemoteError, Transfer, url_kind
 from feedfast.shards.transport.schemes import STREAM_KINDS  # kinds DALI's reader cannot open, from the one registry
+from feedfast.sources.members import ShardMembers
 from feedfast.sources.shardlist import resolve_shards
 from feedfast.spec.model import Spec
 
@@ -101,6 +104,30 @@ class ShardSet:
     def bytes(self) -> int:
         """Total size of the given shard files."""
         return self.raw_bytes
+
+    # what every dataset answers (a folder read in place too, :class:`~feedfast.sources.folder.FolderSet`)
+    source_kind = "shards"
+    """What kind of dataset it is; a backend declares the kinds it reads (``Backend.sources``)."""
+    class_names: tuple[str, ...] = ()
+    """Class names in label order: shards carry none."""
+
+    @property
+    def checks_when_read(self) -> bool:
+        """False: images were checked when the shards were opened; a sample failing later is an error."""
+        return False
+
+    @property
+    def identity(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """What a loader state must match: the shards in order and the samples each contributes."""
+        return self.paths, self.sizes
+
+    def row_index(self, exts: Sequence[set[str] | frozenset[str]]) -> ColumnarIndex:
+        """The dataset's columnar index of these components (each one's extensions), built once and cached."""
+        return dataset_index(self.paths, self.index_paths, self.sizes, exts, Path(self.cache_dir or _env.cache_dir()))
+
+    def members(self, exts: Sequence[set[str] | frozenset[str]]) -> ShardMembers:
+        """The reader of local shards' members at their index's offsets."""
+        return ShardMembers(self.paths)
 
 
 def _exts(ext: str) -> set[str]:

@@ -23,6 +23,7 @@ from typing import Any
 from feedfast.errors import UserError
 from feedfast.shards.index.tarindex import read_index, subset_index
 from feedfast.sources.dataset import ShardSet, open_shards
+from feedfast.sources.folder import FolderSet, is_folder_source, open_folder
 
 
 @dataclass(frozen=True)
@@ -106,13 +107,21 @@ def mixed_epoch(sets: Sequence[ShardSet], mix: Mix, *, seed: int, epoch: int, ca
                     raw_bytes=sum(s.raw_bytes for s in sets), cache_dir=str(cache_dir))
 
 
-def open_dataset(shards: Any, spec: Any, cache_dir: Path, **open_kw: Any) -> tuple[tuple[Mix, list[ShardSet]] | None, ShardSet | None]:
-    """Open what ``DataLoader(shards=...)`` was given: one dataset, or each source of a Mix.
+def open_dataset(shards: Any, spec: Any, cache_dir: Path, **open_kw: Any
+                 ) -> tuple[tuple[Mix, list[ShardSet]] | None, ShardSet | FolderSet | None]:
+    """Open what ``DataLoader(shards=...)`` was given: one dataset (shards, or images in place: a folder or a file
+    list, :mod:`.folder`), or each source of a Mix.
 
-    Returns ``(None, shard set)`` for one dataset and ``((mix, shard sets), None)`` for a Mix.
+    Returns ``(None, dataset)`` for one dataset and ``((mix, shard sets), None)`` for a Mix.
     """
     if not isinstance(shards, Mix):
+        if is_folder_source(shards):
+            return None, open_folder(shards, spec, cache_dir, **open_kw)
         return None, open_shards(shards, spec, cache_dir, **open_kw)
+    folders = [s for s, _ in shards.sources if is_folder_source(s)]
+    if folders:
+        raise UserError(f"Mix combines shards only, and {folders[0]!r} is images read in place: write it as shards "
+                        "(`feedfast shards make`) to mix it")
     sets = [open_shards(s, spec, cache_dir, **open_kw) for s, _ in shards.sources]
     if any(k != "file" for s in sets for k in s.read_kinds):
         raise UserError("Mix combines local shards only; copy remote shards locally (or mount them) to mix")

@@ -91,7 +91,9 @@ class Backend(ABC):
     - ``host_normalize``: it normalizes on the host, so the plan defers no ``normalize`` to the device;
     - ``reads_by_range``: it reads every shard's samples itself, by range (local files with ``pread``, remote
       ones through :mod:`feedfast.sources.rangeread`), so a shuffled epoch keeps the global order over
-      shards whose kind reads single samples cheaply (:func:`~feedfast.order.deal.partition_for`).
+      shards whose kind reads single samples cheaply (:func:`~feedfast.order.deal.partition_for`);
+    - ``sources``: the kinds of dataset it reads (``source_kind``: ``shards``; ``folder``, images read in place,
+      :mod:`feedfast.sources.folder`).
     """
 
     name: ClassVar[str]
@@ -102,6 +104,7 @@ class Backend(ABC):
     cpu_only: ClassVar[bool] = False
     host_normalize: ClassVar[bool] = False
     reads_by_range: ClassVar[bool] = False
+    sources: ClassVar[frozenset[str]] = frozenset({"shards"})
 
     def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings

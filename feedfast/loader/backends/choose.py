@@ -12,6 +12,7 @@ from feedfast.errors import UserError
 from feedfast.loader.backends.base import Backend, BackendSettings
 from feedfast.sources import rangeread
 from feedfast.sources.dataset import ShardSet
+from feedfast.sources.folder import FolderSet
 from feedfast.spec.runtime import BACKENDS
 
 log = logging.getLogger("feedfast")
@@ -38,7 +39,7 @@ def make_backend(name: str, settings: BackendSettings) -> Backend:
     return kind(settings)
 
 
-def choose_backend(requested: str, plan: Plan, shards: ShardSet) -> str:
+def choose_backend(requested: str, plan: Plan, shards: ShardSet | FolderSet) -> str:
     """The backend for ``requested`` (``auto``: ``threads`` where it applies, else ``dali``).
 
     ``threads`` and ``pil`` run on the CPU over shards with ranged reads (every kind feedfast
@@ -48,6 +49,13 @@ def choose_backend(requested: str, plan: Plan, shards: ShardSet) -> str:
     """
     if requested not in BACKENDS:
         raise UserError(f"backend must be one of {', '.join(repr(b) for b in BACKENDS)}, got {requested!r}")
+    chosen, why = (requested, "") if requested != "auto" else auto_backend(plan, shards)
+    kind = backend_type(chosen)
+    if kind is not None and shards.source_kind not in kind.sources:  # what a backend reads, it declares
+        because = f" (auto chose it: {why})" if requested == "auto" else ""
+        raise UserError(f"backend={chosen!r}{because} does not yet read images in place (a dataset of kind "
+                        f"{shards.source_kind!r}: {shards.paths[0]!r}): use backend='threads' (placement='cpu'), "
+                        f"or write shards with `feedfast shards make` to read them with backend={chosen!r}")
     if requested in ("threads", "pil"):
         unranged = rangeread.unranged(shards.read_kinds)
         if unranged is not None:
@@ -58,13 +66,12 @@ def choose_backend(requested: str, plan: Plan, shards: ShardSet) -> str:
         return requested
     if requested == "dali":
         return "dali"
-    chosen, why = auto_backend(plan, shards)
     if chosen == "dali":  # the threaded path is the faster one on the CPU: say why it was not taken
         log.info("backend auto chose dali: %s", why)
     return chosen
 
 
-def auto_backend(plan: Plan, shards: ShardSet) -> tuple[str, str]:
+def auto_backend(plan: Plan, shards: ShardSet | FolderSet) -> tuple[str, str]:
     """The backend ``auto`` picks, and why (``feedfast plan`` and a log line say it).
 
     By speed, not by where the bytes live: on the CPU the threaded path is the faster one

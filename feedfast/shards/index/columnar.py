@@ -34,7 +34,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -79,6 +79,12 @@ class RowBatch:
         return self.samples if self.draws is None else self.draws
 
 
+class KeyIndex(Protocol):
+    """What :class:`Origins` reads of an index: a batch's keys (a :class:`ColumnarIndex`, a folder's index)."""
+
+    def batch_keys(self, rows: RowBatch) -> list[str]: ...
+
+
 class Origins(Sequence[tuple[str, str]]):
     """Each row's (shard name, sample key), read from the index the first time any is asked for.
 
@@ -86,7 +92,7 @@ class Origins(Sequence[tuple[str, str]]):
     until then (a key costs one ``pread``).
     """
 
-    def __init__(self, index: "ColumnarIndex", names: Sequence[str], rows: RowBatch) -> None:
+    def __init__(self, index: KeyIndex, names: Sequence[str], rows: RowBatch) -> None:
         self._index, self._names, self._rows = index, names, rows
         self._items: list[tuple[str, str]] | None = None
 

@@ -51,7 +51,7 @@ import torch
 from feedfast.compile.pil import PilProgram
 from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, SampleError, ShardError
-from feedfast.loader.backends.cpu.samples import epoch_samples, failure_reason, members_of
+from feedfast.loader.backends.cpu.samples import epoch_samples, failure_reason
 from feedfast.loader.backends.cpu.second_run import image_decodes, second_raw
 from feedfast.loader.backends.dali import convert
 from feedfast.loader.backends.pil_warnings import routed
@@ -61,9 +61,10 @@ from feedfast.order.deal import EpochPlan, step_positions
 from feedfast.order.draws import SampleDraws, batch_draws
 from feedfast.order.rows import Rows
 from feedfast.shards.index.columnar import Origins, RowBatch
-from feedfast.shards.transport.shardfiles import ShardFiles
 from feedfast.sources.dataset import ShardSet
+from feedfast.sources.folder import FolderSet
 from feedfast.sources.lostrows import lost_last
+from feedfast.sources.members import Members, ShardMembers
 from feedfast.sources.rangeread import RangeSource, as_bytes, remote
 from feedfast.spec.model import CHECK_SECONDS
 
@@ -93,12 +94,14 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
     def __init__(self, program: PilProgram, paths: tuple[str, ...], rows: Rows, ep: EpochPlan, *,
                  batch_size: int, seed: int, epoch: int, start: int, check_seconds: float = CHECK_SECONDS,
-                 source: RangeSource | None = None) -> None:
+                 source: RangeSource | None = None, members: Members | None = None,
+                 skip_failed: bool = False) -> None:
         self.program, self.paths, self.rows, self.ep = program, paths, rows, ep
         self.batch_size, self.seed, self.epoch, self.start = batch_size, seed, epoch, start
         self.check_seconds = check_seconds
         self.decodes = image_decodes(program)
-        self.files = ShardFiles(paths)  # pickled as paths: each worker process opens its own
+        self.members = members or ShardMembers(paths)  # pickled as paths (a listing): each worker opens its own
+        self.skip_failed = skip_failed  # images in place, checked as read: a sample that fails is lost (skip)
         self.source = source  # remote shards: a batch's members read by range (sources/rangeread.py), per process
         self.spare: dict[str, Any] | None = None  # a sample of this process's last batch: fills a batch all lost
 
@@ -124,6 +127,10 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
                 continue
             raw = None if columns is None else [as_bytes(column[i]) for column in columns]
             out = self._sample(batch, i, origins, draws[i], raw)
+            if isinstance(out, _Failure) and out.kind == "sample" and self.skip_failed:
+                lost[i] = out.reason  # left out and counted, as a lost row
+                per_sample.append(None)
+                continue
             if isinstance(out, _Failure):
                 return out
             per_sample.append(out)
@@ -167,9 +174,11 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
         shard = self.paths[number]
         try:
             if raw is None:
-                raw = [b"" if m is None else self.files.read(number, *m) for m in members_of(batch, i)]
+                raw = self.members.sample(batch, i)
         except ShardError as exc:
             return _Failure("shard", str(exc))
+        except SampleError as exc:  # a file read in place is missing or changed: named
+            return _Failure("sample", "the PIL backend could not read a sample", exc.shard, exc.key, exc.reason)
         try:
             with routed(origins.lazy(i)):
                 try:
@@ -196,7 +205,7 @@ class EpochBatches(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
     def close(self) -> None:
         """Close the shard files this process opened, and its remote reader."""
-        self.files.close()
+        self.members.close()
         if self.source is not None:
             self.source.close()
 
@@ -235,7 +244,7 @@ def _start_workers(loader: torch.utils.data.DataLoader) -> Iterator[Any]:  # typ
         gc.unfreeze()
 
 
-def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
+def run_pil_epoch(plan: Plan, shards: ShardSet | FolderSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
                   workers: int, seed: int, epoch: int, start: int = 0, prefetch_factor: int = 2,
                   program: PilProgram | None = None) -> Iterator[Batch]:
     """Yield this rank's batches of the epoch from step ``start`` on, computed with PIL.
@@ -264,7 +273,8 @@ def run_pil_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, wor
                          windows=workers == 0,  # a worker process sees some of the steps
                          skip=plan.spec.on_error == "skip") if remote(shards.read_kinds) else None
     data = EpochBatches(program, shards.paths, rows, ep, batch_size=batch_size, seed=seed, epoch=epoch, start=start,
-                        check_seconds=plan.spec.check_seconds, source=source)
+                        check_seconds=plan.spec.check_seconds, source=source, members=shards.members(program.exts),
+                        skip_failed=shards.checks_when_read)
     loader = torch.utils.data.DataLoader(
         data, batch_size=None, shuffle=False, num_workers=workers, collate_fn=_identity,
         prefetch_factor=prefetch_factor if workers > 0 else None,

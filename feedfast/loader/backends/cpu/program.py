@@ -23,6 +23,7 @@ class ProgramBackend(Backend):
     pil_program = True
     cpu_only = True
     reads_by_range = True
+    sources = frozenset({"shards", "folder"})  # reads a dataset's members through its own reader (dataset.members)
 
     def __init__(self, settings: BackendSettings) -> None:
         super().__init__(settings)

@@ -23,11 +23,12 @@ from feedfast.order.deal import EpochPlan
 from feedfast.order.rows import Rows, epoch_rows
 from feedfast.shards.index.columnar import RowBatch
 from feedfast.sources.dataset import ShardSet
+from feedfast.sources.folder import FolderSet
 
 log = logging.getLogger("feedfast.pil")
 
 
-def epoch_samples(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, seed: int,
+def epoch_samples(plan: Plan, shards: ShardSet | FolderSet, ep: EpochPlan, *, rank: int, world: int, seed: int,
                   epoch: int, program: PilProgram | None = None) -> tuple[PilProgram, Rows]:
     """The plan's PIL program and this rank's rows of the epoch, checked against the epoch plan.
 

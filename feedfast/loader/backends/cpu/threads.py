@@ -55,7 +55,7 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError, FeedfastError, SampleError, ShardError
 from feedfast.loader.backends.cpu import batchplan, native
 from feedfast.loader.backends.cpu.pil_fast import REGION_MARGIN, JpegHeader, decode_region
-from feedfast.loader.backends.cpu.samples import epoch_samples, failure_reason, members_of
+from feedfast.loader.backends.cpu.samples import epoch_samples, failure_reason
 from feedfast.loader.backends.cpu.second_run import image_decodes, second_raw
 from feedfast.loader.backends.cpu.thread_sample import (
     REDUCING_GAP,
@@ -79,9 +79,10 @@ from feedfast.order.deal import EpochPlan, step_positions
 from feedfast.order.draws import SampleDraws, batch_draws, draws_key
 from feedfast.order.rows import Rows
 from feedfast.shards.index.columnar import Origins, RowBatch
-from feedfast.shards.transport.shardfiles import ShardFiles
 from feedfast.sources.dataset import ShardSet
+from feedfast.sources.folder import FolderSet
 from feedfast.sources.lostrows import lost_last
+from feedfast.sources.members import Members, ShardMembers
 from feedfast.sources.rangeread import StepReads, as_bytes, epoch_reads
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -209,7 +210,7 @@ class _Epoch:
 
     def __init__(self, plan: Plan, program: PilProgram, paths: tuple[str, ...], rows: Rows,
                  ep: EpochPlan, *, batch_size: int, knobs: Knobs, seed: int, epoch: int,
-                 reads: StepReads | None = None) -> None:
+                 reads: StepReads | None = None, members: Members | None = None, skip_failed: bool = False) -> None:
         self.program, self.paths, self.rows, self.ep = program, paths, rows, ep
         self.batch_size, self.seed, self.epoch = batch_size, seed, epoch
         self.fields = _fields(plan, program)
@@ -220,9 +221,12 @@ class _Epoch:
         self.knobs = knobs
         pixel_fields = sum(f.kind == "pixels" for f in self.fields)
         self.buffers = _Buffers(limit=pixel_fields * (knobs.max_prefetch + 3))  # in flight, the consumer's, a spare
-        self.files = ShardFiles(paths)
+        self.members = members or ShardMembers(paths)  # the dataset's reader of local bytes (sources/members.py)
         self.reads = reads  # remote shards: each step's bytes read ahead by range (sources/rangeread.py)
-        self.skip = reads is not None and reads.source.skip  # a shard unreadable mid-epoch loses its rows
+        # a sample that fails as it is read (images in place, checked when read) is lost, counted, under skip
+        self.skip_failed = skip_failed
+        # a shard unreadable mid-epoch loses its rows
+        self.skip = skip_failed or (reads is not None and reads.source.skip)
         self.spare: dict[str, Any] | None = None
         self._local = threading.local()
         self.check_seconds, self.decodes = plan.spec.check_seconds, image_decodes(program)
@@ -321,7 +325,14 @@ class _Epoch:
                 continue  # filled and moved past the samples by result()
             values = planned.get(i)
             if values is None:
-                values = self._sample(job, i)
+                try:
+                    values = self._sample(job, i)
+                except SampleError as exc:
+                    if not self.skip_failed:
+                        raise
+                    with job.lock:
+                        job.lost[i] = (exc.shard, exc.key, exc.reason)
+                    continue
             for f in self.fields:
                 value = values[f.name]
                 if value is _WRITTEN:
@@ -338,9 +349,8 @@ class _Epoch:
     def _lost(self, job: _Job, a: int, b: int) -> dict[int, str]:
         """Rows ``a .. b`` whose shard could not be read, under skip (remote shards), recorded in the job with
         their (shard, key, reason)."""
-        if not self.skip:
+        if self.reads is None or not self.reads.source.skip:
             return {}
-        assert self.reads is not None
         self.reads.chunk(job.step, a, b, count=False)  # waits for the rows' reads (counted when they are used)
         lost = self.reads.lost(job.step, a, b)
         if lost:
@@ -371,9 +381,7 @@ class _Epoch:
         if self.reads is not None:  # remote shards: the bytes read ahead, from memory
             raws = self.reads.chunk(job.step, a, b)
         else:
-            fds = self.files.fds(rows.shard[a:b])
-            raws = [batchplan.read(fds, rows.offsets[a:b, c], rows.sizes[a:b, c])
-                    for c in range(rows.offsets.shape[1])]
+            raws = self.members.chunk(rows, a, b)
         images = raws[chain.component]
         plans = batchplan.plan(chain, images, rows.draw_ids[a:b], self.key, Image.MAX_IMAGE_PIXELS)
         host = {name: _host_column(steps, raws) for name, steps in self.host_chains.items()}
@@ -509,11 +517,11 @@ class _Epoch:
         """Row ``i``'s member bytes per component (``b""`` where it has no such member)."""
         if self.reads is not None:
             return [as_bytes(column[0]) for column in self.reads.chunk(job.step, i, i + 1)]
-        return [b"" if m is None else self.files.read(int(job.rows.shard[i]), *m) for m in members_of(job.rows, i)]
+        return self.members.sample(job.rows, i)
 
     def close(self) -> None:
         """Close the shard files and stop the remote reads."""
-        self.files.close()
+        self.members.close()
         if self.reads is not None:
             self.reads.close()
 
@@ -591,7 +599,7 @@ def _constants(params: dict[str, Any], chw: bool) -> tuple[np.ndarray, np.ndarra
     return (mean[:, None, None], inv[:, None, None]) if chw else (mean, inv)
 
 
-def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
+def run_thread_epoch(plan: Plan, shards: ShardSet | FolderSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
                      workers: int | None, seed: int, epoch: int, start: int = 0,
                      prefetch_factor: int = 2, knobs: Knobs | None = None,
                      program: PilProgram | None = None) -> Iterator[Batch]:
@@ -600,7 +608,8 @@ def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, 
     Args:
         plan: the loader's plan; its spec is recompiled as a PIL program (unfused, CPU), and a
             ``normalize`` the plan defers (consumer ``cuda``) is left to the consumer.
-        shards: the opened shards: the (filtered) indexes and sizes ``open_shards`` gives DALI.
+        shards: the dataset: opened shards (the (filtered) indexes and sizes ``open_shards`` gives DALI), or
+            images in place (:mod:`feedfast.sources.folder`); its ``members`` reads local bytes.
         ep: this rank's epoch plan (shard order, steps, batch sizes, valid counts).
         rank, world: this rank and the world size.
         batch_size: the spec's batch size (the stride of steps in the rank's samples).
@@ -621,7 +630,8 @@ def run_thread_epoch(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, 
     knobs = knobs or Knobs(threads=workers or _env.usable_cores(), prefetch=max(1, prefetch_factor))
     work = _Epoch(plan, program, shards.paths, rows, ep, batch_size=batch_size, knobs=knobs, seed=seed, epoch=epoch,
                   reads=epoch_reads(shards, rows, ep, batch_size=batch_size, skip=plan.spec.on_error == "skip",
-                                    threads=knobs.max_threads))
+                                    threads=knobs.max_threads),
+                  members=shards.members(program.exts), skip_failed=shards.checks_when_read)
     pool = LivePool(knobs, name="feedfast-cpu")
     jobs: deque[_Job] = deque()
     submitted = start

@@ -1,0 +1,139 @@
+"""A listing's rows and bytes as the CPU paths read a dataset's: the index and the member reader of a folder.
+
+:class:`FolderIndex` answers what :class:`~feedfast.shards.index.columnar.ColumnarIndex` answers
+(``take`` -> :class:`~feedfast.shards.index.columnar.RowBatch`, ``shard_of``, ``keys``), from the
+listing's arrays: every sample is in shard 0 (the folder), a component's size is the file's size
+(``file``) or its label's digits (``label``), and a key is the file's path relative to the folder.
+:class:`FolderMembers` answers what :class:`~feedfast.sources.members.ShardMembers` answers: a
+chunk's bytes per component, the files read in one call with the GIL released
+(:class:`~feedfast.files.read.FileReader`), a label as the ASCII digits the ``label`` op parses.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from feedfast.errors import SampleError
+from feedfast.files.read import FileReader
+from feedfast.files.table import FileTable
+from feedfast.shards.index.columnar import RowBatch
+
+
+class FolderIndex:
+    """The listing's samples as rows of one shard (see the module docstring); picklable with its listing."""
+
+    def __init__(self, table: FileTable, roles: tuple[str, ...]) -> None:
+        self.table, self.roles = table, roles
+        self.components = len(roles)
+        self.starts = np.array([0, len(table)], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def shard_of(self, samples: np.ndarray) -> np.ndarray:
+        """Shard 0, the folder, for every sample."""
+        return np.zeros(len(np.asarray(samples)), dtype=np.int32)
+
+    def take(self, samples: Sequence[int] | np.ndarray) -> RowBatch:
+        """The rows of ``samples`` (file numbers): offset 0, each component's size, the path as the key."""
+        samples = np.asarray(samples, dtype=np.int64)
+        if len(samples) and (samples.min() < 0 or samples.max() >= len(self)):
+            raise IndexError(f"sample numbers outside [0, {len(self)})")
+        sizes = np.empty((len(samples), self.components), dtype=np.int64)
+        for c, role in enumerate(self.roles):
+            if role == "file":
+                sizes[:, c] = self.table.sizes[samples]
+            else:  # the label's digits: 1 + floor(log10(label)), 1 for 0
+                labels = np.asarray(self.table.labels[samples], dtype=np.int64)
+                sizes[:, c] = np.char.str_len(labels.astype(str)) if len(labels) else 0
+        offsets = np.zeros_like(sizes)
+        key_at = np.asarray(self.table.offsets[samples], dtype=np.int64)
+        key_len = np.asarray(self.table.offsets[samples + 1], dtype=np.int64) - key_at
+        return RowBatch(samples, self.shard_of(samples), offsets, sizes, key_at, key_len)
+
+    def key(self, sample: int) -> str:
+        """File ``sample``'s path relative to the folder."""
+        return self.table.path(sample)
+
+    def keys(self, samples: Sequence[int] | np.ndarray) -> list[str]:
+        """The paths of ``samples``, relative to the folder."""
+        return [self.table.path(i) for i in np.asarray(samples, dtype=np.int64).tolist()]
+
+    def batch_keys(self, rows: RowBatch) -> list[str]:
+        """The keys of a batch already taken."""
+        return self.keys(rows.samples)
+
+
+class FolderMembers:
+    """A chunk's bytes per component, read from the listing's files (see the module docstring).
+
+    Pickling (a ``pil`` worker process) carries the listing: each process opens the folder itself.
+    """
+
+    def __init__(self, table: FileTable, roles: tuple[str, ...]) -> None:
+        self.table, self.roles = table, roles
+        self._reader: FileReader | None = None
+
+    @property
+    def reader(self) -> FileReader:
+        """The folder's reader, opened on first use (in the process that reads)."""
+        if self._reader is None:
+            self._reader = FileReader(self.table)
+        return self._reader
+
+    def chunk(self, rows: RowBatch, a: int, b: int) -> list[list[bytes | memoryview | None]]:
+        """Rows ``a .. b``'s bytes per component: the files in one read (memoryviews of one buffer), None for a
+        file that cannot be read (:meth:`sample` says why)."""
+        ids = np.asarray(rows.samples[a:b], dtype=np.int64)
+        out: list[list[bytes | memoryview | None]] = []
+        files: list[bytes | memoryview | None] | None = None
+        for role in self.roles:
+            if role == "label":
+                out.append([str(v).encode() for v in self.table.labels[ids].tolist()])
+                continue
+            if files is None:
+                files = self._files(ids)
+            out.append(files)
+        return out
+
+    def _files(self, ids: np.ndarray) -> list[bytes | memoryview | None]:
+        try:
+            data, ends = self.reader.read(ids)
+        except SampleError:  # one file fails: the others one by one, the failing one None
+            return [self._one(int(i)) for i in ids.tolist()]
+        view, bounds = data.data, ends.tolist()
+        return [view[s:e] for s, e in zip(bounds[:-1], bounds[1:])]
+
+    def _one(self, i: int) -> bytes | None:
+        try:
+            data, _ = self.reader.read(np.array([i], dtype=np.int64))
+        except SampleError:
+            return None
+        return data.tobytes()
+
+    def sample(self, rows: RowBatch, i: int) -> list[bytes]:
+        """Row ``i``'s bytes per component.
+
+        Raises:
+            SampleError: its file is missing, unreadable or changed since the listing; names folder and file.
+        """
+        number = int(rows.samples[i])
+        out = []
+        for role in self.roles:
+            if role == "label":
+                out.append(str(int(self.table.labels[number])).encode())
+            else:
+                data, _ = self.reader.read(np.array([number], dtype=np.int64))
+                out.append(data.tobytes())
+        return out
+
+    def close(self) -> None:
+        """Nothing to close: the folder's descriptor closes with the reader."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"table": self.table, "roles": self.roles}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["table"], state["roles"])  # type: ignore[misc]
