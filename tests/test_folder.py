@@ -2,7 +2,7 @@
 
 Labels and classes against torchvision's ``ImageFolder``; every file once per epoch over 1, 2 and 3
 ranks (spawned processes); the permutation shuffle; bit-exact and elastic resume; ``on_error``
-with skips naming the file; a changed file named; DALI refused with the fix.
+with skips naming the file; a changed file named; DALI through its feed (under ``on_error: raise``).
 """
 
 from __future__ import annotations
@@ -109,9 +109,31 @@ def test_resume_is_bit_exact_and_elastic(folder: Path) -> None:
     assert sorted(read) == sorted(keys[8:])
 
 
-def test_dali_is_refused_with_the_fix(folder: Path) -> None:
-    with pytest.raises(UserError, match="backend='threads'"):
-        _loader(folder, backend="dali", placement="cpu")
+def test_dali_reads_a_folder_as_the_threaded_path_does(folder: Path) -> None:
+    """The same samples, labels and order (the global permutation), through DALI's feed (its packed reads) and one
+    pipeline; on the CPU here, as a GPU-placed loader reads it."""
+    threads, _ = _epoch(_loader(folder, shuffle=True, seed=4))
+    dali_loader = _loader(folder, shuffle=True, seed=4, backend="dali", placement="cpu")
+    dali, images = _epoch(dali_loader)
+    assert dali == threads and len(dali) == 14
+    assert all(x.dtype == torch.float32 and x.shape[1:] == (3, 32, 32) and torch.isfinite(x).all() for x in images)
+    assert dali_loader.dataset.classes == sorted(CLASSES)
+
+
+def test_dali_names_a_file_changed_since_it_was_listed(folder: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "train"
+    shutil.copytree(folder, copy)
+    loader = _loader(copy, shuffle=False, backend="dali", placement="cpu")
+    _jpeg(copy / "cat" / "1.jpg", 99)  # another image, another size
+    with pytest.raises(feedfast.FeedfastError, match="cat/1.jpg"):
+        _epoch(loader)
+
+
+def test_dali_under_skip_is_refused_with_the_fix(folder: Path) -> None:
+    with pytest.raises(UserError, match="on_error: raise"):
+        _loader(folder, backend="dali", placement="cpu", on_error="skip")
 
 
 def test_a_spec_component_a_folder_cannot_give_is_refused(folder: Path) -> None:

@@ -19,6 +19,7 @@ from feedfast.errors import SampleError
 from feedfast.files.read import FileReader
 from feedfast.files.table import FileTable
 from feedfast.shards.index.columnar import RowBatch
+from feedfast.sources.members import Buffer, StepBytes
 
 
 class FolderIndex:
@@ -113,6 +114,21 @@ class FolderMembers:
             return None
         return data.tobytes()
 
+    def packed(self, rows: RowBatch, component: int, buffer: Buffer) -> tuple[StepBytes, int]:
+        """The rows' files end to end in ``buffer(nbytes)``, read in one call with the GIL released, or their labels
+        as ASCII digits (a new buffer); never a failed row: a file that cannot be read raises.
+
+        Raises:
+            SampleError: a file is missing, unreadable or changed since the listing; names folder and file.
+        """
+        ids = np.asarray(rows.samples, dtype=np.int64)
+        if self.roles[component] == "label":
+            return ascii_labels(self.table.labels[ids]), -1
+        sizes = np.asarray(self.table.sizes[ids], dtype=np.int64)
+        out = buffer(int(np.maximum(sizes, 0).sum()))
+        data, ends = self.reader.read(ids, out=out)
+        return StepBytes(data, ends[:-1].copy(), np.diff(ends)), -1
+
     def sample(self, rows: RowBatch, i: int) -> list[bytes]:
         """Row ``i``'s bytes per component.
 
@@ -137,3 +153,29 @@ class FolderMembers:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["table"], state["roles"])  # type: ignore[misc]
+
+
+def ascii_labels(labels: np.ndarray) -> StepBytes:
+    """Integer labels as the ASCII digits a ``.cls`` member holds (a ``-`` first where negative), end to end: what
+    the ``label`` op parses, made a batch at a time."""
+    values = np.asarray(labels, dtype=np.int64)
+    magnitude = np.abs(values)
+    digits = np.ones(len(values), dtype=np.int64)
+    bound = np.int64(10)
+    while (magnitude >= bound).any():  # at most 19 rounds for int64
+        digits += magnitude >= bound
+        if bound > np.iinfo(np.int64).max // 10:
+            break
+        bound *= 10
+    sizes = digits + (values < 0)
+    starts = np.zeros(len(values), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    data = np.empty(int(sizes.sum()), dtype=np.uint8)
+    data[starts[values < 0]] = ord("-")
+    ends = starts + sizes
+    rest = magnitude.copy()
+    for k in range(int(digits.max()) if len(values) else 0):  # the k-th digit from the right of each label
+        has = digits > k
+        data[(ends - 1 - k)[has]] = ord("0") + (rest[has] % 10)
+        rest //= 10
+    return StepBytes(data, starts, sizes)

@@ -93,7 +93,9 @@ class Backend(ABC):
       ones through :mod:`feedfast.sources.rangeread`), so a shuffled epoch keeps the global order over
       shards whose kind reads single samples cheaply (:func:`~feedfast.order.deal.partition_for`);
     - ``sources``: the kinds of dataset it reads (``source_kind``: ``shards``; ``folder``, images read in place,
-      :mod:`feedfast.sources.folder`).
+      :mod:`feedfast.sources.folder`);
+    - ``skips_as_read``: a sample that fails as it is read is a counted skip under ``on_error: skip`` (a dataset
+      whose images are checked as they are read, ``checks_when_read``, needs it).
     """
 
     name: ClassVar[str]
@@ -105,6 +107,7 @@ class Backend(ABC):
     host_normalize: ClassVar[bool] = False
     reads_by_range: ClassVar[bool] = False
     sources: ClassVar[frozenset[str]] = frozenset({"shards"})
+    skips_as_read: ClassVar[bool] = True
 
     def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings

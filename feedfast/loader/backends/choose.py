@@ -56,6 +56,12 @@ def choose_backend(requested: str, plan: Plan, shards: ShardSet | FolderSet) -> 
         raise UserError(f"backend={chosen!r}{because} does not yet read images in place (a dataset of kind "
                         f"{shards.source_kind!r}: {shards.paths[0]!r}): use backend='threads' (placement='cpu'), "
                         f"or write shards with `feedfast shards make` to read them with backend={chosen!r}")
+    if kind is not None and shards.checks_when_read and not kind.skips_as_read:
+        because = f" (auto chose it: {why})" if requested == "auto" else ""
+        raise UserError(f"backend={chosen!r}{because} reads images in place ({shards.paths[0]!r}) under "
+                        "on_error: raise only: a file it cannot decode fails its batch, and is not skipped. Use "
+                        "on_error: raise (a bad file is then named), backend='threads' (placement='cpu'), or write "
+                        "shards with `feedfast shards make`, whose images are checked when they are opened")
     if requested in ("threads", "pil"):
         unranged = rangeread.unranged(shards.read_kinds)
         if unranged is not None:

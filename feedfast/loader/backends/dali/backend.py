@@ -47,6 +47,8 @@ class DaliBackend(Backend):
 
     name = "dali"
     checkpoints = True
+    sources = frozenset({"shards", "folder"})  # a folder read in place through the feed (dataset.members)
+    skips_as_read = False  # DALI fails a batch with a file it cannot decode: rescued or named, never skipped
 
     def reads_rows(self, partition: str, transport: str, read_kinds: tuple[str, ...] = ()) -> bool:
         """feedfast's feed reads rows (every epoch but an unshuffled one over s3/gs: DALI's reader reads that)."""

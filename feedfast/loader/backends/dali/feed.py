@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -36,7 +36,8 @@ from feedfast.loader.backends.dali.draws import StepDraws
 from feedfast.shards.transport.cache import ShardCache
 from feedfast.shards.transport.remote import Transfer
 from feedfast.sources.lostrows import LostShards, lost_last
-from feedfast.sources.memberread import EMPTY, MISSING, MemberReader
+from feedfast.sources.memberread import MemberReader
+from feedfast.sources.members import Members, ShardMembers, StepBytes
 
 try:
     from feedfast import _plan
@@ -51,36 +52,6 @@ HOST_KEPT = 64
 DALI_HOLDS = 4
 """Steps DALI may hold after asking for them (its prefetch queue and the iteration it runs): a ring slot
 is written again only after this many more steps, plus the read-ahead, were asked for."""
-
-
-@dataclass
-class StepBytes:
-    """One step's members of one component, end to end in ``data``: member ``i`` is
-    ``data[starts[i] : starts[i] + max(sizes[i], 0)]``; a size of -1 is no such member."""
-
-    data: np.ndarray
-    starts: np.ndarray
-    sizes: np.ndarray
-
-    def views(self) -> list[np.ndarray]:
-        """Each member as a view of ``data`` (an empty array for none)."""
-        ends = (self.starts + np.maximum(self.sizes, 0)).tolist()
-        data = self.data
-        views = [data[a:b] for a, b in zip(self.starts.tolist(), ends)]
-        for i in np.flatnonzero(self.sizes <= 0).tolist():
-            views[i] = MISSING if self.sizes[i] < 0 else EMPTY
-        return views
-
-    def buffers(self) -> list[Any]:
-        """Each member as a memoryview of ``data`` (as :meth:`views`, cheaper to make and to hand to DALI's
-        ``TensorCPU``, which shares either: view, tensor and list 1.25 to 1.30 us a member, against 1.35 to 1.39
-        with NumPy views)."""
-        whole = memoryview(self.data)  # type: ignore[arg-type]
-        ends = (self.starts + np.maximum(self.sizes, 0)).tolist()
-        buffers: list[Any] = [whole[a:b] for a, b in zip(self.starts.tolist(), ends)]
-        for i in np.flatnonzero(self.sizes <= 0).tolist():
-            buffers[i] = MISSING if self.sizes[i] < 0 else EMPTY
-        return buffers
 
 
 class Ring:
@@ -125,15 +96,19 @@ class BatchFeeder:
             ``ring_base + s``, numbered on from the epoch before), else one of its own.
         draws: the epoch's draws DALI is fed after the components (each sample's crop window and flips:
             :mod:`.draws`), None: none.
+        members: the dataset's reader of a step's members end to end (``dataset.members``: a folder's read in
+            place), which the packed path reads through; None: local shards' at their offsets.
     """
 
     def __init__(self, names: tuple[str, ...], kinds: tuple[str, ...], rows: Any, step_rows: Any, *, steps: int,
                  cache: ShardCache | None, transfer: Transfer, workers: int = 2, ahead: int = 4,
                  windows: bool = True, requests: int = 8, valid: Sequence[int] | None = None,
                  holds: int = DALI_HOLDS, dali: Sequence[int] | None = None, ring: Ring | None = None,
-                 ring_base: int = 0, draws: StepDraws | None = None) -> None:
+                 ring_base: int = 0, draws: StepDraws | None = None, members: Members | None = None) -> None:
         self.names = names
         self.draws = draws
+        local = all(kind == "file" for kind in kinds)
+        self.members = members if members is not None else ShardMembers(names) if local else None
         self.rows = rows
         self.components = rows.index.components
         self.dali = list(range(self.components)) if dali is None else list(dali)
@@ -142,7 +117,7 @@ class BatchFeeder:
         self.reader = MemberReader(names, kinds, rows, cache=cache, transfer=transfer, windows=windows,
                                    requests=requests)
         # local shards read sample by sample: a windowed order's windows and skip's lost rows take the reader
-        self.packed = (_plan is not None and all(kind == "file" for kind in kinds) and valid is None
+        self.packed = (_plan is not None and self.members is not None and local and valid is None
                        and not (windows and rows.window is not None))
         self.ahead = min(ahead, PACKED_AHEAD) if self.packed else ahead
         self.ring = (ring or Ring(self.components, self.ahead + holds + 2)) if self.packed else None
@@ -191,6 +166,8 @@ class BatchFeeder:
             self._host.clear()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.reader.close()
+        if self.members is not None:
+            self.members.close()
 
     def _dali_batch(self, step: int) -> list[Any]:
         """The samples of step ``step`` as one DALI ``TensorListCPU`` per component, made in a reader thread:
@@ -260,30 +237,23 @@ class BatchFeeder:
         """
         if where is None:
             where = self.rows.take(self.step_rows(step))
-        fds = self.reader.files.fds(where.shard)
+        assert self.members is not None  # the packed path reads through the dataset's members
         out: list[StepBytes] = []
         for c in range(self.components) if components is None else components:
-            sizes = np.ascontiguousarray(where.sizes[:, c])
-            lengths = np.maximum(sizes, 0)
-            starts = np.zeros(len(sizes), dtype=np.int64)
-            np.cumsum(lengths[:-1], out=starts[1:])
-            nbytes = int(starts[-1] + lengths[-1]) if len(sizes) else 0
-            data = (ring.take(c, self._ring_base + step, nbytes) if ring is not None and c in self.dali
-                    else np.empty(nbytes, np.uint8))
-            offsets = np.ascontiguousarray(where.offsets[:, c])
-            assert _plan is not None
-            failed = _plan.read_packed(fds, offsets, sizes, data)
+            buffer = (partial(ring.take, c, self._ring_base + step) if ring is not None and c in self.dali
+                      else partial(np.empty, dtype=np.uint8))
+            part, failed = self.members.packed(where, c, buffer)
             if failed >= 0:
-                self._read_failed(where, int(failed), c)
-            out.append(StepBytes(data, starts, sizes))
+                self._read_failed(where, failed)
+            out.append(part)
         return out
 
-    def _read_failed(self, where: Any, i: int, component: int) -> None:
-        """Raise the error of member ``i``'s read, read again in Python (which names what went wrong)."""
+    def _read_failed(self, where: Any, i: int) -> None:
+        """Raise the error of row ``i``'s read, read again on its own (which names what went wrong)."""
         shard, key = self.names[int(where.shard[i])], self.rows.index.batch_keys(where)[i]
+        assert self.members is not None
         try:
-            self.reader.files.read(int(where.shard[i]), int(where.offsets[i, component]),
-                                   int(where.sizes[i, component]))
+            self.members.sample(where, i)
         except ShardError as exc:
             raise ShardError(f"cannot read sample {key!r} of shard {shard!r}: {exc}") from exc
         raise ShardError(f"cannot read sample {key!r} of shard {shard!r}: the read came short, then was whole")

@@ -84,7 +84,7 @@ class StreamEpoch:
                                   partial(step_positions, batch_size=batch_size, count=len(rows)), steps=ep.steps,
                                   cache=shards.cache, transfer=shards.transfer, workers=workers, ahead=ahead,
                                   valid=ep.valid if skip else None, dali=fed, holds=holds, ring=ring,
-                                  ring_base=ring_base, draws=draws)
+                                  ring_base=ring_base, draws=draws, members=shards.members(exts))
 
     def origins(self, step: int, size: int) -> Origins:
         """(shard, key) of the first ``size`` rows of step ``step`` as fed (a step with rows lost: its samples
