@@ -105,5 +105,8 @@ class FileReader:
             reason = f"it is {found} bytes now, {listed} when the folder was listed"
         else:
             reason = "it changed while it was read" if listed >= 0 else "it could not be read when listed"
+        folder = os.path.dirname(self.table.full_path(i))
         raise SampleError("file cannot be read", shard=self.table.root, key=self.table.path(i),
-                          reason=f"{reason}; restore it, or list the folder again (refresh=True) if it changed")
+                          reason=f"{reason}; restore it, or, if it was meant to change, have the folder listed "
+                                 f"again: touch the folder it is in (`touch {folder}`), which invalidates the cached "
+                                 "listing")
