@@ -71,7 +71,8 @@ def load(where: Path) -> FileTable | None:
     if not np.array_equal(stats(paths), kept):
         return None
     return FileTable(meta["root"], arrays["paths"], arrays["offsets"], arrays["labels"], arrays["sizes"],
-                     tuple(meta["classes"]), tuple((rel, why) for rel, why in meta["unreadable"]))
+                     tuple(meta["classes"]), tuple((rel, why) for rel, why in meta["unreadable"]),
+                     str(meta.get("digest", "")))
 
 
 def _load_array(path: Path) -> np.ndarray:
@@ -112,7 +113,7 @@ def _write(folder: Path, table: FileTable, watched_blob: np.ndarray, watched_off
             np.save(tmp / f"{name}.npy", np.ascontiguousarray(getattr(table, name)))
         np.savez(tmp / "watched.npz", paths=watched_blob, offsets=watched_offsets, stats=watched_stats)
         meta = {"format": FORMAT, "root": table.root, "classes": list(table.class_names),
-                "unreadable": [list(u) for u in table.unreadable]}
+                "unreadable": [list(u) for u in table.unreadable], "digest": table.content_digest()}
         (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
         (tmp / "done").write_text("", encoding="utf-8")
         try:

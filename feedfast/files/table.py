@@ -7,6 +7,7 @@ as the file system's bytes (``os.fsencode``), end to end in one ``uint8`` blob; 
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,9 +38,21 @@ class FileTable:
     sizes: np.ndarray
     class_names: tuple[str, ...] = ()
     unreadable: tuple[tuple[str, str], ...] = ()
+    digest: str = ""
+    """:meth:`content_digest`, kept with a cached listing (empty: not yet computed)."""
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def content_digest(self) -> str:
+        """A digest of what was listed: every path and label (what a loader state must match). Computed once, when
+        the listing is kept: reading every array again would map a large listing whole into the process."""
+        if self.digest:
+            return self.digest
+        h = hashlib.sha1(b"feedfast-folder/1")
+        for array in (self.offsets, self.paths, self.labels):
+            h.update(np.ascontiguousarray(array).data)
+        return h.hexdigest()[:16]
 
     @property
     def classes(self) -> list[str]:

@@ -22,13 +22,10 @@ an image that does not decode are left out of their batch and counted, each time
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
-
-import numpy as np
 
 from feedfast.errors import UserError
 from feedfast.files.table import FileTable
@@ -122,10 +119,7 @@ class FolderSet:
     @property
     def identity(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """What a loader state must match: the folder and a digest of its listing (paths and labels)."""
-        h = hashlib.sha1(b"feedfast-folder/1")
-        for array in (self.table.offsets, self.table.paths, self.table.labels):
-            h.update(np.ascontiguousarray(array).data)
-        return (self.table.root, f"listing:{h.hexdigest()[:16]}"), (len(self.table), 0)
+        return (self.table.root, f"listing:{self.table.content_digest()}"), (len(self.table), 0)
 
     @property
     def class_names(self) -> tuple[str, ...]:
