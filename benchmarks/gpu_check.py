@@ -47,6 +47,12 @@ the next section runs.
                         imagenet-val) against DALI's CPU decode of the same samples: one image off
                         by more than a few levels fails the check (a decoder race must not pass as
                         speed).
+``folder_gpu``          an image folder read in place (issue 38): the dataset's photos written once as an
+                        ``ImageFolder`` tree, then (a) a hand-written DALI pipeline of the same graph over it
+                        (``fn.readers.file`` with ``shuffle_after_epoch``, ``mixed`` decode, batch 256) and (b)
+                        ``feedfast.DataLoader("imagenet-train", shards=<folder>, batch_size=256, device="cuda")``
+                        (DALI GPU-placed), in alternating rounds: each rate, each first batch, and the median
+                        ratio (b)/(a), at least 0.9 (``gpucheck_folder.py``).
 ``train_feedfast_gpu``  (a) ResNet-50 (bf16 autocast, channels_last, SGD) fed by feedfast GPU-placed
                         (DALI, ``mixed`` nvJPEG decode) to ``cuda``.
 ``train_feedfast_cpu``  (b) the same fed by feedfast CPU-placed on DALI's CPU operators through the
@@ -131,6 +137,7 @@ from gpucheck_common import (  # noqa: E402
 )
 from gpucheck_decode import decode_gpu_section, pixels_hw_section  # noqa: E402
 from gpucheck_default import recipe_gpu_section, train_default_section, train_synthetic_section  # noqa: E402
+from gpucheck_folder import folder_gpu_section  # noqa: E402
 from gpucheck_guard import Watchdog, enable_crash_tracebacks  # noqa: E402
 from gpucheck_report import render, table_rows, write_json  # noqa: E402
 from gpucheck_sections import (  # noqa: E402
@@ -173,6 +180,7 @@ STEPS = (
     Step("train_default", "ResNet-50 <- default loader, batch 256", train_default_section),
     Step("recipe_gpu", "imagenet-train-recipe GPU-placed alone, batch 256", recipe_gpu_section),
     Step("pixels_hw", "hardware-decoded pixels vs DALI CPU", pixels_hw_section),
+    Step("folder_gpu", "image folder: feedfast vs hand-written readers.file", folder_gpu_section),
     Step("train_feedfast_gpu", "(a) ResNet-50 <- feedfast DALI GPU-placed", train_feedfast_gpu_section,
          needs_cuda=True),
     Step("train_feedfast_cpu", "(b) ResNet-50 <- feedfast DALI CPU-placed, pinned ring", train_feedfast_cpu_section),

@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 SECTIONS = ["setup", "dataset", "readme_default", "dali_anchor", "decode_gpu", "train_synthetic", "train_default",
-            "recipe_gpu", "pixels_hw", "train_feedfast_gpu", "train_feedfast_cpu",
+            "recipe_gpu", "pixels_hw", "folder_gpu", "train_feedfast_gpu", "train_feedfast_cpu",
             "train_threads", "train_torch", "train_tuned", "sync_debug", "loader_gpu", "loader_cpu_cuda", "placement",
             "loader_cpu_cpu", "stall", "nvml"]
 NEEDS_CUDA = ("train_feedfast_gpu", "loader_gpu", "loader_cpu_cuda", "placement")
@@ -140,10 +140,39 @@ def test_dry_run_prints_one_table_and_records_every_section(tmp_path: Path) -> N
     recipe = sections["recipe_gpu"]["data"]
     assert recipe["images_per_s"] > 0 and recipe["backend"] == "dali" and "targets" not in recipe
     assert recipe["anchor_share"] == pytest.approx(recipe["images_per_s"] / anchor["images_per_s"])
+    folder = sections["folder_gpu"]["data"]  # issue 38: the folder read in place against DALI's readers.file
+    assert folder["files"] == report["sizes"]["samples"] and folder["backend"] == "dali" and folder["placement"] == "cpu"
+    assert folder["images_per_s"] > 0 and folder["dali_images_per_s"] > 0 and folder["first_batch_s"] > 0
+    assert len(folder["rates"]) == len(folder["dali_rates"]) == folder["rounds"] == 3
+    assert folder["share"] == pytest.approx(sorted(a / b for a, b in zip(folder["rates"], folder["dali_rates"]))[1])
+    (target,) = folder["targets"].values()
+    assert (target["op"], target["bound"]) == (">=", 0.9) and target["verdict"] in ("pass", "FAIL")
+    assert folder.get("targets_enforced", True) is (target["verdict"] == "pass")  # reported, not enforced
     pixels = sections["pixels_hw"]["data"]
     assert pixels["bad_batches"] == [] and pixels["images"] > 0 and pixels["mean_levels"] == 0.0
     rows = report["table"]
     assert any(r["what"] == "loader GPU-placed -> cuda" and r["note"].startswith("skipped") for r in rows)
+
+
+def test_the_folder_holds_the_shards_photos_by_class_and_is_written_once(gc: ModuleType, tmp_path: Path) -> None:
+    from feedfast.write.demo import synth_dataset
+
+    shards = synth_dataset(samples=12, per_shard=5, min_side=40, max_side=60, num_classes=3, cache_dir=tmp_path)
+    gcf = importlib.import_module("gpucheck_folder")
+    root = gcf.folder_of(shards)
+    expected = {}
+    for shard in shards:
+        with tarfile.open(shard) as tar:
+            for m in tar.getmembers():
+                if m.name.endswith(".cls"):
+                    key = m.name[: -len(".cls")]
+                    label = int(tar.extractfile(m).read().decode())  # type: ignore[union-attr]
+                    expected[f"class{label:04d}/{key}.jpg"] = tar.extractfile(key + ".jpg").read()  # type: ignore[union-attr]
+    written = {str(p.relative_to(root)): p.read_bytes() for p in root.glob("*/*.jpg")}
+    assert written == expected and len(written) == 12
+    stamp = (root.parent / "COMPLETE").stat().st_mtime_ns
+    assert gcf.folder_of(shards) == root and (root.parent / "COMPLETE").stat().st_mtime_ns == stamp
+    assert not list(root.parent.parent.glob("*.part-*"))
 
 
 def test_the_table_puts_feeds_in_columns_and_other_figures_beside_them(gc: ModuleType) -> None:
