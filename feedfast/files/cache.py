@@ -72,10 +72,12 @@ def load(where: Path) -> FileTable | None:
         return None
     return FileTable(meta["root"], arrays["paths"], arrays["offsets"], arrays["labels"], arrays["sizes"],
                      tuple(meta["classes"]), tuple((rel, why) for rel, why in meta["unreadable"]),
-                     str(meta.get("digest", "")))
+                     str(meta.get("digest", "")),
+                     (int(meta["summary"][0]), tuple(meta["summary"][1])) if "summary" in meta else None)
 
 
 def _load_array(path: Path) -> np.ndarray:
+    """The array mapped (read at random rows through ``FileTable.take``, which does not touch the map)."""
     try:
         return np.load(path, mmap_mode="r")
     except ValueError:  # an empty array cannot be mapped
@@ -114,6 +116,8 @@ def _write(folder: Path, table: FileTable, watched_blob: np.ndarray, watched_off
         np.savez(tmp / "watched.npz", paths=watched_blob, offsets=watched_offsets, stats=watched_stats)
         meta = {"format": FORMAT, "root": table.root, "classes": list(table.class_names),
                 "unreadable": [list(u) for u in table.unreadable], "digest": table.content_digest()}
+        total, per_class = table.counts()
+        meta["summary"] = [total, per_class.tolist()]
         (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
         (tmp / "done").write_text("", encoding="utf-8")
         try:

@@ -184,7 +184,7 @@ def _check_classes(table: FileTable, extensions: tuple[str, ...], allow_empty: b
         return
     import numpy as np
 
-    counts = np.bincount(table.labels, minlength=len(table.class_names))
+    _, counts = table.counts()
     empty = sorted(table.class_names[i] for i in np.flatnonzero(counts == 0).tolist())
     if empty:
         raise ShardError(f"image folder {table.root!r}: Found no valid file for the classes {', '.join(empty)}. "

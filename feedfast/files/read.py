@@ -50,7 +50,7 @@ class FileReader:
             SampleError: a file is missing, unreadable, or not the size it was listed with; names it.
         """
         indices = np.asarray(indices, dtype=np.int64)
-        sizes = np.asarray(self.table.sizes[indices], dtype=np.int64)
+        sizes = self.table.take("sizes", indices)
         unsized = np.flatnonzero(sizes < 0)
         if len(unsized):  # it could not be read when listed (a broken link): say why, as it is now
             self._fail(int(indices[unsized[0]]), self._errno_now(int(indices[unsized[0]])), -1)
@@ -58,10 +58,9 @@ class FileReader:
         np.cumsum(sizes, out=ends[1:])
         if out is None or len(out) < ends[-1]:
             out = np.empty(int(ends[-1]), dtype=np.uint8)
-        starts = np.ascontiguousarray(self.table.offsets[indices])
-        lengths = np.ascontiguousarray(self.table.offsets[indices + 1]) - starts
         if _read_files is not None:
-            failed, error, found = _read_files(self._root, self.table.paths, starts, lengths, sizes, out)
+            blob, starts, lengths = self.table.path_bytes(indices)
+            failed, error, found = _read_files(self._root, blob, starts, lengths, sizes, out)
         else:
             failed, error, found = self._read_python(indices, sizes, out)
         if failed >= 0:
@@ -98,7 +97,7 @@ class FileReader:
         return 0
 
     def _fail(self, i: int, error: int, found: int) -> None:
-        listed = int(self.table.sizes[i])
+        listed = int(self.table.take("sizes", np.array([i]))[0])
         if error:
             reason = f"{os.strerror(error)}"
         elif found >= 0 and listed >= 0:

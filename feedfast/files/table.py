@@ -14,6 +14,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+try:
+    from feedfast._plan import gather as _gather
+    from feedfast._plan import read_packed as _read_packed
+except ImportError:  # not built: the arrays are indexed through their maps
+    _gather = _read_packed = None
+
+_DESCRIPTORS: dict[tuple[int, str], int] = {}
+"""A cached listing's files, opened once per process for :meth:`FileTable.take` (closed at exit)."""
+
+
+def _descriptor(filename: str) -> int:
+    key = (os.getpid(), filename)
+    fd = _DESCRIPTORS.get(key)
+    if fd is None:
+        fd = _DESCRIPTORS.setdefault(key, os.open(filename, os.O_RDONLY | os.O_CLOEXEC))
+    return fd
+
 
 @dataclass(frozen=True)
 class FileTable:
@@ -40,6 +57,15 @@ class FileTable:
     unreadable: tuple[tuple[str, str], ...] = ()
     digest: str = ""
     """:meth:`content_digest`, kept with a cached listing (empty: not yet computed)."""
+    summary: tuple[int, tuple[int, ...]] | None = None
+    """(the listed files' bytes, each class's files), kept with a cached listing (None: count them): what would
+    otherwise read every size and label of a large listing when it is loaded."""
+
+    def counts(self) -> tuple[int, np.ndarray]:
+        """The listed files' bytes (those read when listed) and each class's files."""
+        if self.summary is not None:
+            return self.summary[0], np.asarray(self.summary[1], dtype=np.int64)
+        return int(self.sizes[self.sizes > 0].sum()), np.bincount(self.labels, minlength=len(self.class_names))
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -74,9 +100,52 @@ class FileTable:
         """int64 [files]: each path's length in bytes."""
         return np.diff(self.offsets)
 
+    def take(self, field: str, indices: np.ndarray) -> np.ndarray:
+        """``getattr(self, field)[indices]`` (``sizes``, ``labels`` or ``offsets``), read with ``pread`` where the
+        array maps a cached listing's file: a batch's rows lie all over the listing, and touching them through
+        the map maps their neighbours too (the kernel's fault-around, which ``MADV_RANDOM`` does not stop), so a
+        few batches would map the whole listing into each process (at 1.28M files, 40 MB more a rank)."""
+        array = getattr(self, field)
+        indices = np.ascontiguousarray(indices, dtype=np.int64)
+        filename = getattr(array, "filename", None)
+        if _gather is None or filename is None or array.ndim != 1 or not len(indices):
+            return np.asarray(array[indices])
+        if indices.min() < 0 or indices.max() >= len(array):
+            raise IndexError(f"{field}: indices outside [0, {len(array)})")
+        width = array.dtype.itemsize
+        out = np.empty(len(indices), dtype=array.dtype)
+        if not _gather(_descriptor(filename), int(array.offset) + indices * width, width, out.view(np.uint8)):
+            return np.asarray(array[indices])  # the file changed under the map: read through it
+        return out
+
+    def path_bytes(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The paths of files ``indices`` end to end, in one new buffer: (blob, starts, lengths)."""
+        indices = np.ascontiguousarray(indices, dtype=np.int64)
+        starts = self.take("offsets", indices)
+        lengths = self.take("offsets", indices + 1) - starts
+        packed = np.zeros(len(indices), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=packed[1:])
+        blob = np.empty(int(lengths.sum()), dtype=np.uint8)
+        filename = getattr(self.paths, "filename", None)
+        if _read_packed is None or filename is None or not len(indices):
+            for i, (a, n) in enumerate(zip(starts.tolist(), lengths.tolist())):
+                blob[packed[i]: packed[i] + n] = self.paths[a: a + n]
+        else:
+            fds = np.full(len(indices), _descriptor(filename), dtype=np.int32)
+            if _read_packed(fds, int(getattr(self.paths, "offset", 0)) + starts, lengths, blob) >= 0:
+                return self._path_bytes_mapped(starts, lengths, packed, blob)
+        return blob, packed, lengths
+
+    def _path_bytes_mapped(self, starts: np.ndarray, lengths: np.ndarray, packed: np.ndarray,
+                           blob: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        for i, (a, n) in enumerate(zip(starts.tolist(), lengths.tolist())):
+            blob[packed[i]: packed[i] + n] = self.paths[a: a + n]
+        return blob, packed, lengths
+
     def path(self, i: int) -> str:
         """File ``i``'s path, relative to ``root`` (absolute where a file list gave it so)."""
-        return os.fsdecode(self.paths[int(self.offsets[i]): int(self.offsets[i + 1])].tobytes())
+        blob, _, _ = self.path_bytes(np.array([i], dtype=np.int64))
+        return os.fsdecode(blob.tobytes())
 
     def full_path(self, i: int) -> str:
         """File ``i``'s path joined to ``root``."""

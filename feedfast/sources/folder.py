@@ -103,7 +103,7 @@ class FolderSet:
     @property
     def raw_bytes(self) -> int:
         """The listed files' bytes."""
-        return int(self.table.sizes[self.table.sizes > 0].sum())
+        return self.table.counts()[0]
 
     @property
     def bytes(self) -> int:

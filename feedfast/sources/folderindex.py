@@ -11,6 +11,7 @@ chunk's bytes per component, the files read in one call with the GIL released
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -45,13 +46,12 @@ class FolderIndex:
         sizes = np.empty((len(samples), self.components), dtype=np.int64)
         for c, role in enumerate(self.roles):
             if role == "file":
-                sizes[:, c] = self.table.sizes[samples]
-            else:  # the label's digits: 1 + floor(log10(label)), 1 for 0
-                labels = np.asarray(self.table.labels[samples], dtype=np.int64)
-                sizes[:, c] = np.char.str_len(labels.astype(str)) if len(labels) else 0
+                sizes[:, c] = self.table.take("sizes", samples)
+            else:  # the label's ASCII digits
+                sizes[:, c] = ascii_labels(self.table.take("labels", samples)).sizes
         offsets = np.zeros_like(sizes)
-        key_at = np.asarray(self.table.offsets[samples], dtype=np.int64)
-        key_len = np.asarray(self.table.offsets[samples + 1], dtype=np.int64) - key_at
+        key_at = self.table.take("offsets", samples)
+        key_len = self.table.take("offsets", samples + 1) - key_at
         return RowBatch(samples, self.shard_of(samples), offsets, sizes, key_at, key_len)
 
     def key(self, sample: int) -> str:
@@ -60,7 +60,9 @@ class FolderIndex:
 
     def keys(self, samples: Sequence[int] | np.ndarray) -> list[str]:
         """The paths of ``samples``, relative to the folder."""
-        return [self.table.path(i) for i in np.asarray(samples, dtype=np.int64).tolist()]
+        blob, starts, lengths = self.table.path_bytes(np.asarray(samples, dtype=np.int64))
+        data = blob.tobytes()
+        return [os.fsdecode(data[a: a + n]) for a, n in zip(starts.tolist(), lengths.tolist())]
 
     def batch_keys(self, rows: RowBatch) -> list[str]:
         """The keys of a batch already taken."""
@@ -92,7 +94,7 @@ class FolderMembers:
         files: list[bytes | memoryview | None] | None = None
         for role in self.roles:
             if role == "label":
-                out.append([str(v).encode() for v in self.table.labels[ids].tolist()])
+                out.append([str(v).encode() for v in self.table.take("labels", ids).tolist()])
                 continue
             if files is None:
                 files = self._files(ids)
@@ -123,8 +125,8 @@ class FolderMembers:
         """
         ids = np.asarray(rows.samples, dtype=np.int64)
         if self.roles[component] == "label":
-            return ascii_labels(self.table.labels[ids]), -1
-        sizes = np.asarray(self.table.sizes[ids], dtype=np.int64)
+            return ascii_labels(self.table.take("labels", ids)), -1
+        sizes = self.table.take("sizes", ids)
         out = buffer(int(np.maximum(sizes, 0).sum()))
         data, ends = self.reader.read(ids, out=out)
         return StepBytes(data, ends[:-1].copy(), np.diff(ends)), -1
@@ -139,7 +141,7 @@ class FolderMembers:
         out = []
         for role in self.roles:
             if role == "label":
-                out.append(str(int(self.table.labels[number])).encode())
+                out.append(str(int(self.table.take("labels", np.array([number]))[0])).encode())
             else:
                 data, _ = self.reader.read(np.array([number], dtype=np.int64))
                 out.append(data.tobytes())
