@@ -241,10 +241,12 @@ def test_advice_busy_cores_decode_on_the_gpu_with_the_jobs_shards() -> None:
     assert any(i["rank"] is None and "cores are busy" in i["why"] for i in items)
 
 
-def test_advice_image_folder_makes_shards_first() -> None:
+def test_advice_image_folder_reads_it_in_place() -> None:
     data = {"kind": "image-folder", "path": "/data/imagenet/train"}
     items = advise(_row(0.5, workers=7, data=data), Machine(cores_per_rank=8, cpu_busy=50.0, cuda=True))
-    assert "feedfast shards make /data/imagenet/train /data/imagenet/train-shards, then" in items[0]["action"]
+    assert 'shards="/data/imagenet/train/"' in items[0]["action"] and "shards make" not in items[0]["action"]
+    assert items[0]["command"] == ("feedfast bench imagenet-train --shards '/data/imagenet/train/' --batch-size 32 "
+                                   "--step-ms 10")
 
 
 def test_shard_patterns_and_data_sources(tmp_path: Path) -> None:

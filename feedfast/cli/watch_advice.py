@@ -136,13 +136,13 @@ def _gpu_decode(times: StepTimes, facts: dict[str, Any], machine: Machine) -> di
     make = ""
     if data.get("kind") == "tar-shards":
         pattern = shard_pattern(data)
-    elif data.get("kind") == "image-folder":
-        folder = str(data["path"]).rstrip(os.sep)
-        make, pattern = f"feedfast shards make {folder} {folder}-shards, then ", f"{folder}-shards/train-*.tar"
+    elif data.get("kind") == "image-folder":  # read in place: no shards to write first
+        pattern = str(data["path"]).rstrip(os.sep) + os.sep
     else:
         return _item("decode on the GPU", f"this job's dataset ({facts.get('dataset_class')}) names no tar shards "
-                                          "or image folder; if it reads images, write them as shards (`feedfast "
-                                          "shards make DIR OUT`), then feedfast.DataLoader(SPEC, shards=...)",
+                                          "or image folder; if it reads images from a folder or a file list, "
+                                          "feedfast.DataLoader(SPEC, shards=\"DIR/\" or \"list.txt\") reads them in "
+                                          "place; else write them as shards (`feedfast shards make DIR OUT`)",
                      rank=False)
     line = f'feedfast.DataLoader("{SHIPPED_SPEC}", shards="{pattern}", batch_size={batch})'
     bench = f"feedfast bench {SHIPPED_SPEC} --shards '{pattern}' --batch-size {batch} --step-ms {step_ms}"
