@@ -7,15 +7,17 @@ of in DALI's ``parallel=True`` worker processes: two pipelines with parallel ext
 at once in one process were seen to hand the decoder corrupted bytes under DALI 2.4, and threads
 need no ``fork``/``spawn`` choice, no pickling and no ``__main__`` guard.
 
-Local shards (the common case: a shuffled epoch reads its global order sample by sample) take the
-packed path, with no Python per sample where it can be avoided: a step's members of one component
-are read in one call of ``feedfast._plan.read_packed`` (``pread`` of each, end to end, the GIL
-released) into a buffer of a reused ring, and handed to DALI as one TensorList sharing that
-buffer (``external_source(no_copy=True)``: no copy on either side). The ring holds more steps than
-DALI and the read-ahead can hold at once, so a buffer is written again only after DALI is done
-with it. Remote and cached shards, and epochs under ``on_error: skip``, are read by
-:class:`~feedfast.sources.memberread.MemberReader` (which checks each remote member against its
-tar header) and copied into TensorLists.
+Local shards and images read in place (the common case: a shuffled epoch reads its global order
+sample by sample) take the packed path, with no Python per sample where it can be avoided: a
+step's members of one component are read through the dataset's reader in one C call
+(``Members.packed``: ``_plan.read_packed`` at a shard's offsets, ``_plan.read_files`` by a
+folder's paths; end to end, the GIL released) into a buffer of a reused ring, and handed to DALI
+as one TensorList sharing that buffer (``external_source(no_copy=True)``: no copy on either side).
+The ring holds more steps than DALI and the read-ahead can hold at once, so a buffer is written
+again only after DALI is done with it. Remote and cached shards, and epochs under ``on_error:
+skip``, are read by :class:`~feedfast.sources.memberread.MemberReader` (which checks each remote
+member against its tar header) and copied into TensorLists. After the components come the step's
+draws (each sample's crop window and flips, :mod:`.draws`), where the plan's DALI graph takes them.
 
 The result for a step depends only on the step, so calls may come in any order, and a pipeline
 restored from a checkpoint simply starts asking at the saved step.
