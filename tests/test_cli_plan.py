@@ -64,3 +64,12 @@ def test_an_op_the_threaded_path_lacks_is_named_in_plan_and_in_a_log_line(
     with caplog.at_level(logging.INFO, logger="feedfast"):
         assert choose_backend("auto", build_plan(spec, device="cpu"), ShardSet((), (), ())) == "dali"
     assert any("backend auto chose dali: op `rotate` (pipeline.image[1])" in r.getMessage() for r in caplog.records)
+
+
+def test_it_says_which_nodes_dali_is_fed_draws_for(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "imagenet-train", "--device", "gpu"]) == 0
+    draws = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  draws:")]
+    assert draws and "[2] its crop window (decoders.image_slice + resize)" in draws[0]
+    assert "[3] its flips (crop_mirror_normalize mirror)" in draws[0]
+    assert main(["plan", "imagenet-val", "--device", "gpu"]) == 0  # nothing random: nothing fed
+    assert "draws:" not in capsys.readouterr().out

@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     if spec.repeats > 1:
         print(f"  repeats: each sample {spec.repeats} times an epoch, each copy with its own draws, the copies on "
               "different ranks where the world allows (an epoch keeps the dataset's length)")
+    if (draws := draws_line(plan)) is not None:
+        print("  draws:   " + draws)
     print("  backend: " + backend_line(plan))
     return 0
 
@@ -91,3 +93,22 @@ def backend_line(plan: Plan) -> str:
         return f"auto: {local[0]}, because {local[1]}{how} (local and remote shards alike{alike})"
     return f"auto over local shards: {local[0]}, because {local[1]}{how}; over remote shards: {remote[0]}, " \
            f"because {remote[1]}"
+
+
+def draws_line(plan: Plan) -> str | None:
+    """On DALI, which nodes are fed each sample's draws behind feedfast's feed (as the other backends draw them),
+    and so which DALI operator they run as there; None where none is."""
+    from feedfast.compile.dali_draws import fed_draws
+
+    fed = fed_draws(plan)
+    if fed is None:
+        return None
+    parts = []
+    if fed.window is not None:
+        decoded = plan.nodes[fed.window].op.startswith("decode")
+        parts.append(f"[{fed.window}] its crop window ({'decoders.image_slice' if decoded else 'slice'} + resize)")
+    if fed.flip is not None:
+        folded = plan.nodes[fed.flip].op != fed.flip_op
+        parts.append(f"[{fed.flip}] its flips ({'crop_mirror_normalize mirror' if folded else 'flip'})")
+    return (f"on dali behind feedfast's feed (every epoch but an unshuffled one of s3/gs shards), each sample's draws "
+            f"are fed as data, drawn as threads and pil draw them: {', '.join(parts)}")
