@@ -90,29 +90,19 @@ class FolderDaliLoader:
 
     def __init__(self, root: Path, *, size: int, batch_size: int, threads: int, device_id: int | None,
                  seed: int = 0) -> None:
-        from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali import fn, pipeline_def
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
+        from feedfast.baseline.dali_recipe import recipe_images
         from feedfast.baseline.torch_recipe import TorchRecipe
 
         recipe = TorchRecipe(train=True, size=size)
-        decoder, device = ("mixed", "gpu") if device_id is not None else ("cpu", "cpu")
-        mean = [255.0 * m for m in recipe.mean]
-        std = [255.0 * s for s in recipe.std]
 
         @pipeline_def(batch_size=batch_size, num_threads=threads, device_id=device_id, seed=seed)
         def folder_pipeline() -> Any:
             encoded, labels = fn.readers.file(file_root=str(root), shuffle_after_epoch=True, pad_last_batch=True,
                                               name=READER)
-            images = fn.decoders.image_random_crop(encoded, device=decoder, output_type=types.RGB,
-                                                   random_area=list(recipe.scale),
-                                                   random_aspect_ratio=list(recipe.ratio), num_attempts=10)
-            images = fn.resize(images, device=device, resize_x=recipe.size, resize_y=recipe.size,
-                               interp_type=types.INTERP_LINEAR, antialias=True)
-            mirror = fn.random.coin_flip(probability=recipe.flip_p)
-            images = fn.crop_mirror_normalize(images, device=device, dtype=types.FLOAT, output_layout="CHW",
-                                              mean=mean, std=std, mirror=mirror)
-            return images, labels
+            return recipe_images(encoded, recipe, gpu=device_id is not None), labels
 
         pipe = folder_pipeline()
         pipe.build()

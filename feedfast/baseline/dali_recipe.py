@@ -88,14 +88,34 @@ class DaliRecipeLoader:
             yield batch["images"], ascii_labels(batch["labels"])
 
 
-def _pipeline(paths: list[str], index_paths: list[str], recipe: TorchRecipe, *, exts: list[str], shuffle: bool,
-              **pipeline_args: Any) -> Any:
-    from nvidia.dali import fn, pipeline_def, types
+def recipe_images(encoded: Any, recipe: TorchRecipe, *, gpu: bool) -> Any:
+    """The recipe's transforms as DALI ops on encoded images (inside a pipeline's definition): a random-crop
+    decode, resize, flip and normalize to CHW float (train), or decode, shorter-side resize and center crop;
+    decoded with nvJPEG and augmented on the GPU where ``gpu``. A hand-written pipeline over any reader uses it."""
+    from nvidia.dali import fn, types
 
-    gpu = pipeline_args["device_id"] is not None
     decoder, device = ("mixed", "gpu") if gpu else ("cpu", "cpu")
     mean = [255.0 * m for m in recipe.mean]
     std = [255.0 * s for s in recipe.std]
+    if recipe.train:
+        images = fn.decoders.image_random_crop(encoded, device=decoder, output_type=types.RGB,
+                                               random_area=list(recipe.scale),
+                                               random_aspect_ratio=list(recipe.ratio), num_attempts=10)
+        images = fn.resize(images, device=device, resize_x=recipe.size, resize_y=recipe.size,
+                           interp_type=types.INTERP_LINEAR, antialias=True)
+        mirror = fn.random.coin_flip(probability=recipe.flip_p)
+        return fn.crop_mirror_normalize(images, device=device, dtype=types.FLOAT, output_layout="CHW",
+                                        mean=mean, std=std, mirror=mirror)
+    images = fn.decoders.image(encoded, device=decoder, output_type=types.RGB)
+    images = fn.resize(images, device=device, resize_shorter=recipe.resize, interp_type=types.INTERP_LINEAR,
+                       antialias=True)
+    return fn.crop_mirror_normalize(images, device=device, dtype=types.FLOAT, output_layout="CHW",
+                                    crop=(recipe.size, recipe.size), mean=mean, std=std)
+
+
+def _pipeline(paths: list[str], index_paths: list[str], recipe: TorchRecipe, *, exts: list[str], shuffle: bool,
+              **pipeline_args: Any) -> Any:
+    from nvidia.dali import fn, pipeline_def
 
     @pipeline_def(**pipeline_args)
     def recipe_pipeline() -> Any:
@@ -103,21 +123,7 @@ def _pipeline(paths: list[str], index_paths: list[str], recipe: TorchRecipe, *, 
             paths=paths, index_paths=index_paths, ext=exts, missing_component_behavior="error",
             case_sensitive_extensions=False, random_shuffle=shuffle, initial_fill=1024 if shuffle else 1,
             pad_last_batch=True, name=READER)
-        if recipe.train:
-            images = fn.decoders.image_random_crop(encoded, device=decoder, output_type=types.RGB,
-                                                   random_area=list(recipe.scale),
-                                                   random_aspect_ratio=list(recipe.ratio), num_attempts=10)
-            images = fn.resize(images, device=device, resize_x=recipe.size, resize_y=recipe.size,
-                               interp_type=types.INTERP_LINEAR, antialias=True)
-            mirror = fn.random.coin_flip(probability=recipe.flip_p)
-            images = fn.crop_mirror_normalize(images, device=device, dtype=types.FLOAT, output_layout="CHW",
-                                              mean=mean, std=std, mirror=mirror)
-        else:
-            images = fn.decoders.image(encoded, device=decoder, output_type=types.RGB)
-            images = fn.resize(images, device=device, resize_shorter=recipe.resize, interp_type=types.INTERP_LINEAR,
-                               antialias=True)
-            images = fn.crop_mirror_normalize(images, device=device, dtype=types.FLOAT, output_layout="CHW",
-                                              crop=(recipe.size, recipe.size), mean=mean, std=std)
+        images = recipe_images(encoded, recipe, gpu=pipeline_args["device_id"] is not None)
         labels = fn.pad(raw_labels, axes=(0,), shape=(LABEL_BYTES,), fill_value=0)
         return images, labels
 
