@@ -68,6 +68,20 @@ def labels_of(shards: list[str]) -> dict[str, int]:
     return out
 
 
+def state_after(loader: Any, stop: int) -> dict[str, Any]:
+    """The loader's state after ``stop`` batches taken epoch after epoch, through JSON as a checkpoint file holds it."""
+    import json
+
+    taken, it = 0, iter(loader)
+    while taken < stop:
+        try:
+            next(it)
+            taken += 1
+        except StopIteration:
+            it = iter(loader)
+    return json.loads(json.dumps(loader.state_dict()))
+
+
 def keys_of_epoch(loader: Any) -> list[str]:
     """The real (non-padded) sample keys one epoch of ``loader`` yields."""
     keys: list[str] = []

@@ -4,14 +4,13 @@ resumes what the uninterrupted run delivers, pixels included."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 import torch
 
 import feedfast
-from tests.helpers import keys_of_epoch, labels_of
+from tests.helpers import keys_of_epoch, labels_of, state_after
 
 
 def _loader(spec: dict, shards: list[str], **kw: Any) -> feedfast.DataLoader:
@@ -30,15 +29,7 @@ def test_a_state_taken_in_a_later_epoch_resumes_exactly(small_spec: dict, shards
     epoch's start or of the batch itself) resumes the rest, pixels too, though the pipeline ran on from epoch 0."""
     whole = _epochs(_loader(small_spec, shards), 3)
     part = _loader(small_spec, shards, sample_info=sample_info)
-    it = iter(part)
-    taken = 0
-    while taken < stop:
-        try:
-            next(it)
-            taken += 1
-        except StopIteration:
-            it = iter(part)
-    state = json.loads(json.dumps(part.state_dict()))
+    state = state_after(part, stop)
     part.close()
     assert state["dali"] is not None  # the epoch's start, or a later batch: never the loader's first build
     resumed = _loader(small_spec, shards, sample_info=sample_info)

@@ -10,7 +10,6 @@ listed without a GPU.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ import torch
 
 import feedfast
 from feedfast.errors import UserError
+from tests.helpers import state_after
 
 EPOCH = 6
 """Batches an epoch of the ``shards`` fixture (23 samples) in batches of 4: 4, 4, 4, 4, 4, 3."""
@@ -42,15 +42,8 @@ def _batches(loader: feedfast.DataLoader, count: int | None = None) -> list[tupl
 
 
 def _state_after(loader: feedfast.DataLoader, stop: int) -> dict[str, Any]:
-    """The loader's state after ``stop`` batches taken epoch after epoch, through JSON as a checkpoint file holds it."""
-    taken, it = 0, iter(loader)
-    while taken < stop:
-        try:
-            next(it)
-            taken += 1
-        except StopIteration:
-            it = iter(loader)
-    state = json.loads(json.dumps(loader.state_dict()))
+    """The loader's state after ``stop`` batches (:func:`tests.helpers.state_after`); the loader is closed."""
+    state = state_after(loader, stop)
     loader.close()
     return state
 
