@@ -27,9 +27,6 @@ from feedfast.compile.plan import Node, Plan
 from feedfast.ops import threaded as th
 from feedfast.ops.registry import OPS
 
-SLOTS = 12
-"""Values per op of a chain row (``_plan.c``'s ``OP_SLOTS``)."""
-
 
 @dataclass(frozen=True)
 class FedDraws:
@@ -37,7 +34,7 @@ class FedDraws:
 
     Attributes:
         component: the component the image chain decodes.
-        program: float64 [ops, SLOTS]: the chain as ``_plan.c`` reads it (decode first).
+        program: float64 [ops, ``PLAN_SLOTS``]: the chain as ``_plan.c`` reads it (decode first).
         window: the node whose crop window is fed (anchor and shape, in pixels, x then y), or None.
         window_params: that op's parameters (for the Python walk of a sample the C plan cannot read).
         window_op: that op's name.
@@ -115,10 +112,7 @@ def _made(plan: Plan, decode: Node, rows: list[list[float]], window: int | None,
           flip: int | None, flip_params: dict, flip_op: str) -> FedDraws | None:
     if window is None and flip is None:
         return None
-    program = np.zeros((len(rows), SLOTS), dtype=np.float64)
-    for i, row in enumerate(rows):
-        program[i, :len(row)] = row
-    return FedDraws(decode.inputs[0], program, window, window_params, window_op, flip, flip_params, flip_op,
+    return FedDraws(decode.inputs[0], th.plan_program(rows), window, window_params, window_op, flip, flip_params, flip_op,
                     flip_vertical=flip_op == plan.nodes[flip].op if flip is not None else True)
 
 

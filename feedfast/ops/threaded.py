@@ -23,14 +23,34 @@ which mirror ``OP_`` there); an op without one is walked in Python.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from feedfast.ops.base import Rng
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Role = Literal["decode", "geometry", "flip", "kernel", "normalize", "tensor"]
 
 PLAN_DECODE, PLAN_RRC, PLAN_RESIZE_SHORT, PLAN_RESIZE_HW, PLAN_CENTER_CROP, PLAN_FLIP = 1, 2, 3, 4, 5, 6
 """Op codes of a chain row in ``_plan.c``."""
+PLAN_SLOTS, PLAN_COLS = 12, 24
+"""Values per op of a chain row (``_plan.c``'s ``OP_SLOTS``), columns of a plan's row per sample (``PLAN_COLS``)."""
+PLAN_OK, PLAN_NOT_REGION, PLAN_FALLBACK, PLAN_BOMB, PLAN_LARGE = range(5)
+"""A sample's plan status (``_plan.c``'s ``ST_``): every status but ``PLAN_OK`` sends it the Python way."""
+(COL_STATUS, COL_WIDTH, COL_HEIGHT, COL_FACTOR, COL_REGION, COL_BOX, COL_SIZE, COL_CLIP, COL_RESAMPLE, COL_HFLIP,
+ COL_VFLIP) = 0, 1, 2, 3, 4, 8, 12, 14, 18, 19, 20
+"""Columns of a plan's row (``_plan.c``'s ``COL_``)."""
+
+
+def plan_program(rows: "list[list[float]]") -> "np.ndarray":
+    """A chain's rows (decode first) as ``_plan.c`` reads them: float64 [ops, PLAN_SLOTS], zero-padded."""
+    import numpy as np
+
+    program = np.zeros((len(rows), PLAN_SLOTS), dtype=np.float64)
+    for i, row in enumerate(rows):
+        program[i, :len(row)] = row
+    return program
 
 
 @dataclass(frozen=True)

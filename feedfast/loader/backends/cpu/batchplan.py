@@ -31,12 +31,13 @@ try:
 except ImportError:  # not built at install: the Python walk does the work
     ext = None
 
-COLS = 24
-SLOTS = 12
-OK, NOT_REGION, FALLBACK, BOMB, LARGE = range(5)
+COLS, SLOTS = th.PLAN_COLS, th.PLAN_SLOTS
+OK, NOT_REGION, FALLBACK, BOMB, LARGE = th.PLAN_OK, th.PLAN_NOT_REGION, th.PLAN_FALLBACK, th.PLAN_BOMB, th.PLAN_LARGE
 """Plan statuses: every status but ``OK`` sends the sample the Python way (see ``_plan.c``)."""
-STATUS, WIDTH, HEIGHT, FACTOR, REGION, BOX, SIZE, CLIP, RESAMPLE, HFLIP, VFLIP = 0, 1, 2, 3, 4, 8, 12, 14, 18, 19, 20
-"""Columns of a plan row (``_plan.c``'s ``COL_``)."""
+STATUS, WIDTH, HEIGHT, FACTOR, REGION, BOX, SIZE, CLIP, RESAMPLE, HFLIP, VFLIP = (
+    th.COL_STATUS, th.COL_WIDTH, th.COL_HEIGHT, th.COL_FACTOR, th.COL_REGION, th.COL_BOX, th.COL_SIZE, th.COL_CLIP,
+    th.COL_RESAMPLE, th.COL_HFLIP, th.COL_VFLIP)
+"""Columns of a plan row (``_plan.c``'s ``COL_``, named in :mod:`feedfast.ops.threaded`)."""
 
 _DRAWLESS_HOST = frozenset(name for name, op in OPS.items() if op.host and not op.random)
 
@@ -103,10 +104,7 @@ def chain_of(program: PilProgram) -> Chain | None:
             return None
         if row:
             rows.append(row)
-    ops = np.zeros((len(rows), SLOTS), dtype=np.float64)
-    for i, row in enumerate(rows):
-        ops[i, :len(row)] = row
-    return Chain(ops, name, decode.id, decode.inputs[0], decode.params["color"] == "gray", kernels)
+    return Chain(th.plan_program(rows), name, decode.id, decode.inputs[0], decode.params["color"] == "gray", kernels)
 
 
 def _op_row(step: PilStep) -> list[float] | None:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from feedfast.compile.dali_draws import FedDraws
+from feedfast.ops import threaded as th
 from feedfast.ops.registry import OPS
 from feedfast.order.draws import keyed_draws
 
@@ -27,9 +28,8 @@ except ImportError:  # not built at install: every sample takes the Python walk
 
 log = logging.getLogger("feedfast.dali")
 
-COLS, OK = 24, 0
-WIDTH, HEIGHT, BOX, HFLIP, VFLIP = 1, 2, 8, 19, 20
-"""Columns of a plan row (``_plan.c``'s ``COL_``) and its status for a sample planned in C."""
+COLS, OK = th.PLAN_COLS, th.PLAN_OK
+WIDTH, HEIGHT, BOX, HFLIP, VFLIP = th.COL_WIDTH, th.COL_HEIGHT, th.COL_BOX, th.COL_HFLIP, th.COL_VFLIP
 
 
 class StepDraws:
