@@ -127,18 +127,11 @@ class FileTable:
         np.cumsum(lengths[:-1], out=packed[1:])
         blob = np.empty(int(lengths.sum()), dtype=np.uint8)
         filename = getattr(self.paths, "filename", None)
-        if _read_packed is None or filename is None or not len(indices):
-            for i, (a, n) in enumerate(zip(starts.tolist(), lengths.tolist())):
-                blob[packed[i]: packed[i] + n] = self.paths[a: a + n]
-        else:
+        if _read_packed is not None and filename is not None and len(indices):
             fds = np.full(len(indices), _descriptor(filename), dtype=np.int32)
-            if _read_packed(fds, int(getattr(self.paths, "offset", 0)) + starts, lengths, blob) >= 0:
-                return self._path_bytes_mapped(starts, lengths, packed, blob)
-        return blob, packed, lengths
-
-    def _path_bytes_mapped(self, starts: np.ndarray, lengths: np.ndarray, packed: np.ndarray,
-                           blob: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        for i, (a, n) in enumerate(zip(starts.tolist(), lengths.tolist())):
+            if _read_packed(fds, int(getattr(self.paths, "offset", 0)) + starts, lengths, blob) < 0:
+                return blob, packed, lengths
+        for i, (a, n) in enumerate(zip(starts.tolist(), lengths.tolist())):  # in memory, or the file changed
             blob[packed[i]: packed[i] + n] = self.paths[a: a + n]
         return blob, packed, lengths
 

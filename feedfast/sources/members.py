@@ -42,23 +42,20 @@ class StepBytes:
 
     def views(self) -> list[np.ndarray]:
         """Each member as a view of ``data`` (an empty array for none)."""
-        ends = (self.starts + np.maximum(self.sizes, 0)).tolist()
-        data = self.data
-        views = [data[a:b] for a, b in zip(self.starts.tolist(), ends)]
-        for i in np.flatnonzero(self.sizes <= 0).tolist():
-            views[i] = MISSING if self.sizes[i] < 0 else EMPTY
-        return views
+        return self._slices(self.data)
 
     def buffers(self) -> list[Any]:
         """Each member as a memoryview of ``data`` (as :meth:`views`, cheaper to make and to hand to DALI's
         ``TensorCPU``, which shares either: view, tensor and list 1.25 to 1.30 us a member, against 1.35 to 1.39
         with NumPy views)."""
-        whole = memoryview(self.data)  # type: ignore[arg-type]
+        return self._slices(memoryview(self.data))  # type: ignore[arg-type]
+
+    def _slices(self, whole: Any) -> list[Any]:
         ends = (self.starts + np.maximum(self.sizes, 0)).tolist()
-        buffers: list[Any] = [whole[a:b] for a, b in zip(self.starts.tolist(), ends)]
+        slices: list[Any] = [whole[a:b] for a, b in zip(self.starts.tolist(), ends)]
         for i in np.flatnonzero(self.sizes <= 0).tolist():
-            buffers[i] = MISSING if self.sizes[i] < 0 else EMPTY
-        return buffers
+            slices[i] = MISSING if self.sizes[i] < 0 else EMPTY
+        return slices
 
 
 def _packing(sizes: np.ndarray, buffer: Buffer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -177,7 +177,7 @@ class BatchFeeder:
         the step's draws (:attr:`draws`)."""
         from nvidia.dali.tensors import TensorCPU, TensorListCPU
 
-        where = self.rows.take(self.step_rows(step))
+        where = self.rows.take(self.step_rows(step)) if self.ring is not None or self.draws is not None else None
         parts: list[Any] = self.step_bytes(step, self.ring, where=where) if self.ring is not None else self.batch(step)
         host = {c: parts[c] for c in range(self.components) if c not in self.dali}
         if host:
