@@ -201,3 +201,14 @@ def test_every_file_once_per_epoch_over_1_2_3_ranks(folder: Path, tmp_path: Path
         keys = [k for r in records for k in r["keys"]]
         assert sorted(keys) == everything, world
         assert len({r["len"] for r in records}) == 1  # equal batch counts on every rank
+
+
+def test_dali_names_a_file_it_cannot_decode_and_says_where_skip_runs(folder: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "train"
+    shutil.copytree(folder, copy)
+    (copy / "dog.x" / "1.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a JPEG at all" * 8)
+    loader = _loader(copy, shuffle=False, backend="dali", placement="cpu")
+    with pytest.raises(SampleError, match=r"dog\.x/1\.jpg.*backend='threads' or 'pil'"):
+        _epoch(loader)

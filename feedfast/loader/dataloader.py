@@ -6,7 +6,7 @@ import concurrent.futures.thread  # noqa: F401 - imported first, so its exit hoo
 import os
 import threading
 import weakref
-from typing import Any, Callable, Iterator, Sequence, cast
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -32,7 +32,6 @@ from feedfast.loader.settings import loader_settings
 from feedfast.loader.state import Identity, LoaderState, ResumePoint, parse_state, spec_digest
 from feedfast.loader.torchcompat import TorchAttributes
 from feedfast.order.deal import EpochPlan
-from feedfast.sources.dataset import ShardSet
 from feedfast.spec.load import load_spec
 
 _LIVE: "weakref.WeakSet[DataLoader]" = weakref.WeakSet()
@@ -70,7 +69,7 @@ class DataLoader(TorchAttributes):
             ``s3://`` and ``gs://`` (DALI's reader; see :mod:`feedfast.sources.dataset`).
             Or images in place: an image folder (``"data/train/"``, torchvision's ``ImageFolder`` layout: its
             classes, labels and order, ``loader.dataset.classes``) or a file list (``train.txt`` of ``path label``
-            lines, ``train.csv``), read on the ``threads`` and ``pil`` backends (:mod:`feedfast.sources.folder`).
+            lines, ``train.csv``), read on every backend (:mod:`feedfast.sources.folder`).
         batch_size: overrides the spec's batch size.
         shuffle: True reads every epoch in a new uniform permutation of the whole dataset over
             local shards (:mod:`feedfast.order.epoch`; a state then resumes at any world
@@ -244,9 +243,7 @@ class DataLoader(TorchAttributes):
         # DALI's checkpoint costs (on a GPU a device read-back): every batch only when each batch carries its
         # state (sample_info), else every CHECKPOINT_EVERY batches, and a resume steps forward from the last
         return BackendSettings(
-            # a backend is given only the kinds of dataset it declares (Backend.sources, choose_backend); those that
-            # read shards alone annotate ShardSet
-            plan=self.plan, shards_for=cast(Callable[[int], ShardSet], self.shards_for), plan_for=self.epoch_plan, rank=self.rank, world=self.world,
+            plan=self.plan, shards_for=self.shards_for, plan_for=self.epoch_plan, rank=self.rank, world=self.world,
             batch_size=self.spec.batch_size, seed=self.spec.seed, threads=self.threads,
             workers=self.settings.workers, prefetch=self.prefetch, knobs=self.knobs, device_id=self.device_id,
             max_pixels=self.max_pixels, checkpoint_every=1 if self.sample_info else CHECKPOINT_EVERY)

@@ -21,12 +21,8 @@ from feedfast.loader.batchsize import check_batch_size, sample_bytes
 from feedfast.loader.state import shard_set_digest
 from feedfast.order.deal import EpochPlan, partition_for, plan_epoch
 from feedfast.sources.dataset import ShardSet
-from feedfast.sources.folder import FolderSet
-from feedfast.sources.mixture import mixed_epoch, open_dataset
+from feedfast.sources.mixture import Dataset, mixed_epoch, open_dataset
 from feedfast.spec.model import Spec
-
-Dataset = ShardSet | FolderSet
-"""What an epoch reads: shards, or images in place (each answers what the loader asks of a dataset)."""
 
 
 class EpochData:

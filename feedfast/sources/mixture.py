@@ -25,6 +25,9 @@ from feedfast.shards.index.tarindex import read_index, subset_index
 from feedfast.sources.dataset import ShardSet, open_shards
 from feedfast.sources.folder import FolderSet, is_folder_source, open_folder
 
+Dataset = ShardSet | FolderSet
+"""What an epoch reads: shards, or images in place (each answers what the loader asks of a dataset)."""
+
 
 @dataclass(frozen=True)
 class Mix:

@@ -38,7 +38,7 @@ from feedfast.errors import UserError
 from feedfast.loader.batch import Batch
 from feedfast.loader.knobs import Knobs
 from feedfast.order.deal import EpochPlan
-from feedfast.sources.dataset import ShardSet
+from feedfast.sources.mixture import Dataset
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class BackendSettings:
     """
 
     plan: Plan
-    shards_for: Callable[[int], ShardSet]
+    shards_for: Callable[[int], Dataset]
     plan_for: Callable[[int], EpochPlan]
     rank: int
     world: int

@@ -28,7 +28,7 @@ from feedfast.loader.backends.dali.reader import ReaderEpochs, Refeed
 from feedfast.loader.backends.dali.stream import StreamEpoch, epoch_stream
 from feedfast.loader.batch import Batch
 from feedfast.order.deal import EpochPlan
-from feedfast.sources.dataset import ShardSet
+from feedfast.sources.mixture import Dataset
 
 GPU_DEPTH = 3
 """DALI's queue on a GPU at least: the producer thread's work between two batches (the host ops, the checkpoint,
@@ -257,7 +257,7 @@ class DaliBackend(Backend):
             return False
         return True
 
-    def _another_graph(self, checkpoint: str, shards: ShardSet) -> bool:
+    def _another_graph(self, checkpoint: str, shards: Dataset) -> bool:
         """Whether ``checkpoint`` is of this spec's fed pipeline placed on the CPU or the GPU, for either consumer."""
         for device, consumer in (("gpu", "cuda"), ("gpu", "cpu"), ("cpu", "cuda"), ("cpu", "cpu")):
             plan = build_plan(self.plan.spec, device=device, consumer=consumer)

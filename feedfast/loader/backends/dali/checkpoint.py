@@ -16,7 +16,7 @@ from typing import Any
 
 from feedfast.compile.plan import Plan
 from feedfast.errors import UserError
-from feedfast.sources.dataset import ShardSet
+from feedfast.sources.mixture import Dataset
 
 log = logging.getLogger("feedfast")
 
@@ -78,7 +78,7 @@ def checkpoint_operators(checkpoint: str) -> list[str]:
     return names
 
 
-def pipeline_operators(plan: Plan, shards: ShardSet, *, fed: bool, batch_size: int) -> set[str] | None:
+def pipeline_operators(plan: Plan, shards: Dataset, *, fed: bool, batch_size: int) -> set[str] | None:
     """The operators of the pipeline this plan builds (``fed``: from feedfast's feed, else DALI's reader),
     defined, not built; None where this DALI does not say (the names are then not compared)."""
     from feedfast.compile.dali import ReaderConfig, build_pipeline

@@ -8,10 +8,11 @@ from typing import Any, Sequence
 from feedfast.checks.validate import DEFAULT_MAX_PIXELS
 from feedfast.compile.plan import Plan
 from feedfast.errors import FeedfastError, SampleError
-from feedfast.sources.dataset import ShardSet
+from feedfast.sources.mixture import Dataset
 
 _FAILED = re.compile(r"Failed to decode sample #(\d+) : ([^\n|]*)")
-HINT = "set on_error='skip' (spec `source: {on_error: skip}`) to leave undecodable samples out"
+HINT = ("set on_error='skip' (spec `source: {on_error: skip}`) to leave undecodable samples out (over images read "
+        "in place, on backend='threads' or 'pil')")
 
 
 def first_line(exc: BaseException) -> str:
@@ -24,7 +25,7 @@ def first_line(exc: BaseException) -> str:
 SCAN_LIMIT = 20_000  # images checked when nothing narrows the search, before giving up
 
 
-def diagnose(exc: BaseException, plan: Plan, step: int, shards: ShardSet, stream: Any = None, *,
+def diagnose(exc: BaseException, plan: Plan, step: int, shards: Dataset, stream: Any = None, *,
              max_pixels: int = DEFAULT_MAX_PIXELS,
              candidates: Sequence[tuple[str, str]] | None = None) -> FeedfastError:
     """Turn a DALI failure into an error naming the shard, sample and reason where possible.
@@ -76,19 +77,21 @@ def _named(exc: BaseException, step: int, stream: Any) -> tuple[str, str] | None
     return None
 
 
-def _reason(shards: ShardSet, shard: str, key: str, exts: list[set[str]], max_pixels: int) -> str | None:
+def _reason(shards: Dataset, shard: str, key: str, exts: list[set[str]], max_pixels: int) -> str | None:
     from feedfast.checks.checked import image_reason
 
     if shard not in shards.paths or not exts or shards.read_kinds[shards.paths.index(shard)] not in ("file", "cache"):
         return None
     i = shards.paths.index(shard)
+    if i >= len(shards.index_paths):  # images in place: no tar index (their feed names a bad sample itself)
+        return None
     try:
         return image_reason(shard, shards.index_paths[i], key, exts, max_pixels)
     except FeedfastError:
         return None
 
 
-def _search(shards: ShardSet, stream: Any, step: int, exts: list[set[str]], max_pixels: int,
+def _search(shards: Dataset, stream: Any, step: int, exts: list[set[str]], max_pixels: int,
             candidates: Sequence[tuple[str, str]] | None) -> tuple[str, str, str] | None:
     from feedfast.checks.checked import find_bad_image
 

@@ -66,7 +66,7 @@ class ReaderEpochs:
             rng = random.Random(f"{self.s.seed}/{epoch}/{self.s.rank}/{start}")
             depth = self.pipe.depth
             suspects = lambda step: self.suspects(epoch, ep, depth, step)  # noqa: E731
-            yield from run_epoch(self.pipe, self.s.plan, ep, rng, self.s.shards_for(epoch),
+            yield from run_epoch(self.pipe, self.s.plan, ep, rng, self._shards(epoch),
                                  max_pixels=self.s.max_pixels, suspects=suspects,
                                  recover=_refeeding(recover, depth) if recover is not None else None,
                                  every=self.s.checkpoint_every)
@@ -87,7 +87,7 @@ class ReaderEpochs:
         """The epoch's pipeline behind DALI's reader, from ``start``."""
         self.capture()
         s = self.s
-        return make_pipeline(s.plan, s.shards_for(epoch), ep, rank=s.rank, world=s.world, batch_size=s.batch_size,
+        return make_pipeline(s.plan, self._shards(epoch), ep, rank=s.rank, world=s.world, batch_size=s.batch_size,
                              threads=s.threads, device_id=s.device_id, seed=s.seed, epoch=epoch,
                              prefetch=s.prefetch, checkpoint=checkpoint, start=start)
 
@@ -104,6 +104,12 @@ class ReaderEpochs:
         hi = min(len(rows), (step + depth + 1) * s.batch_size + s.plan.spec.shuffle_buffer)
         where = rows.take(np.arange(lo, hi))
         return [(shards.paths[i], k) for i, k in zip(where.shard.tolist(), rows.index.batch_keys(where))]
+
+    def _shards(self, epoch: int) -> ShardSet:
+        """The epoch's shards: DALI's reader reads tars only (images in place always go through the feed)."""
+        shards = self.s.shards_for(epoch)
+        assert isinstance(shards, ShardSet), "DALI's reader reads shards only: images in place are fed"
+        return shards
 
     @property
     def all_scheduled(self) -> bool:

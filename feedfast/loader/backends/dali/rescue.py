@@ -46,7 +46,7 @@ from feedfast.loader.backends.dali.diagnose import HINT
 from feedfast.loader.backends.dali.stream import StreamEpoch
 from feedfast.loader.backends.pil_warnings import routed
 from feedfast.shards.transport import schemes
-from feedfast.sources.dataset import ShardSet
+from feedfast.sources.mixture import Dataset
 
 log = logging.getLogger("feedfast.dali")
 
@@ -76,7 +76,7 @@ def image_components(plan: Plan) -> list[int]:
     return [i for i, name in enumerate(plan.components) if plan.spec.components[name].kind == "image"]
 
 
-def rescuable(shards: ShardSet) -> bool:
+def rescuable(shards: Dataset) -> bool:
     """Whether the stream transport can read these shards (DALI's s3/gs reader has no stand-in)."""
     return all(kind in RESCUABLE_KINDS for kind in shards.read_kinds)
 

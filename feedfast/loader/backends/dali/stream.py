@@ -55,7 +55,7 @@ from feedfast.order.deal import EpochPlan, step_positions
 from feedfast.order.draws import draws_key
 from feedfast.order.rows import epoch_rows
 from feedfast.shards.index.columnar import Origins
-from feedfast.sources.dataset import ShardSet
+from feedfast.sources.mixture import Dataset
 
 
 class StreamEpoch:
@@ -131,7 +131,7 @@ class StreamEpoch:
         return None
 
 
-def epoch_stream(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int, seed: int,
+def epoch_stream(plan: Plan, shards: Dataset, ep: EpochPlan, *, rank: int, world: int, batch_size: int, seed: int,
                  epoch: int, workers: int = 2, ahead: int = 2, **feed: Any) -> StreamEpoch:
     """This rank's epoch over the stream transport: the samples and order of the epoch's DALI reader (under
     ``on_error: skip``, a shard that cannot be read mid-epoch loses its rows: :mod:`feedfast.sources.lostrows`),
