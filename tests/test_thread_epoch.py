@@ -310,10 +310,10 @@ def test_pixels_against_torchvision_resized_crop_with_the_same_boxes(shards: lis
     from feedfast.baseline.vision import transforms
     from feedfast.compile.pil import compile_pil
     from feedfast.errors import UserError
-    from feedfast.loader.backends.cpu.samples import members_of
     from feedfast.ops.pil_ops import random_resized_crop_params
     from feedfast.order.draws import batch_draws
     from feedfast.order.rows import epoch_rows
+    from feedfast.sources.members import ShardMembers
 
     try:
         functional = transforms().functional
@@ -329,12 +329,10 @@ def test_pixels_against_torchvision_resized_crop_with_the_same_boxes(shards: lis
     ep = plan_epoch(list(sset.sizes), batch_size=8, rank=0, world=1, last_batch="partial")
     rows = epoch_rows(sset, compile_pil(spec).exts, ep, rank=0, world=1, shuffle=False, seed=spec.seed, epoch=0)
     where = rows.take(np.arange(len(rows)))
+    members = ShardMembers(sset.paths)
     expected = []
     for i, rng in enumerate(batch_draws(seed=spec.seed, epoch=0, samples=where.samples)):
-        offset, size = members_of(where, i)[0]  # type: ignore[misc]
-        with open(sset.paths[int(where.shard[i])], "rb") as f:
-            f.seek(offset)
-            img = Image.open(io.BytesIO(f.read(size))).convert("RGB")
+        img = Image.open(io.BytesIO(members.sample(where, i)[0])).convert("RGB")
         top, left, h, w = random_resized_crop_params(img.width, img.height, (0.08, 1.0), (3 / 4, 4 / 3), rng)
         crop = functional.resized_crop(img, top, left, h, w, [32, 32], functional.InterpolationMode.BILINEAR)
         expected.append(torch.from_numpy(np.asarray(crop).copy()))

@@ -11,8 +11,7 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import UserError
 from feedfast.loader.backends.base import Backend, BackendSettings
 from feedfast.sources import rangeread
-from feedfast.sources.dataset import ShardSet
-from feedfast.sources.folder import FolderSet
+from feedfast.sources.mixture import Dataset
 from feedfast.spec.runtime import BACKENDS
 
 log = logging.getLogger("feedfast")
@@ -39,7 +38,7 @@ def make_backend(name: str, settings: BackendSettings) -> Backend:
     return kind(settings)
 
 
-def choose_backend(requested: str, plan: Plan, shards: ShardSet | FolderSet) -> str:
+def choose_backend(requested: str, plan: Plan, shards: Dataset) -> str:
     """The backend for ``requested`` (``auto``: ``threads`` where it applies, else ``dali``).
 
     ``threads`` and ``pil`` run on the CPU over shards with ranged reads (every kind feedfast
@@ -77,7 +76,7 @@ def choose_backend(requested: str, plan: Plan, shards: ShardSet | FolderSet) -> 
     return chosen
 
 
-def auto_backend(plan: Plan, shards: ShardSet | FolderSet) -> tuple[str, str]:
+def auto_backend(plan: Plan, shards: Dataset) -> tuple[str, str]:
     """The backend ``auto`` picks, and why (``feedfast plan`` and a log line say it).
 
     By speed, not by where the bytes live: on the CPU the threaded path is the faster one

@@ -61,10 +61,9 @@ from feedfast.order.deal import EpochPlan, step_positions
 from feedfast.order.draws import SampleDraws, batch_draws
 from feedfast.order.rows import Rows
 from feedfast.shards.index.columnar import Origins, RowBatch
-from feedfast.sources.dataset import ShardSet
-from feedfast.sources.folder import FolderSet
 from feedfast.sources.lostrows import lost_last
 from feedfast.sources.members import Members, ShardMembers
+from feedfast.sources.mixture import Dataset
 from feedfast.sources.rangeread import RangeSource, as_bytes, remote
 from feedfast.spec.model import CHECK_SECONDS
 
@@ -244,7 +243,7 @@ def _start_workers(loader: torch.utils.data.DataLoader) -> Iterator[Any]:  # typ
         gc.unfreeze()
 
 
-def run_pil_epoch(plan: Plan, shards: ShardSet | FolderSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
+def run_pil_epoch(plan: Plan, shards: Dataset, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
                   workers: int, seed: int, epoch: int, start: int = 0, prefetch_factor: int = 2,
                   program: PilProgram | None = None) -> Iterator[Batch]:
     """Yield this rank's batches of the epoch from step ``start`` on, computed with PIL.

@@ -21,14 +21,12 @@ from feedfast.errors import BackendError
 from feedfast.ops.generic import DecodeFailure
 from feedfast.order.deal import EpochPlan
 from feedfast.order.rows import Rows, epoch_rows
-from feedfast.shards.index.columnar import RowBatch
-from feedfast.sources.dataset import ShardSet
-from feedfast.sources.folder import FolderSet
+from feedfast.sources.mixture import Dataset
 
 log = logging.getLogger("feedfast.pil")
 
 
-def epoch_samples(plan: Plan, shards: ShardSet | FolderSet, ep: EpochPlan, *, rank: int, world: int, seed: int,
+def epoch_samples(plan: Plan, shards: Dataset, ep: EpochPlan, *, rank: int, world: int, seed: int,
                   epoch: int, program: PilProgram | None = None) -> tuple[PilProgram, Rows]:
     """The plan's PIL program and this rank's rows of the epoch, checked against the epoch plan.
 
@@ -42,11 +40,6 @@ def epoch_samples(plan: Plan, shards: ShardSet | FolderSet, ep: EpochPlan, *, ra
     if len(rows) != ep.rank_samples:
         raise BackendError(f"rank {rank} has {len(rows)} samples but its epoch plan expects {ep.rank_samples}")
     return program, rows
-
-
-def members_of(batch: RowBatch, i: int) -> list[tuple[int, int] | None]:
-    """Row ``i``'s (offset, size) per component, None where the sample has no such member."""
-    return [None if size < 0 else (off, size) for off, size in zip(batch.offsets[i].tolist(), batch.sizes[i].tolist())]
 
 
 def failure_reason(exc: BaseException, shard: str, key: str) -> str:

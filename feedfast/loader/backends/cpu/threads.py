@@ -79,10 +79,9 @@ from feedfast.order.deal import EpochPlan, step_positions
 from feedfast.order.draws import SampleDraws, batch_draws, draws_key
 from feedfast.order.rows import Rows
 from feedfast.shards.index.columnar import Origins, RowBatch
-from feedfast.sources.dataset import ShardSet
-from feedfast.sources.folder import FolderSet
 from feedfast.sources.lostrows import lost_last
 from feedfast.sources.members import Members, ShardMembers
+from feedfast.sources.mixture import Dataset
 from feedfast.sources.rangeread import StepReads, as_bytes, epoch_reads
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16}
@@ -599,7 +598,7 @@ def _constants(params: dict[str, Any], chw: bool) -> tuple[np.ndarray, np.ndarra
     return (mean[:, None, None], inv[:, None, None]) if chw else (mean, inv)
 
 
-def run_thread_epoch(plan: Plan, shards: ShardSet | FolderSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
+def run_thread_epoch(plan: Plan, shards: Dataset, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
                      workers: int | None, seed: int, epoch: int, start: int = 0,
                      prefetch_factor: int = 2, knobs: Knobs | None = None,
                      program: PilProgram | None = None) -> Iterator[Batch]:
