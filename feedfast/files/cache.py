@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from feedfast.files.table import FileTable
+from feedfast.shards.index.tarindex import write_atomic
 
 FORMAT = 1  # bump when the layout or what a file means changes
 RACY_NS = 2_000_000_000
@@ -98,7 +99,7 @@ def save(where: Path, table: FileTable, watched: list[str], started_ns: int) -> 
     folder = where / version
     if not (folder / "done").is_file():
         _write(folder, table, np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets, now)
-    _write_text(where / "current", version)
+    write_atomic(where / "current", version)
     for old in where.iterdir():  # earlier versions: a process that has one mapped keeps reading it
         if old.is_dir() and old.name != version and not old.name.startswith("."):
             shutil.rmtree(old, ignore_errors=True)
@@ -127,9 +128,3 @@ def _write(folder: Path, table: FileTable, watched_blob: np.ndarray, watched_off
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Iterator
@@ -114,9 +115,10 @@ def cached_index_path(shard: str | os.PathLike[str], cache_dir: Path) -> Path:
     return cache_dir / "index" / f"{Path(shard).stem}-{shard_digest(shard)}.idx"
 
 def write_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file renamed into place (readers never see half a file)."""
+    """Write ``text`` to ``path`` through a temporary file renamed into place (readers never see half a file; two
+    threads or processes writing it at once each write their own temporary file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path
