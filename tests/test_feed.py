@@ -1,5 +1,6 @@
-"""DALI's feed on local shards: a step's members read in one call per component into a reused ring, handed to
-DALI without copies; the components only host ops read kept out of DALI; labels parsed a batch at a time."""
+"""DALI's feed on local shards: a step's members handed to DALI as views of the shards mapped (no read, no copy),
+or read in one call per component into a reused ring; the components only host ops read kept out of DALI; labels
+parsed a batch at a time."""
 
 from __future__ import annotations
 
@@ -74,6 +75,49 @@ def test_the_packed_path_reads_what_the_member_reader_reads(tmp_path: Path) -> N
             packed = [[bytes(v) for v in part.views()] for part in feed.step_bytes(step)]
             by_reader = [[bytes(a) for a in column] for column in feed.reader.members(feed.step_rows(step))]
             assert packed == by_reader
+    finally:
+        feed.close()
+
+
+def test_dali_is_handed_views_of_the_shards_mapped_not_copies(tmp_path: Path) -> None:
+    shards = make_shards(tmp_path, samples=12, per_shard=4)
+    feed = _feed(tmp_path, shards, dali=[0])
+    try:
+        for step in range(feed.steps):
+            (images,) = feed(step)
+            where = feed.rows.take(feed.step_rows(step))
+            for i, (shard, offset) in enumerate(zip(where.shard.tolist(), where.offsets[:, 0].tolist())):
+                mapped = feed.members.files.mapped(shard)  # type: ignore[union-attr]
+                base = np.frombuffer(mapped, dtype=np.uint8).ctypes.data
+                assert images[i].data_ptr() == base + offset  # the shard's own bytes, where the index says
+    finally:
+        feed.close()
+
+
+def test_shards_past_the_maps_allowed_are_read_into_the_ring(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from feedfast.shards.transport import shardfiles
+
+    monkeypatch.setattr(shardfiles, "MAX_MAPS", 1)  # one shard mapped: every step touching another is read
+    shards = make_shards(tmp_path, samples=12, per_shard=3)
+    feed = _feed(tmp_path, shards, dali=[0])
+    try:
+        for step in range(feed.steps):
+            (images,) = feed(step)
+            assert [np.asarray(images[i]).tobytes() for i in range(len(images))] == _members(feed, step, 0)
+        assert len([m for m in feed.members.files._maps.values() if m is not None]) == 1  # type: ignore[union-attr]
+    finally:
+        feed.close()
+
+
+def test_a_shard_cut_before_dali_asks_is_an_error_naming_the_shard_and_sample(tmp_path: Path) -> None:
+    shards = make_shards(tmp_path, samples=8, per_shard=4)
+    feed = _feed(tmp_path, shards, dali=[0])
+    with open(shards[1], "r+b") as f:
+        f.truncate(1024)  # mapped at its length now: members past it are refused, never touched (no SIGBUS)
+    try:
+        with pytest.raises(ShardError, match=re.escape(shards[1]) + r".*truncated|sample .* of shard"):
+            for step in range(feed.steps):
+                feed(step)
     finally:
         feed.close()
 

@@ -131,6 +131,11 @@ class FolderMembers:
         data, ends = self.reader.read(ids, out=out)
         return StepBytes(data, ends[:-1].copy(), np.diff(ends)), -1
 
+    def mapped(self, rows: RowBatch, component: int) -> None:
+        """None: a folder's files are read into the feed's ring (``packed``); a map of each file would have to be
+        held, file by file, until DALI is done with it."""
+        return None
+
     def sample(self, rows: RowBatch, i: int) -> list[bytes]:
         """Row ``i``'s bytes per component.
 

@@ -83,6 +83,11 @@ class Members(Protocol):
         the GIL released (DALI's feed); and the first row whose read failed (``sample`` says why), else -1."""
         ...
 
+    def mapped(self, rows: RowBatch, component: int) -> list[Any] | None:
+        """The rows' members of ``component`` as views of memory that stays valid until :meth:`close` (DALI's feed
+        hands them over as they are: no read, no copy); None where this reader cannot (then ``packed``)."""
+        ...
+
     def close(self) -> None:
         """Release what reading opened (reading again reopens)."""
         ...
@@ -120,6 +125,24 @@ class ShardMembers:
         assert _read_packed is not None  # the feed reads packed only where the extension is built
         failed = _read_packed(fds, np.ascontiguousarray(rows.offsets[:, component]), sizes, data)
         return StepBytes(data, starts, sizes), int(failed)
+
+    def mapped(self, rows: RowBatch, component: int) -> list[Any] | None:
+        """The rows' members of ``component`` as views of their shards mapped read-only
+        (:meth:`ShardFiles.mapped`), as DALI's own reader hands its decoder a shard's bytes; None where a shard
+        cannot be mapped or a member lies past its end (a cut shard: ``packed`` then names it)."""
+        unique, at = np.unique(rows.shard, return_inverse=True)
+        maps = [self.files.mapped(s) for s in unique.tolist()]
+        if any(m is None for m in maps):
+            return None
+        sizes = rows.sizes[:, component]
+        offsets, lengths = rows.offsets[:, component], np.maximum(sizes, 0)
+        if np.any(offsets + lengths > np.array([len(m) for m in maps])[at]):  # type: ignore[arg-type]
+            return None
+        views: list[Any] = [maps[s][a:a + n]  # type: ignore[index]
+                            for s, a, n in zip(at.tolist(), offsets.tolist(), lengths.tolist())]
+        for i in np.flatnonzero(sizes <= 0).tolist():
+            views[i] = MISSING if sizes[i] < 0 else EMPTY
+        return views
 
     def _member(self, rows: RowBatch, i: int, c: int) -> bytes | None:
         size = int(rows.sizes[i, c])

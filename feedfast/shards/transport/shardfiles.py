@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from typing import Any, Sequence
 
 from feedfast.errors import ShardError
+
+MAX_MAPS = 4096
+"""Shards mapped at once by one :class:`ShardFiles`, at most: each map is one of the process's memory maps (Linux
+allows 65,530 by default, shared with malloc, CUDA and DALI); shards past it are read instead."""
 
 
 class ShardFiles:
@@ -22,6 +27,7 @@ class ShardFiles:
     def __init__(self, paths: Sequence[str]) -> None:
         self.paths = tuple(paths)
         self._fds: dict[int, int] = {}
+        self._maps: dict[int, memoryview | None] = {}
         self._lock = threading.Lock()
 
     def read(self, shard: int, offset: int, size: int) -> bytes:
@@ -51,6 +57,30 @@ class ShardFiles:
             raise ShardError(f"cannot open a shard: {exc}") from exc
         return table[inverse]
 
+    def mapped(self, shard: int) -> memoryview | None:
+        """Shard ``shard`` mapped read-only, once until :meth:`close` (None where it cannot be mapped: an empty
+        file, a file system without ``mmap``, more shards than :data:`MAX_MAPS`). Its length is the file's when
+        mapped: a member past it is a cut shard, for the caller to refuse before touching it; a shard cut *while*
+        mapped faults (``SIGBUS``) where read, as under DALI's own reader.
+
+        Raises:
+            ShardError: the shard cannot be opened.
+        """
+        if shard in self._maps:
+            return self._maps[shard]
+        if len(self._maps) >= MAX_MAPS:
+            return None
+        try:
+            fd = self._fd(shard)
+        except OSError as exc:
+            raise ShardError(f"cannot open shard {self.paths[shard]!r}: {exc}") from exc
+        try:
+            view: memoryview | None = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+        except (OSError, ValueError):
+            view = None
+        with self._lock:
+            return self._maps.setdefault(shard, view)
+
     def _fd(self, shard: int) -> int:
         fd = self._fds.get(shard)
         if fd is None:
@@ -61,9 +91,11 @@ class ShardFiles:
         return fd
 
     def close(self) -> None:
-        """Close every descriptor opened so far (reading again reopens)."""
+        """Close every descriptor opened so far (reading again reopens) and drop the maps (each is unmapped when the
+        last view of it, perhaps still held by DALI, goes)."""
         with self._lock:
             fds, self._fds = self._fds, {}
+            self._maps = {}
         for fd in fds.values():
             try:
                 os.close(fd)
