@@ -118,7 +118,8 @@ class BatchFeeder:
         self._host: dict[int, dict[int, Any]] = {}  # step -> component -> its members, for host ops
         self.step_rows, self.steps = step_rows, steps
         self.reader = MemberReader(names, kinds, rows, cache=cache, transfer=transfer, windows=windows,
-                                   requests=requests)
+                                   requests=requests,
+                                   files=self.members.files if isinstance(self.members, ShardMembers) else None)
         # local shards read sample by sample: a windowed order's windows and skip's lost rows take the reader
         self.packed = (_plan is not None and self.members is not None and local and valid is None
                        and not (windows and rows.window is not None))
