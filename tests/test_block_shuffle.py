@@ -13,8 +13,8 @@ import pytest
 import feedfast
 from feedfast.errors import SpecError, UserError
 from feedfast.loader.backends.dali.feed import BatchFeeder
+from feedfast.order.block import BlockShuffle, block_order, shard_windows
 from feedfast.order.deal import partition_for, plan_epoch, rank_range, step_positions
-from feedfast.order.epoch import BlockShuffle, block_order, shard_windows
 from feedfast.order.rows import epoch_rows
 from feedfast.shards.index.tarindex import load_index, scan_tar
 from feedfast.shards.transport.remote import Transfer
@@ -225,7 +225,7 @@ def test_gs_shards_through_the_transport_block_shuffled_and_under_skip(local: li
 
 def test_a_stretch_of_rows_equals_the_whole_epoch_sorted_at_once() -> None:
     """BlockOrder sorts only the places around the rows asked for: the same order as sorting every key."""
-    from feedfast.order.epoch import BlockOrder
+    from feedfast.order.block import BlockOrder
     from feedfast.order.permute import mix64
 
     order = BlockOrder([1000] * 30, rank=1, world=3, shuffle=BlockShuffle(512, 16), seed=0, epoch=2)

@@ -4,7 +4,7 @@ The loader's first stage: what an epoch reads, before anything reads it. Under a
 :class:`~feedfast.Mix` each epoch draws its own dataset (the last few draws are kept, behind a
 lock: the producer and the caller both ask); otherwise every epoch reads the same shards.
 Shuffled, the partition is one permutation of the whole dataset per epoch over local shards and
-a block shuffle of windows of every shard over remote ones (:mod:`feedfast.order.epoch`);
+a block shuffle of windows of every shard over remote ones (:mod:`feedfast.order.block`);
 unshuffled, each rank's contiguous range (:func:`~feedfast.order.deal.partition_for`).
 """
 

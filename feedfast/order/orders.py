@@ -13,8 +13,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from feedfast.order.block import BlockOrder, BlockShuffle, epoch_permutation
 from feedfast.order.deal import EpochPlan, rank_counts, rank_position_of, rank_range
-from feedfast.order.epoch import BlockOrder, BlockShuffle, epoch_permutation
 from feedfast.order.permute import Permutation, key_for, mix64
 from feedfast.order.repeats import draw_ids, entry_of, repeated
 

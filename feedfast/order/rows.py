@@ -7,13 +7,13 @@ first) by a function of the epoch (:func:`~feedfast.order.orders.order_for`), an
 columnar index (:mod:`~feedfast.shards.index.columnar`) maps those to shards, offsets, sizes and
 keys. Which function, by the epoch plan's partition (:func:`~feedfast.order.deal.partition_for`):
 
-- ``global``: the epoch's permutation of every sample (:func:`~feedfast.order.epoch.epoch_permutation`)
-  dealt out in global batches (:func:`~feedfast.order.epoch.rank_position_of`); under repeated
+- ``global``: the epoch's permutation of every sample (:func:`~feedfast.order.block.epoch_permutation`)
+  dealt out in global batches (:func:`~feedfast.order.block.rank_position_of`); under repeated
   augmentation its repeated list, spread over ranks (:mod:`~feedfast.order.repeats`);
 - ``shards``: the rank's contiguous range of the shards concatenated in the epoch's
   ``shard_order`` (DALI's split), permuted inside the range when shuffled (the ``pil`` and
   ``threads`` backends outside the global order), or in windows (the stream transport);
-- ``block``: the block shuffle of windows (:class:`~feedfast.order.epoch.BlockOrder`), a
+- ``block``: the block shuffle of windows (:class:`~feedfast.order.block.BlockOrder`), a
   function of rows too (remote shards; a few arrays per window of ``shuffle.window`` samples).
 
 Rows are evaluated a chunk at a time and the last chunks kept, so a batch costs a fraction of
@@ -31,8 +31,8 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from feedfast.order.block import BlockShuffle
 from feedfast.order.deal import EpochPlan
-from feedfast.order.epoch import BlockShuffle
 from feedfast.order.orders import order_for
 from feedfast.order.repeats import sample_of_id
 from feedfast.shards.index.columnar import RowBatch
@@ -66,7 +66,7 @@ class Rows:
         count: rows in the epoch (the rank's samples).
         sample_of: rows (int64 array) -> canonical sample numbers.
         window: the windows of consecutive samples read together (a windowed or block shuffle:
-            :class:`~feedfast.order.orders.WindowShuffle`, :class:`~feedfast.order.epoch.BlockOrder`), None when rows are
+            :class:`~feedfast.order.orders.WindowShuffle`, :class:`~feedfast.order.block.BlockOrder`), None when rows are
             read per step.
     """
 

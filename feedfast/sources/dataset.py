@@ -32,8 +32,8 @@ from feedfast.checks import labels as labelchecks
 from feedfast.checks.checked import CHECK_RULES, SHARDS_AT_ONCE, check_shards
 from feedfast.checks.validate import DEFAULT_MAX_PIXELS
 from feedfast.errors import SampleError, ShardError
+from feedfast.order.block import BlockShuffle
 from feedfast.order.deal import partition_for
-from feedfast.order.epoch import BlockShuffle
 from feedfast.shards.index import snapshot
 from feedfast.shards.index.columnar import ColumnarIndex, dataset_index
 from feedfast.shards.index.indexing import prepare_indexes

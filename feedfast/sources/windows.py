@@ -1,7 +1,7 @@
 """Whole windows of consecutive samples read at once and held while their samples are served.
 
 The read-ahead of a windowed or block order (:class:`~feedfast.order.orders.WindowShuffle`,
-:class:`~feedfast.order.epoch.BlockOrder`), for :class:`~feedfast.sources.memberread.MemberReader`.
+:class:`~feedfast.order.block.BlockOrder`), for :class:`~feedfast.sources.memberread.MemberReader`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ its size, and a request to a real object store costs a round trip and a fee."""
 
 
 class Windows(Protocol):
-    """The windows of an epoch's order: what :class:`WindowCache` asks of it (:class:`~feedfast.order.epoch.BlockOrder`,
+    """The windows of an epoch's order: what :class:`WindowCache` asks of it (:class:`~feedfast.order.block.BlockOrder`,
     :class:`~feedfast.order.orders.WindowShuffle`). An order whose windows are read spread over rows also has
     ``place(window) -> int`` (where in the rank's order, -1: not this rank's) and ``horizon`` (over how many
     rows): then :class:`WindowCache` widens reads to the neighbouring windows read within that horizon."""
@@ -33,7 +33,7 @@ class WindowCache:
     """Whole windows of consecutive samples, each read once in a large range and kept while its samples are served.
 
     A windowed shuffle (:class:`feedfast.order.orders.WindowShuffle`) or a block shuffle
-    (:class:`feedfast.order.epoch.BlockOrder`) takes each step's samples from windows of
+    (:class:`feedfast.order.block.BlockOrder`) takes each step's samples from windows of
     consecutive samples of one shard; reading a window at once turns ``window`` small
     requests into one. The windows a step lacks are read concurrently, ``requests`` at a
     time (a block shuffle's first step needs hundreds; on a remote store each one costs a

@@ -18,7 +18,7 @@ COMPONENT_KINDS = ("image", "label", "json", "npy", "bytes")
 MISSING_POLICIES = ("error", "skip", "empty")
 ON_ERROR_POLICIES = ("raise", "skip")
 CHECK_SECONDS = 2.0  # default ``source.check_seconds``: see feedfast.checks.worker
-SHUFFLE_BLOCK = 16384  # default ``shuffle.block`` and ``shuffle.window``: see feedfast.order.epoch.block_order
+SHUFFLE_BLOCK = 16384  # default ``shuffle.block`` and ``shuffle.window``: see feedfast.order.block.block_order
 SHUFFLE_WINDOW = 32
 LAST_BATCH_POLICIES = ("partial", "pad", "drop")
 DEVICES = ("auto", "cpu", "gpu")
@@ -126,7 +126,7 @@ class Spec:
         shuffle_shards: whether the shard order changes every epoch.
         shuffle_block, shuffle_window: the block shuffle of remote shards (``shuffle.block``,
             ``shuffle.window``): windows of ``shuffle_window`` consecutive samples, each spread
-            over about ``shuffle_block`` samples (see :func:`feedfast.order.epoch.block_order`).
+            over about ``shuffle_block`` samples (see :func:`feedfast.order.block.block_order`).
         decoder: the nvJPEG settings of GPU decoding (the ``decoder`` section).
         loader, tune: how the loader runs and whether it tunes itself (:mod:`feedfast.spec.runtime`).
         file: where the spec came from, for error messages.

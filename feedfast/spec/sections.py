@@ -181,7 +181,7 @@ def parse_batch(v: Any, file: str) -> tuple[int, m.LastBatch]:
 
 def parse_shuffle(v: Any, file: str) -> tuple[int, bool, int, int]:
     """The ``shuffle`` section: sample buffer size, per-epoch shard order, and the block shuffle's
-    ``block`` and ``window`` (samples; see :func:`feedfast.order.epoch.block_order`)."""
+    ``block`` and ``window`` (samples; see :func:`feedfast.order.block.block_order`)."""
     block_default, window_default = m.SHUFFLE_BLOCK, m.SHUFFLE_WINDOW
     if isinstance(v, bool):
         return (1024 if v else 0), v, block_default, window_default
