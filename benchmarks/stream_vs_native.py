@@ -70,7 +70,7 @@ def main() -> None:
     args = ap.parse_args()
     local = resolve_shards(demo_shards())
     # DALI on both sides (the default CPU backend is the threaded path, which reads local shards only);
-    # under shuffle the local side reads the global order through the same feed (order/block.py)
+    # under shuffle the local side reads the global order through the same feed (order/orders.py)
     kw: dict[str, Any] = {"batch_size": args.batch_size, "num_workers": args.workers, "backend": "dali"}
     if args.no_shuffle:
         kw["shuffle"] = False

@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 import feedfast
-from feedfast.order.block import epoch_order
 from feedfast.order.deal import rank_counts, rank_positions
+from feedfast.order.orders import epoch_order
 from tests.helpers import SMALL_SPEC
 
 

@@ -4,6 +4,28 @@
 permutation dealt out in global batches (``global``), the block shuffle of windows (``block``), or the rank's
 contiguous range of the shards in the epoch's order, permuted, in windows or as it is (``shards``). Each is a
 pure function of (seed, epoch, rank, world) and the rows asked for; nothing is held per sample.
+
+The global order. With ``shuffle=True`` an epoch reads every sample of the dataset (all shards, in their
+canonical concatenation: shard 0's indexed samples, then shard 1's, ...) in the order of a
+random permutation fixed by (seed, epoch): :func:`epoch_permutation`, a function from position
+to sample number evaluated per batch (:mod:`feedfast.order.permute`), so an epoch's order
+costs no memory whatever the dataset's size. Class-sorted shards give batches that are
+statistically those of torch's ``RandomSampler``, which a shard shuffle plus a buffer shuffle
+cannot (DALI #3088).
+
+The order is dealt out in global batches (:func:`~feedfast.order.deal.rank_positions`, or row by row
+:func:`~feedfast.order.deal.rank_position_of`, in :mod:`feedfast.order.deal`): global step ``s`` takes
+the next ``world * batch`` samples of the order, rank ``r`` the ``r``-th run of ``batch`` of
+them. The last, incomplete global batch is split as evenly as possible (ranks ``r`` get
+``rank_range(rest, r, world)``), and the last-batch policy then pads or drops as for any
+rank (:mod:`feedfast.order.deal`). So the samples consumed after ``s`` full steps are
+exactly the first ``s * world * batch`` of the order, whatever the world size: a state is a
+cursor into the order, and a run can resume at another world size or batch size with no
+sample lost or repeated (and, with the same global batch, the same global sequence).
+
+Example: 10 samples, order ``[7 2 9 0 4 1 8 3 6 5]``, 2 ranks, batch 2: step 0 gives rank 0
+``[7 2]`` and rank 1 ``[9 0]``; step 1 ``[4 1]`` and ``[8 3]``; the rest ``[6 5]`` is split
+into ``[6]`` and ``[5]``.
 """
 
 from __future__ import annotations
@@ -13,10 +35,27 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from feedfast.order.block import BlockOrder, BlockShuffle, epoch_permutation
+from feedfast.order.block import BlockOrder, BlockShuffle
 from feedfast.order.deal import EpochPlan, rank_counts, rank_position_of, rank_range
 from feedfast.order.permute import Permutation, key_for, mix64
 from feedfast.order.repeats import draw_ids, entry_of, repeated
+
+
+def epoch_permutation(total: int, *, seed: int, epoch: int, shuffle: bool) -> Permutation | None:
+    """The epoch's order as a function (position -> sample number), or None for the identity.
+
+    A bijection of ``0..total-1`` fixed by (seed, epoch), the same on every machine
+    (:mod:`feedfast.order.permute`): O(1) memory, evaluated per batch.
+    """
+    return Permutation(total, key_for("feedfast-order", seed, epoch)) if shuffle else None
+
+
+def epoch_order(total: int, *, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The whole epoch order as an array (8 bytes a sample: for tests and small sets; the loader
+    evaluates :func:`epoch_permutation` per batch instead)."""
+    positions = np.arange(total, dtype=np.int64)
+    perm = epoch_permutation(total, seed=seed, epoch=epoch, shuffle=shuffle)
+    return positions if perm is None else perm(positions)
 
 
 @dataclass(frozen=True)

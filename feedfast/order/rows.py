@@ -7,8 +7,8 @@ first) by a function of the epoch (:func:`~feedfast.order.orders.order_for`), an
 columnar index (:mod:`~feedfast.shards.index.columnar`) maps those to shards, offsets, sizes and
 keys. Which function, by the epoch plan's partition (:func:`~feedfast.order.deal.partition_for`):
 
-- ``global``: the epoch's permutation of every sample (:func:`~feedfast.order.block.epoch_permutation`)
-  dealt out in global batches (:func:`~feedfast.order.block.rank_position_of`); under repeated
+- ``global``: the epoch's permutation of every sample (:func:`~feedfast.order.orders.epoch_permutation`)
+  dealt out in global batches (:func:`~feedfast.order.deal.rank_position_of`); under repeated
   augmentation its repeated list, spread over ranks (:mod:`~feedfast.order.repeats`);
 - ``shards``: the rank's contiguous range of the shards concatenated in the epoch's
   ``shard_order`` (DALI's split), permuted inside the range when shuffled (the ``pil`` and
