@@ -36,6 +36,7 @@ import numpy as np
 
 from feedfast.errors import ShardError
 from feedfast.loader.backends.dali.draws import StepDraws
+from feedfast.loader.backends.dali.ring import Ring
 from feedfast.shards.transport.cache import ShardCache
 from feedfast.shards.transport.remote import Transfer
 from feedfast.sources.lostrows import LostShards, lost_last
@@ -55,24 +56,6 @@ HOST_KEPT = 64
 DALI_HOLDS = 4
 """Steps DALI may hold after asking for them (its prefetch queue and the iteration it runs): a ring slot
 is written again only after this many more steps, plus the read-ahead, were asked for."""
-
-
-class Ring:
-    """``slots`` reusable byte buffers per component, one a step (slot ``n % slots`` for the ``n``-th step fed),
-    grown when a step needs more: a slot is written again ``slots`` steps after it was, when DALI and the
-    read-ahead no longer hold it (``slots`` > DALI's queue + the read-ahead + 1)."""
-
-    def __init__(self, components: int, slots: int) -> None:
-        self.slots = slots
-        self._buffers = [[np.empty(0, dtype=np.uint8) for _ in range(slots)] for _ in range(components)]
-
-    def take(self, component: int, number: int, nbytes: int) -> np.ndarray:
-        """The buffer of step ``number`` (of the steps fed, in order), at least ``nbytes`` long."""
-        slot = number % self.slots
-        buffer = self._buffers[component][slot]
-        if len(buffer) < nbytes:
-            buffer = self._buffers[component][slot] = np.empty(max(nbytes, len(buffer)) * 5 // 4, dtype=np.uint8)
-        return buffer
 
 
 class BatchFeeder:

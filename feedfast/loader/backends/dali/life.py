@@ -29,9 +29,9 @@ from itertools import islice
 from typing import Any, Callable, Iterator
 
 from feedfast.compile.plan import Plan
-from feedfast.loader.backends.dali.feed import Ring
 from feedfast.loader.backends.dali.outputs import batch_fields
 from feedfast.loader.backends.dali.rescue import Patches, patch_step, wrap_checkpoint
+from feedfast.loader.backends.dali.ring import Ring
 from feedfast.loader.backends.dali.stream import StreamEpoch
 from feedfast.loader.batch import Batch
 from feedfast.order.deal import EpochPlan

@@ -46,11 +46,12 @@ from typing import Any, Sequence
 
 from feedfast.checks.validate import probe_image
 from feedfast.compile.dali import dali_components
-from feedfast.compile.dali_draws import fed_draws
+from feedfast.compile.dali_draws import FedDraws, fed_draws
 from feedfast.compile.plan import Plan
 from feedfast.errors import ShardError
 from feedfast.loader.backends.dali.draws import StepDraws
-from feedfast.loader.backends.dali.feed import DALI_HOLDS, BatchFeeder, Ring
+from feedfast.loader.backends.dali.feed import DALI_HOLDS, BatchFeeder
+from feedfast.loader.backends.dali.ring import Ring
 from feedfast.order.deal import EpochPlan, step_positions
 from feedfast.order.draws import draws_key
 from feedfast.order.rows import epoch_rows
@@ -64,14 +65,15 @@ class StreamEpoch:
     ``workers`` threads read ``ahead`` steps ahead of the step DALI asks for. ``skip`` (``on_error: skip``): a
     shard that cannot be read mid-epoch loses its rows (:mod:`.lostrows`); a step with rows lost is fed with
     its samples first (see :meth:`origins` and :meth:`lost`). ``fed``: the components DALI takes (None: all);
-    host ops read the others through :meth:`host`. ``holds``, ``ring``, ``ring_base``, ``draws``: see
+    host ops read the others through :meth:`host`. ``draws``: the draws DALI is fed (each sample's crop window
+    and flips, drawn for this seed and epoch: :mod:`.draws`), None: none. ``holds``, ``ring``, ``ring_base``: see
     :class:`~feedfast.loader.backends.dali.feed.BatchFeeder`.
     """
 
     def __init__(self, shards: Any, ep: EpochPlan, exts: Sequence[set[str] | frozenset[str]], *, rank: int,
                  world: int, batch_size: int, shuffle_window: int, seed: int, epoch: int, workers: int = 2,
                  ahead: int = 4, skip: bool = False, fed: Sequence[int] | None = None, holds: int = DALI_HOLDS,
-                 ring: Ring | None = None, ring_base: int = 0, draws: StepDraws | None = None) -> None:
+                 ring: Ring | None = None, ring_base: int = 0, draws: FedDraws | None = None) -> None:
         # global: local shards under shuffle, read sample by sample; block: remote shards under shuffle,
         # windows of many shards interleaved; shards: unshuffled (or windows of the rank's range)
         rows = epoch_rows(shards, exts, ep, rank=rank, world=world, seed=seed, epoch=epoch,
@@ -84,7 +86,8 @@ class StreamEpoch:
                                   partial(step_positions, batch_size=batch_size, count=len(rows)), steps=ep.steps,
                                   cache=shards.cache, transfer=shards.transfer, workers=workers, ahead=ahead,
                                   valid=ep.valid if skip else None, dali=fed, holds=holds, ring=ring,
-                                  ring_base=ring_base, draws=draws, members=shards.members(exts))
+                                  ring_base=ring_base, members=shards.members(exts),
+                                  draws=StepDraws(draws, draws_key(seed, epoch)) if draws is not None else None)
 
     def origins(self, step: int, size: int) -> Origins:
         """(shard, key) of the first ``size`` rows of step ``step`` as fed (a step with rows lost: its samples
@@ -137,8 +140,6 @@ def epoch_stream(plan: Plan, shards: Dataset, ep: EpochPlan, *, rank: int, world
     ``on_error: skip``, a shard that cannot be read mid-epoch loses its rows: :mod:`feedfast.sources.lostrows`),
     with the draws the plan's DALI graph takes as data (:func:`~feedfast.compile.dali_draws.fed_draws`).
     ``feed``: the feed's ``holds``, ``ring`` and ``ring_base`` (:class:`StreamEpoch`)."""
-    fed = fed_draws(plan)
-    draws = StepDraws(fed, draws_key(seed, epoch)) if fed is not None else None
     return StreamEpoch(shards, ep, plan.component_exts(), rank=rank, world=world, batch_size=batch_size,
                        shuffle_window=plan.spec.shuffle_buffer, seed=seed, epoch=epoch, workers=workers, ahead=ahead,
-                       fed=dali_components(plan), skip=plan.spec.on_error == "skip", draws=draws, **feed)
+                       fed=dali_components(plan), skip=plan.spec.on_error == "skip", draws=fed_draws(plan), **feed)
