@@ -55,15 +55,6 @@ def test_first_line_skips_bare_headers() -> None:
     assert first_line(RuntimeError("Critical error in pipeline:\nError in CPU operator x")) == "Error in CPU operator x"
 
 
-def test_candidates_narrow_the_search(shard: str) -> None:
-    loader = _loader(shard)
-    text = DALI_TEXT.format(info="")
-    err = diagnose(RuntimeError(text), loader.plan, 0, loader.shards, candidates=[(shard, "jpeg"), (shard, "png_bad_crc")])
-    assert isinstance(err, SampleError) and err.key == "png_bad_crc"
-    err = diagnose(RuntimeError(text), loader.plan, 0, loader.shards, candidates=[(shard, "jpeg"), (shard, "bmp")])
-    assert type(err) is FeedfastError  # the file is not among them: not guessed
-
-
 def test_the_unnarrowed_scan_is_bounded(shard: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import feedfast.loader.backends.dali.diagnose as d
 

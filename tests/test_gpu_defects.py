@@ -71,13 +71,14 @@ def test_an_op_forced_onto_the_gpu_without_cuda_is_refused_naming_it(small_spec:
 def test_a_gpu_plan_is_never_built_without_a_device_id(small_spec: dict, shards: list[str]) -> None:
     from feedfast.compile.build import build_plan
     from feedfast.errors import BackendError
-    from feedfast.loader.backends.dali.pipe import make_pipeline
+    from feedfast.loader.backends.dali.life import StepQueue
+    from feedfast.loader.backends.dali.pipe import make_life
 
     loader = feedfast.DataLoader(small_spec, shards=shards, backend="dali")
     plan = build_plan(loader.spec, device="gpu")
     with pytest.raises(BackendError, match="needs DALI's device_id"):
-        make_pipeline(plan, loader.shards, loader.epoch_plan(), rank=0, world=1, batch_size=4, threads=1,
-                      device_id=None, seed=3, epoch=0, prefetch=2, checkpoint=None)
+        make_life(plan, StepQueue(None, holds=2), batch_size=4, threads=1, device_id=None, seed=3, depth=2,
+                  checkpoint=None)
     loader.close()
 
 

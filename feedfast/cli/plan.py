@@ -110,5 +110,5 @@ def draws_line(plan: Plan) -> str | None:
     if fed.flip is not None:
         folded = plan.nodes[fed.flip].op != fed.flip_op
         parts.append(f"[{fed.flip}] its flips ({'crop_mirror_normalize mirror' if folded else 'flip'})")
-    return (f"on dali behind feedfast's feed (every epoch but an unshuffled one of s3/gs shards), each sample's draws "
+    return (f"on dali behind feedfast's feed (every epoch), each sample's draws "
             f"are fed as data, drawn as threads and pil draw them: {', '.join(parts)}")

@@ -14,7 +14,8 @@ An op takes its draws as data where it declares how (``OpDef.dali_draws``): ``wi
 decoded image (``random_resized_crop`` right after ``decode``, fused with it or not); ``flips``, the
 flags of a flip (folded into ``normalize`` or not). The image chain is walked from its decode while
 no op draws but those fed; the first op that draws otherwise, and every op after it, keeps DALI's
-generator, as does every op where the plan does not apply (an epoch read by DALI's own reader).
+generator, as does every op where the plan does not apply (a pipeline behind DALI's own reader, which
+:mod:`feedfast.compile.dali` can still emit: the backend never builds one).
 """
 
 from __future__ import annotations

@@ -191,8 +191,7 @@ class DataLoader(TorchAttributes):
                             "pass shuffle=True (backend='threads' or 'pil' for remote shards), or remove shuffle.repeats")
         self._batch_mix = mix_stage(self.spec, self.plan, rank=self.rank, world=self.world)
         self._backend: Backend = make_backend(self.backend, self._backend_settings())
-        if self._backend.reads_rows(self._partition, self.shards.transport, self.shards.read_kinds):
-            self.data.build_row_index(self.plan)
+        self.data.build_row_index(self.plan)  # every backend reads the dataset's rows itself
         self.delivery = Delivery(self._layer(), depth=self.knobs.max_prefetch + 2, pin=settings.pin_memory,
                                  deferred=self.plan.deferred_outputs(), outputs=tuple(self.spec.outputs),
                                  form=self.spec.output_form, hook=settings.hook)

@@ -10,11 +10,10 @@ How each shard's bytes are read (``ShardSet.kinds``) decides the transport:
   (:mod:`.remote_index`); images not checked (see below);
 - ``s3://``, ``gs://``: ``s3``, ``gs``; indexed as http, through fsspec; not checked.
 
-A dataset with any ``http`` or ``cache`` shard uses the stream transport
-(:mod:`feedfast.loader.backends.dali.stream`, local shards included), and so does a shuffled epoch over
-s3/gs shards (the block shuffle, :func:`~feedfast.order.deal.partition_for`); otherwise
-DALI's reader reads the shards natively, s3/gs included (DALI has its own clients for
-those). s3/gs shards cannot be mixed with http or ``pipe:`` ones. Images in remote shards
+Every backend reads the shards itself, whatever their kind (on DALI through feedfast's feed,
+:mod:`feedfast.loader.backends.dali.stream`; a shuffled epoch over remote shards in the block shuffle,
+:func:`~feedfast.order.deal.partition_for`).
+One dataset may hold shards of any kinds together. Images in remote shards
 are not checked under ``on_error: raise`` (a header check would cost a request per image: a
 bad image fails its batch instead); under ``on_error: skip`` http, s3 and gs shards are
 cached whole through their transport (:mod:`.cache`) and checked there.
@@ -33,7 +32,6 @@ from feedfast.checks.checked import CHECK_RULES, SHARDS_AT_ONCE, check_shards
 from feedfast.checks.validate import DEFAULT_MAX_PIXELS
 from feedfast.errors import SampleError, ShardError
 from feedfast.order.block import BlockShuffle
-from feedfast.order.deal import partition_for
 from feedfast.shards.index import snapshot
 from feedfast.shards.index.columnar import ColumnarIndex, dataset_index
 from feedfast.shards.index.indexing import prepare_indexes
@@ -41,7 +39,6 @@ from feedfast.shards.index.remote import remote_index, unfetched_index
 from feedfast.shards.index.tarindex import Sample, first_member, left_out, load_index, subset_index
 from feedfast.shards.transport.cache import ShardCache
 from feedfast.shards.transport.remote import DEFAULT_TRANSFER, NOT_THERE, RemoteError, Transfer, url_kind
-from feedfast.shards.transport.schemes import STREAM_KINDS  # kinds DALI's reader cannot open, from the one registry
 from feedfast.sources.members import ShardMembers
 from feedfast.sources.shardlist import resolve_shards
 from feedfast.spec.model import Spec
@@ -87,13 +84,6 @@ class ShardSet:
     def read_kinds(self) -> tuple[str, ...]:
         """How each shard is read (``kinds``, with ``file`` filled in)."""
         return self.kinds or ("file",) * len(self.paths)
-
-    @property
-    def transport(self) -> str:
-        """``stream`` when any shard needs feedfast's reader (an http or cached shard, or the
-        block shuffle's order over s3/gs), else ``native`` (DALI's)."""
-        block = partition_for(self.read_kinds, shuffled=self.shuffle is not None) == "block"
-        return "stream" if block or any(k in STREAM_KINDS for k in self.kinds) else "native"
 
     @property
     def total(self) -> int:
@@ -191,14 +181,6 @@ def locate(name: str, cache_dir: Path, cache: ShardCache, *, check_locally: bool
     return Located(kind, idx, samples, None, size)
 
 
-def _check_kinds(paths: list[str], kinds: list[str]) -> None:
-    native = [p for p, k in zip(paths, kinds) if k in ("s3", "gs")]
-    stream = [p for p, k in zip(paths, kinds) if k in STREAM_KINDS]
-    if native and stream:
-        raise ShardError(f"cannot mix shards DALI reads ({native[0]!r}) with shards feedfast streams "
-                         f"({stream[0]!r}) in one dataset: use s3/gs shards alone, or http(s)/pipe: ones")
-
-
 def _record_name(resolved: list[str], spec: Spec, policy: str, max_pixels: int) -> str | None:
     """The name of the record of opening these shards with these settings (:mod:`.snapshot`); None
     when any shard is remote (remote shards are not recorded)."""
@@ -286,7 +268,6 @@ def open_shards(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         shard, key, reason = skipped[0]
         raise ShardError(f"no sample of the {len(resolved)} shard(s) can be read: every one was left out "
                          f"({len(skipped)} listed); the first: shard {shard!r}, sample {key!r}: {reason}")
-    _check_kinds(paths, kinds)
     remote = any(k != "file" for k in kinds)
     if record:
         snapshot.save(cache_dir, record, snapshot.Opened(tuple(paths), tuple(idxs), tuple(sizes), tuple(skipped),

@@ -4,8 +4,7 @@
 backend    what makes the batches                                      resumes from
 =========  ==========================================================  ==========================
 dali       one DALI pipeline for the loader's life (CPU or GPU         DALI's checkpoint
-           placement), fed by feedfast's feed; unshuffled s3/gs by
-           DALI's reader, a pipeline per epoch
+           placement), fed by feedfast's feed
 threads    pillow-simd in threads, reduced-size JPEG decode, one       the step (per-sample RNG)
            crop-and-resize call per image (:mod:`.threads`)
 pil        the PIL program in torch DataLoader worker processes        the step (per-sample RNG)
@@ -111,12 +110,6 @@ class Backend(ABC):
 
     def __init__(self, settings: BackendSettings) -> None:
         self.settings = settings
-
-    def reads_rows(self, partition: str, transport: str, read_kinds: tuple[str, ...] = ()) -> bool:
-        """Whether it reads the dataset's rows itself (from the columnar index) for this partition, transport and
-        the shards' read kinds."""
-        del partition, transport, read_kinds
-        return True
 
     @property
     def worker_processes(self) -> int:

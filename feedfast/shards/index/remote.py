@@ -16,8 +16,7 @@ archive (or be a header of no file). So an index that lists only part of a shard
 another shard or an older version, or whose offsets are shifted, is not used (a warning says
 why, and the shard is scanned); a shard under 512 KiB is checked whole. The samples between
 are checked as they are read on the stream path, for the price of the 512 bytes before
-each read (:class:`feedfast.sources.memberread.MemberReader`); DALI's native s3/gs reader reads
-them unchecked.
+each read (:class:`feedfast.sources.memberread.MemberReader`), on every backend.
 
 Either way the index is cached as ``<cache_dir>/remote-index/<sha1>.idx``, the hash taken
 over the URL and the shard's validators (ETag, Last-Modified, Content-Length from a ``HEAD``;

@@ -1,7 +1,7 @@
 """One epoch of one rank through the portable backend: PIL in torch DataLoader workers.
 
-It yields the same :class:`~feedfast.loader.backends.dali.pipe.Batch` objects as the DALI path's
-``run_epoch`` with the same sample assignment: the shards concatenated in
+It yields the same :class:`~feedfast.loader.batch.Batch` objects as the DALI path's
+``run_life_epoch`` with the same sample assignment: the shards concatenated in
 ``ep.shard_order``, each shard's samples in the order of the index DALI is given
 (``ShardSet.index_paths``: already filtered by :func:`~feedfast.sources.dataset.open_shards`
 for ``missing: skip`` and ``on_error: skip``, side shards of re-encoded images included), this rank's

@@ -1,8 +1,8 @@
 """The DALI backend: one rank's epochs through DALI (CPU or GPU placement).
 
-An epoch feedfast's feed reads (every epoch of local or http shards, a shuffled one of s3/gs shards, rescued
-images) runs through one pipeline built for the loader's life (:mod:`.life`); an unshuffled epoch of s3/gs shards,
-read by DALI's own reader, through a pipeline of its own (:mod:`.reader`). A batch DALI fails is rescued by
+Every epoch is read by feedfast's feed (local shards, remote ones, images in place, rescued images) and runs
+through one pipeline built for the loader's life (:mod:`.life`): DALI's own reader is not used, so the order,
+the crops and flips, and the pipeline are the same over every kind of shard. A batch DALI fails is rescued by
 :mod:`feedfast.loader.backends.dali.rescue` where the shards allow it (PIL reads the images DALI could not,
 delivered re-encoded), or named by :mod:`feedfast.loader.backends.dali.diagnose`; a state's checkpoint is
 checked against this spec's pipeline on load (:mod:`.checkpoint`). Outputs leave DALI's
@@ -12,7 +12,6 @@ memory through the delivery stage, which this backend never sees.
 from __future__ import annotations
 
 import random
-from functools import partial
 from typing import Any, Iterator
 
 from feedfast.compile.build import build_plan
@@ -24,10 +23,10 @@ from feedfast.loader.backends.dali.checkpoint import check_operators, pipeline_o
 from feedfast.loader.backends.dali.diagnose import diagnose
 from feedfast.loader.backends.dali.life import LifePipe, StepQueue, run_life_epoch
 from feedfast.loader.backends.dali.pipe import epoch_seed, make_life, release_memory
-from feedfast.loader.backends.dali.reader import ReaderEpochs, Refeed
 from feedfast.loader.backends.dali.stream import StreamEpoch, epoch_stream
 from feedfast.loader.batch import Batch
 from feedfast.order.deal import EpochPlan
+from feedfast.sources.dataset import ShardSet
 from feedfast.sources.mixture import Dataset
 
 GPU_DEPTH = 3
@@ -36,8 +35,7 @@ the copy's events) must not leave the GPU waiting."""
 
 
 class DaliBackend(Backend):
-    """DALI pipelines: one for the loader's life behind the feed, else one per epoch behind DALI's reader (the next
-    epoch's built and started while this one drains).
+    """One DALI pipeline for the loader's life behind feedfast's feed, rebuilt only by a rescue or a restored state.
 
     On a GPU (a GPU-placed plan) DALI's queue is at least :data:`GPU_DEPTH` deep and its memory pools are kept
     across pipelines; :meth:`close` gives them back. DALI's checkpoint is taken after every
@@ -50,10 +48,6 @@ class DaliBackend(Backend):
     sources = frozenset({"shards", "folder"})  # a folder read in place through the feed (dataset.members)
     skips_as_read = False  # DALI fails a batch with a file it cannot decode: rescued or named, never skipped
 
-    def reads_rows(self, partition: str, transport: str, read_kinds: tuple[str, ...] = ()) -> bool:
-        """feedfast's feed reads rows (every epoch but an unshuffled one over s3/gs: DALI's reader reads that)."""
-        return _feeds(partition, transport, read_kinds)
-
     def __init__(self, settings: BackendSettings) -> None:
         super().__init__(settings)
         s = settings
@@ -64,40 +58,19 @@ class DaliBackend(Backend):
         self.max_pixels, self.checkpoint_every = s.max_pixels, s.checkpoint_every
         self.patches = rescue.Patches()  # images DALI rejected and PIL decoded, re-encoded (kept across epochs)
         self.capture: nativelog.Capture | None = None  # DALI's native log lines to logging while pipelines live
-        self.reader = ReaderEpochs(settings, self._capture)  # the epochs behind DALI's reader
         self.life: LifePipe | None = None  # the pipeline behind the feed, for the loader's life
         self.segment: int | None = None  # the open epoch's steps in the life pipeline's queue
         self.depth = max(self.prefetch, GPU_DEPTH) if s.plan.placement == "gpu" else max(1, self.prefetch)
 
-    def fed(self, epoch: int, ep: EpochPlan) -> bool:
-        """Whether ``epoch`` is read by feedfast's feed (and so runs through the life pipeline): every epoch but an
-        unshuffled one over s3/gs shards, which DALI's reader opens itself."""
-        shards = self.shards_for(epoch)
-        return bool(self.patches) or _feeds(ep.partition, shards.transport, shards.read_kinds)
-
     def batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Batch]:
-        """The epoch's batches, each with DALI's checkpoint after it; a failed batch is rescued
-        (:mod:`~feedfast.loader.backends.dali.rescue`) when the shards allow it."""
-        if self.fed(epoch, ep):
-            yield from self._fed_batches(epoch, ep, start, checkpoint)
-            return
-        self._drop_life()
-        recover = partial(self._recover, epoch, ep) if rescue.rescuable(self.shards_for(epoch)) else None
-        try:
-            yield from self.reader.batches(epoch, ep, start, checkpoint, recover)
-        except Refeed as refeed:  # images rescued: the epoch goes on behind the feed, with them as PNG
-            yield from self._fed_batches(epoch, ep, refeed.step, None, rescued_at=refeed.step)
-
-    def _fed_batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None,
-                     rescued_at: int | None = None) -> Iterator[Batch]:
-        """The epoch's batches through the life pipeline: the prepared steps of this epoch where they match, else
-        its steps queued now; built first when there is none, a state's checkpoint is restored, or a rescue
-        starts it again (``rescued_at``: the step the rescue resumes)."""
-        self.reader.drop_ahead()
+        """The epoch's batches through the life pipeline, each with DALI's checkpoint after it: the prepared steps
+        of this epoch where they match, else its steps queued now; the pipeline built first when there is none or
+        a state's checkpoint is restored. A failed batch is rescued (:mod:`~feedfast.loader.backends.dali.rescue`)
+        when the shards allow it, and the pipeline built again at its step; else it is named."""
         life = self.life
-        if life is None or checkpoint is not None or rescued_at is not None:
+        if life is None or checkpoint is not None:
             self._drop_life()
-            life = self._build_life(epoch, ep, start, checkpoint, first_step=rescued_at or 0)
+            life = self._build_life(epoch, ep, start, checkpoint)
         segment = life.queue.find(epoch, ep, start)
         if segment is not None and life.queue.segments[segment].stream.lost_any():
             segment = None  # prepared while a shard could not be read: the epoch asks its source again
@@ -123,17 +96,8 @@ class DaliBackend(Backend):
         life.queue.retire(segment)
         self.segment = None
 
-    def _recover(self, epoch: int, ep: EpochPlan, step: int, depth: int, exc: RuntimeError) -> None:
-        """After DALI's reader pipeline failed ``step``: rescue the images that broke it (the epoch then goes on
-        from ``step`` behind the feed), or raise what failed."""
-        stream = self._stream(epoch, ep)
-        try:
-            self._rescue(epoch, ep, step, exc, stream, depth, reader=True)
-        finally:
-            stream.feeder.close()
-
-    def _rescue(self, epoch: int, ep: EpochPlan, step: int, exc: RuntimeError, stream: StreamEpoch, depth: int,
-                reader: bool = False) -> None:
+    def _rescue(self, epoch: int, ep: EpochPlan, step: int, exc: RuntimeError, stream: StreamEpoch,
+                depth: int) -> None:
         """Rescue the images of the steps DALI had in flight from ``step``, or raise what failed.
 
         Raises:
@@ -145,9 +109,7 @@ class DaliBackend(Backend):
         found = rescue.examine(stream, steps, rescue.image_components(self.plan), self.patches,
                                max_pixels=self.max_pixels, seconds=self.plan.spec.check_seconds)
         if not found:  # a GPU decoder or another operator failed: named from DALI's message where it can be
-            suspects = self.reader.suspects(epoch, ep, depth, step) if reader else None
-            raise diagnose(exc, self.plan, step, self.shards_for(epoch), None if reader else stream,
-                           max_pixels=self.max_pixels, candidates=suspects) from exc
+            raise diagnose(exc, self.plan, step, self.shards_for(epoch), stream, max_pixels=self.max_pixels) from exc
         for where in found:
             rescue.log.info("shard %r, sample %r: %s", where[0], where[1], self.patches.reasons[where])
 
@@ -207,26 +169,20 @@ class DaliBackend(Backend):
 
     def all_in_flight(self) -> bool:
         """Whether every step of the open epoch has been handed to DALI."""
-        if self.segment is not None and self.life is not None:
-            return self.life.all_scheduled(self.segment)
-        return self.reader.all_scheduled
+        return self.segment is not None and self.life is not None and self.life.all_scheduled(self.segment)
 
     def prepare(self, epoch: int) -> None:
         """Start the next epoch while this epoch's last batches finish.
 
-        Behind the feed its steps are queued to the life pipeline, which runs them as this epoch's last
-        ones are taken; behind DALI's reader its pipeline is built and started. Training loops iterate
+        Its steps are queued to the life pipeline, which runs them as this epoch's last ones are taken
+        (their reads start ahead too: the step queue's prefetch). Training loops iterate
         epoch after epoch, so the next epoch's first batches are decoded while the current epoch drains
         instead of after it. If the next iteration asks for another epoch (``set_epoch``) or never comes,
         what was started is dropped; the cost is at most DALI's queue of batches.
         """
-        ep = self.plan_for(epoch)
-        if self.fed(epoch, ep):
-            life = self.life
-            if life is not None and life.queue.find(epoch, ep, 0) is None:
-                self._queue(life, epoch, ep, 0)
-            return
-        self.reader.prepare(epoch, ep)
+        ep, life = self.plan_for(epoch), self.life
+        if life is not None and life.queue.find(epoch, ep, 0) is None:
+            self._queue(life, epoch, ep, 0)
 
     def runs_on(self, checkpoint: str | None) -> bool:
         """A life pipeline's checkpoint (it says the DALI iteration it resumes at) runs on into the next epoch."""
@@ -237,35 +193,37 @@ class DaliBackend(Backend):
         ``dali.checkpoint``): DALI would otherwise fail, or restore the wrong operators, mid-epoch.
 
         Returns:
-            False where the checkpoint is this spec's pipeline at another placement or for another consumer (a
+            False where the checkpoint is this spec's pipeline at another placement, for another consumer (a
             GPU-placed state on a CPU-placed loader delivering to cuda, whose cheap transfer ends the graph
-            otherwise) and this pipeline is fed every draw it makes
-            (:func:`~feedfast.compile.dali_draws.draws_all_fed`): its batches are then a function of the step
-            alone, and the checkpoint is set aside. True: it is restored.
+            otherwise) or behind DALI's reader (an unshuffled s3/gs epoch's, before every epoch was fed), and this
+            pipeline is fed every draw it makes (:func:`~feedfast.compile.dali_draws.draws_all_fed`): its batches
+            are then a function of the step alone, and the checkpoint is set aside. True: it is restored.
         """
         inner, _, keys = rescue.unwrap_checkpoint(checkpoint)
-        ep = self.plan_for(epoch)
-        fed = bool(keys) or self.fed(epoch, ep)
         shards = self.shards_for(epoch)
         try:
-            check_operators(inner or "", pipeline_operators(self.plan, shards, fed=fed, batch_size=self.batch_size))
+            check_operators(inner or "", pipeline_operators(self.plan, shards, fed=True, batch_size=self.batch_size))
         except UserError:
-            if not fed or keys or not draws_all_fed(self.plan) or not self._another_graph(inner or "", shards):
+            if keys or not draws_all_fed(self.plan) or not self._another_graph(inner or "", shards):
                 raise
-            rescue.log.info("this state's DALI checkpoint is of this spec's pipeline at another placement or for "
-                            "another consumer; every draw of this one is fed as data, so it resumes from the step")
+            rescue.log.info("this state's DALI checkpoint is of this spec's pipeline at another placement, for "
+                            "another consumer or behind DALI's reader; every draw of this one is fed as data, so it "
+                            "resumes from the step")
             return False
         return True
 
     def _another_graph(self, checkpoint: str, shards: Dataset) -> bool:
-        """Whether ``checkpoint`` is of this spec's fed pipeline placed on the CPU or the GPU, for either consumer."""
+        """Whether ``checkpoint`` is of this spec's pipeline placed on the CPU or the GPU, for either consumer, fed or
+        (over shards) behind DALI's reader."""
+        readers = (True, False) if isinstance(shards, ShardSet) else (True,)
         for device, consumer in (("gpu", "cuda"), ("gpu", "cpu"), ("cpu", "cuda"), ("cpu", "cpu")):
             plan = build_plan(self.plan.spec, device=device, consumer=consumer)
-            try:
-                check_operators(checkpoint, pipeline_operators(plan, shards, fed=True, batch_size=self.batch_size))
-                return True
-            except UserError:
-                continue
+            for fed in readers:
+                try:
+                    check_operators(checkpoint, pipeline_operators(plan, shards, fed=fed, batch_size=self.batch_size))
+                    return True
+                except UserError:
+                    continue
         return False
 
     def _drop_life(self) -> None:
@@ -277,13 +235,8 @@ class DaliBackend(Backend):
 
     def close(self) -> None:
         """Drop the pipelines, give back DALI's pooled memory, stop capturing DALI's log lines."""
-        self.reader.drop_ahead()
         self._drop_life()
         if self.keep_pools:
             release_memory(None)
         if self.capture is not None:
             self.capture.release()
-
-
-def _feeds(partition: str, transport: str, read_kinds: tuple[str, ...]) -> bool:
-    return partition != "shards" or transport != "native" or all(kind == "file" for kind in read_kinds)

@@ -31,11 +31,6 @@ def sample_origin(source_info: str) -> tuple[str, str]:
     return m.group(1), split_name(unescape_name(m.group(3)))[0]
 
 
-def origins(tl: Any, n: int) -> list[tuple[str, str]]:
-    """The (shard, key) of the first ``n`` samples of a DALI TensorList."""
-    return [sample_origin(tl[i].source_info()) for i in range(n)]
-
-
 def tensorlist_to_torch(tl: Any, out: torch.Tensor, stream: Any = None) -> torch.Tensor:
     """Copy a DALI tensor, or a uniform TensorList (CPU or GPU), into ``out`` and return it.
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from typing import Any
 
 from feedfast.checks.validate import DEFAULT_MAX_PIXELS
 from feedfast.compile.plan import Plan
@@ -26,15 +26,13 @@ SCAN_LIMIT = 20_000  # images checked when nothing narrows the search, before gi
 
 
 def diagnose(exc: BaseException, plan: Plan, step: int, shards: Dataset, stream: Any = None, *,
-             max_pixels: int = DEFAULT_MAX_PIXELS,
-             candidates: Sequence[tuple[str, str]] | None = None) -> FeedfastError:
+             max_pixels: int = DEFAULT_MAX_PIXELS) -> FeedfastError:
     """Turn a DALI failure into an error naming the shard, sample and reason where possible.
 
     The reader's ``source_info`` names the sample; an external source has none, and the
     stream transport (``stream``) names it by its number in the batch. The reason comes
     from checking the named image again with PIL and DALI's CPU decoder (DALI's exception
-    text lacks it). When nothing names the sample, the ``candidates``, else the step's
-    images (stream), else the shards' images (at most ``SCAN_LIMIT`` of them) are checked in
+    text lacks it). When nothing names the sample, the step's images (stream), else the shards' images (at most ``SCAN_LIMIT`` of them) are checked in
     order and the first that either decoder rejects is named.
 
     Args:
@@ -44,8 +42,6 @@ def diagnose(exc: BaseException, plan: Plan, step: int, shards: Dataset, stream:
         shards: the opened shards.
         stream: the stream transport, when the dataset is streamed.
         max_pixels: the loader's pixel limit (images above it are reported as such).
-        candidates: (shard, key) of the samples the failed run was decoding (the step's, and
-            those of the steps DALI had in flight), when the caller knows them.
     """
     exts = [{e.lower() for e in c.ext.split(";")} for c in plan.spec.components.values() if c.kind == "image"]
     named = _named(exc, step, stream)
@@ -56,7 +52,7 @@ def diagnose(exc: BaseException, plan: Plan, step: int, shards: Dataset, stream:
     found = None
     if exts:
         try:
-            found = _search(shards, stream, step, exts, max_pixels, candidates)
+            found = _search(shards, stream, step, exts, max_pixels)
         except FeedfastError:
             found = None
     if found:
@@ -91,16 +87,10 @@ def _reason(shards: Dataset, shard: str, key: str, exts: list[set[str]], max_pix
         return None
 
 
-def _search(shards: Dataset, stream: Any, step: int, exts: list[set[str]], max_pixels: int,
-            candidates: Sequence[tuple[str, str]] | None) -> tuple[str, str, str] | None:
+def _search(shards: Dataset, stream: Any, step: int, exts: list[set[str]],
+            max_pixels: int) -> tuple[str, str, str] | None:
     from feedfast.checks.checked import find_bad_image
 
-    if candidates:
-        for shard, key in candidates:
-            reason = _reason(shards, shard, key, exts, max_pixels)
-            if reason:
-                return shard, key, reason
-        return None
     if stream is not None:
         return stream.bad_sample(step, exts, max_pixels)  # type: ignore[no-any-return]
     local = [(p, i) for p, i, k in zip(shards.paths, shards.index_paths, shards.read_kinds) if k == "file"]

@@ -1,11 +1,10 @@
-"""Building DALI pipelines: one for the loader's life behind feedfast's feed (:mod:`.life`), or, behind DALI's
-own reader (an unshuffled epoch of local shards), one per epoch, driven for exactly its steps and released."""
+"""Building the DALI pipeline behind feedfast's feed, one for the loader's life (:mod:`.life`), and giving its memory
+back."""
 
 from __future__ import annotations
 
 import sys
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 from feedfast.compile.dali import ReaderConfig, build_pipeline
@@ -13,8 +12,6 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError
 from feedfast.loader.backends.dali.diagnose import first_line
 from feedfast.loader.backends.dali.life import StepQueue
-from feedfast.order.deal import EpochPlan
-from feedfast.sources.dataset import ShardSet
 
 CHECKPOINT_EVERY = 16
 """Batches between two of DALI's checkpoints when no batch carries its own state (``sample_info`` off).
@@ -23,23 +20,6 @@ CHECKPOINT_EVERY = 16
 generators' states read back from the device); a state taken between two checkpoints resumes
 from the last one and makes at most this many batches again (see :mod:`feedfast.loader.state`).
 """
-
-
-def make_pipeline(plan: Plan, shards: ShardSet, ep: EpochPlan, *, rank: int, world: int, batch_size: int,
-                  threads: int, device_id: int | None, seed: int, epoch: int, prefetch: int,
-                  checkpoint: str | None, start: int = 0) -> EpochPipe:
-    """Build the epoch's DALI pipeline behind DALI's reader: shards in the epoch's order, this rank's range."""
-    reader = ReaderConfig(
-        paths=[shards.paths[i] for i in ep.shard_order],
-        index_paths=[shards.index_paths[i] for i in ep.shard_order],
-        shard_id=rank, num_shards=world, shuffle_buffer=plan.spec.shuffle_buffer,
-        missing=plan.spec.missing, stick_to_shard=True, seed=epoch_seed(seed, epoch, rank),
-    )
-    remaining = ep.steps - start
-    depth = max(1, min(prefetch, remaining))
-    pipe, omap = _built(plan, reader, batch_size=batch_size, threads=threads, device_id=device_id,
-                        seed=epoch_seed(seed, epoch, rank), depth=depth, checkpoint=checkpoint)
-    return EpochPipe(pipe, omap, epoch, start, remaining, depth)
 
 
 def make_life(plan: Plan, queue: StepQueue, *, batch_size: int, threads: int, device_id: int | None, seed: int,
@@ -114,47 +94,3 @@ def _malloc_trim() -> None:
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
     """The seed of a pipeline that starts at ``epoch`` (DALI's random operators draw from it)."""
     return (seed * 1_000_003 + epoch * 7919 + rank * 104_729) % (2**31 - 1)
-
-
-@dataclass
-class EpochPipe:
-    """A DALI pipeline bound to one epoch and driven for exactly its remaining steps.
-
-    ``Pipeline.run()`` schedules one iteration past every batch it returns, so a pipeline
-    per epoch would decode ``prefetch`` batches nobody reads. Scheduling by hand stops at
-    the epoch's last step; :meth:`prefetch` starts the work early (the loader calls it on
-    the next epoch's pipeline while the current one drains).
-    """
-
-    pipe: Any
-    omap: Any
-    epoch: int
-    start: int
-    remaining: int
-    depth: int
-    scheduled: int = 0
-
-    def prefetch(self) -> None:
-        """Start computing the first batches, without waiting for them."""
-        if self.scheduled == 0 and self.remaining > 0:
-            self.pipe.schedule_run()  # DALI's first call queues ``depth`` iterations
-            self.scheduled = self.depth
-
-    def next(self) -> Any:
-        """The next batch's outputs, keeping ``depth`` iterations in flight within the epoch."""
-        if self.scheduled == 0:
-            self.prefetch()
-        elif self.scheduled < self.remaining:
-            self.pipe.schedule_run()
-            self.scheduled += 1
-        return self.pipe.outputs()
-
-    def checkpoint(self) -> str:
-        """DALI's checkpoint after the last batch (as text, the form a resumed state gives back)."""
-        state = self.pipe.checkpoint()
-        return state.decode("latin-1") if isinstance(state, bytes) else str(state)
-
-    @property
-    def all_scheduled(self) -> bool:
-        """Whether every step of the epoch has been handed to DALI."""
-        return self.scheduled >= self.remaining

@@ -16,8 +16,7 @@ skip, and its pipeline is then unusable. The DALI backend recovers as follows:
 3. otherwise the rescued samples are remembered (for this loader's later epochs too) and the
    epoch goes on from the failed step in a new pipeline (for the loader's life, :mod:`.life`) fed by
    feedfast's stream transport
-   (:mod:`feedfast.loader.backends.dali.stream`), which reads the same samples in the same order as
-   DALI's reader and hands DALI a PNG in place of each rescued image, re-encoded by PIL as
+   (:mod:`feedfast.loader.backends.dali.stream`), which hands DALI a PNG in place of each rescued image, re-encoded by PIL as
    the step is read (a few milliseconds an image: only keys are held, not pixels).
 
 Every sample stays where it was: the epoch's order, its length and its counts are those of
@@ -77,7 +76,7 @@ def image_components(plan: Plan) -> list[int]:
 
 
 def rescuable(shards: Dataset) -> bool:
-    """Whether the stream transport can read these shards (DALI's s3/gs reader has no stand-in)."""
+    """Whether the feed can read these shards' steps again to find what DALI failed on (every kind but a stream)."""
     return all(kind in RESCUABLE_KINDS for kind in shards.read_kinds)
 
 

@@ -27,10 +27,7 @@ comparison: its batches hold a few classes on class-sorted shards.)
 
 The crop window and flips are fed with the samples, drawn per sample as the other backends draw
 them (:mod:`feedfast.compile.dali_draws`); the random operators that still draw from DALI's
-generator get the seeds they get after DALI's reader (see ``compile.dali.ReaderConfig``). So an
-unshuffled stream epoch yields the samples of a native one (an unshuffled epoch of s3/gs shards,
-read by DALI), the pixels of a deterministic chain byte for byte, but not its random crops: those
-are DALI's generator's there.
+generator get the seeds they would get after DALI's reader (see ``compile.dali.ReaderConfig``).
 
 Bytes are read per batch (per window when shuffling in windows), per shard, in offset
 order, and members less than ``MAX_GAP`` bytes apart are fetched in one read: a batch
