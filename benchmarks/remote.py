@@ -28,7 +28,11 @@ same round), printed met or not, with the ratio of CPU ms a sample beside it.
 ``--pin`` puts the servers on the last core and the loader (every source, local too) on the others: on
 loopback the servers otherwise share the loader's cores, which a real store does not.
 
-Usage: python benchmarks/remote.py [--samples 2048] [--rounds 3] [--batches 40] [--pin] [--json out.json]
+``--backend dali --unshuffled`` measures the DALI backend's feed over s3 in order, which DALI's own
+reader (its AWS SDK client) read until 2026-12-06.
+
+Usage: python benchmarks/remote.py [--samples 2048] [--rounds 3] [--batches 40] [--pin] [--backend auto]
+       [--unshuffled] [--json out.json]
 """
 
 from __future__ import annotations
@@ -157,7 +161,7 @@ def _timed(shards: list[str], args: argparse.Namespace, cache: Path) -> dict[str
     import feedfast
 
     loader = feedfast.DataLoader(SPEC, shards=shards, batch_size=args.batch_size, num_workers=args.workers,
-                                 cache_dir=cache)
+                                 cache_dir=cache, backend=args.backend, shuffle=not args.unshuffled)
     try:
         started = time.perf_counter()
         batches = _forever(loader)
@@ -298,6 +302,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workers", type=int, default=None, help="threads (default: the usable cores)")
     p.add_argument("--sources", default="local,http,s3", help="comma-separated: local, http, s3, s3-fsspec")
+    p.add_argument("--backend", default="auto", help="the loaders' backend (the target is judged on threads)")
+    p.add_argument("--unshuffled", action="store_true", help="read the epochs in order (shuffle=False)")
     p.add_argument("--pin", action="store_true",
                    help="the servers on the last core and the loader on the others, for every source (see pin())")
     p.add_argument("--json", type=Path, default=None)

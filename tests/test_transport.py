@@ -47,9 +47,7 @@ def _url(srv: RangeServer) -> str:
 
 def test_every_kind_question_is_answered_by_the_registry() -> None:
     assert shardlist.REMOTE_PREFIXES == ("http://", "https://", "s3://", "gs://", "pipe:")
-    assert set(dataset.STREAM_KINDS) == {"http", "pipe", "cache"}  # what DALI's reader cannot open
     assert set(rescue.RESCUABLE_KINDS) == {"file", "http", "s3", "gs", "cache"}  # what has byte ranges
-    assert set(schemes.NATIVE_KINDS) == {"file", "s3", "gs"}
     for name, kind in schemes.KINDS.items():
         assert schemes.kind(name) is kind
         for prefix in kind.prefixes:
