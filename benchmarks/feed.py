@@ -9,15 +9,16 @@ them; the images go to DALI with each sample's crop window and flip drawn for im
 ``random_resized_crop`` and ``flip`` (:mod:`feedfast.loader.backends.dali.draws`), the labels are taken as the
 loader's producer takes them (:meth:`~feedfast.loader.backends.dali.feed.BatchFeeder.host`).
 
-Measured, each a median of ``--rounds`` rounds, the packed path (one ``read_packed`` call a
-step and component, the GIL released, TensorLists sharing a reused ring) and, in the same
-rounds, the member reader's path it replaced (Python per sample) as the baseline:
+Measured, each a median of ``--rounds`` rounds, the packed path (the images handed to DALI as views of
+the shards mapped read-only, no read and no copy; the labels one ``read_packed`` call a step, the GIL
+released) and, in the same rounds, the member reader's path it replaced (Python per sample) as the
+baseline:
 
 - samples/s with one and with two reader threads, the consumer taking each step as soon as it can;
 - the first step of a fresh epoch (a new feed over the next epoch's rows): milliseconds until
   its TensorLists are in hand;
 
-Each run first takes ``WARM`` steps untimed (the ring's slots written once).
+Each run first takes ``WARM`` steps untimed (the shards mapped, the ring's slots written once).
 - the consumer's wait when it takes a step every ``256 / --rate`` seconds (the rate a GPU
   decodes at; 24,791 images/s on one H200), over 4 epochs queued as the DALI backend queues them
   (the life pipeline's :class:`~feedfast.loader.backends.dali.life.StepQueue`, one ring shared, the next
