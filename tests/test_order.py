@@ -13,7 +13,7 @@ from PIL import Image
 
 import feedfast
 from feedfast.order.deal import rank_counts, rank_positions
-from feedfast.order.orders import epoch_order
+from feedfast.order.globalorder import epoch_order
 from tests.helpers import SMALL_SPEC
 
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedfast.order.deal import plan_epoch, rank_positions, rank_range
-from feedfast.order.orders import WindowShuffle, _RangeOrder, epoch_order
+from feedfast.order.globalorder import WindowShuffle, _RangeOrder, epoch_order
 from feedfast.order.permute import key_for
 from feedfast.order.rows import epoch_rows
 from feedfast.shards.index.tarindex import load_index

@@ -72,7 +72,7 @@ class DataLoader(TorchAttributes):
             lines, ``train.csv``), read on every backend (:mod:`feedfast.sources.folder`).
         batch_size: overrides the spec's batch size.
         shuffle: True reads every epoch in a new uniform permutation of the whole dataset over
-            local shards (:mod:`feedfast.order.orders`; a state then resumes at any world
+            local shards (:mod:`feedfast.order.globalorder`; a state then resumes at any world
             size), and in a block shuffle of windows of every shard over remote shards
             (``shuffle.block``, ``shuffle.window``; a state resumes at the same world size).
         drop_last: True drops incomplete batches (``last_batch: drop``).

@@ -119,7 +119,7 @@ def partition_for(read_kinds: tuple[str, ...], *, shuffled: bool, by_range: bool
     """How an epoch's samples are ordered and dealt to ranks; the one rule, for every reader:
 
     ==========  ==================================  ===========================================
-    partition   when                                order (:mod:`feedfast.order.orders`)
+    partition   when                                order (:mod:`feedfast.order.globalorder`)
     ==========  ==================================  ===========================================
     ``shards``  not shuffled                        the shards in order; each rank a contiguous
                                                     range (DALI's split)
@@ -182,7 +182,7 @@ def plan_epoch(
 
     ``partition="shards"`` cuts the shards, concatenated in the epoch's shard order, into
     contiguous ranges (DALI's reader). ``"global"`` deals the epoch's global order out in
-    global batches after its first ``consumed`` samples (:mod:`feedfast.order.orders`).
+    global batches after its first ``consumed`` samples (:mod:`feedfast.order.globalorder`).
     ``"block"`` cuts the shuffled windows into contiguous ranges: the counts of ``"shards"``,
     with the shards in their canonical order (:func:`~feedfast.order.block.block_order`).
     ``repeats`` > 1 (``global`` only) reads the repeated list instead, with the same counts

@@ -7,7 +7,7 @@ those of ``repeats: 1`` and about ``total / N`` distinct samples are read per ep
 choice; it also rounds down to a multiple of 256, which feedfast does not).
 
 Entry ``j`` is copy ``j % N`` of sample ``perm(j // N)``. The global order's positions
-(:mod:`feedfast.order.orders`) are dealt out in global batches of ``world * batch``, rank ``r``
+(:mod:`feedfast.order.globalorder`) are dealt out in global batches of ``world * batch``, rank ``r``
 taking the ``r``-th run of ``batch``; here each full global batch ``[s * W * B, (s + 1) * W * B)``
 of positions is spread over the same stretch of entries by rank: the position of rank ``r``'s
 ``k``-th sample takes entry ``s * W * B + k * W + r`` (:func:`entry_of`). So rank ``r`` reads

@@ -3,11 +3,11 @@
 Row ``r`` of a rank's epoch is the rank's ``r``-th sample in reading order (padding repeats
 the last row, :func:`~feedfast.order.deal.step_positions`). :class:`Rows` maps rows to
 canonical sample numbers (the dataset's shards concatenated, shard 0's indexed samples
-first) by a function of the epoch (:func:`~feedfast.order.orders.order_for`), and the dataset's
+first) by a function of the epoch (:func:`~feedfast.order.globalorder.order_for`), and the dataset's
 columnar index (:mod:`~feedfast.shards.index.columnar`) maps those to shards, offsets, sizes and
 keys. Which function, by the epoch plan's partition (:func:`~feedfast.order.deal.partition_for`):
 
-- ``global``: the epoch's permutation of every sample (:func:`~feedfast.order.orders.epoch_permutation`)
+- ``global``: the epoch's permutation of every sample (:func:`~feedfast.order.globalorder.epoch_permutation`)
   dealt out in global batches (:func:`~feedfast.order.deal.rank_position_of`); under repeated
   augmentation its repeated list, spread over ranks (:mod:`~feedfast.order.repeats`);
 - ``shards``: the rank's contiguous range of the shards concatenated in the epoch's
@@ -33,7 +33,7 @@ import numpy as np
 
 from feedfast.order.block import BlockShuffle
 from feedfast.order.deal import EpochPlan
-from feedfast.order.orders import order_for
+from feedfast.order.globalorder import order_for
 from feedfast.order.repeats import sample_of_id
 from feedfast.shards.index.columnar import RowBatch
 
@@ -66,7 +66,7 @@ class Rows:
         count: rows in the epoch (the rank's samples).
         sample_of: rows (int64 array) -> canonical sample numbers.
         window: the windows of consecutive samples read together (a windowed or block shuffle:
-            :class:`~feedfast.order.orders.WindowShuffle`, :class:`~feedfast.order.block.BlockOrder`), None when rows are
+            :class:`~feedfast.order.globalorder.WindowShuffle`, :class:`~feedfast.order.block.BlockOrder`), None when rows are
             read per step.
     """
 
