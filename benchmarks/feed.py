@@ -97,7 +97,7 @@ def epoch_feed(paths: list[str], folder: Path, epoch: int, *, workers: int, pack
     from feedfast.loader.backends.dali.feed import BatchFeeder
     from feedfast.order.deal import plan_epoch, step_positions
     from feedfast.order.draws import draws_key
-    from feedfast.order.rows import epoch_rows
+    from feedfast.order.orders import epoch_rows
     from feedfast.shards.index.tarindex import load_index
     from feedfast.shards.transport.remote import Transfer
     from feedfast.sources.dataset import ShardSet

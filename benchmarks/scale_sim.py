@@ -102,7 +102,7 @@ CHILD = r"""
 import json, os, sys, time, resource
 import psutil, torch, feedfast, numpy as np
 import PIL.Image, feedfast.loader.backends.cpu.threads  # what the loader imports: its memory is not the loader's
-from feedfast.order.rows import epoch_rows
+from feedfast.order.orders import epoch_rows
 proc = psutil.Process()
 def mem():
     m = proc.memory_full_info()

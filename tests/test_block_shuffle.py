@@ -15,7 +15,7 @@ from feedfast.errors import SpecError, UserError
 from feedfast.loader.backends.dali.feed import BatchFeeder
 from feedfast.order.block import BlockShuffle, block_order, shard_windows
 from feedfast.order.deal import partition_for, plan_epoch, rank_range, step_positions
-from feedfast.order.rows import epoch_rows
+from feedfast.order.orders import epoch_rows
 from feedfast.shards.index.tarindex import load_index, scan_tar
 from feedfast.shards.transport.remote import Transfer
 from feedfast.sources.dataset import ShardSet

@@ -16,7 +16,7 @@ from feedfast.errors import ShardError
 from feedfast.loader.backends.dali.feed import DALI_HOLDS, BatchFeeder, StepBytes
 from feedfast.ops.generic import DecodeFailure, _label_host
 from feedfast.order.deal import plan_epoch, step_positions
-from feedfast.order.rows import epoch_rows
+from feedfast.order.orders import epoch_rows
 from feedfast.shards.index.tarindex import load_index
 from feedfast.shards.transport.remote import Transfer
 from feedfast.sources.dataset import ShardSet

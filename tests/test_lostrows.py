@@ -10,7 +10,7 @@ import pytest
 from feedfast.errors import ShardError
 from feedfast.loader.backends.dali.feed import BatchFeeder, Filled
 from feedfast.order.deal import plan_epoch, step_positions
-from feedfast.order.rows import epoch_rows
+from feedfast.order.orders import epoch_rows
 from feedfast.shards.index.tarindex import format_index, scan_tar
 from feedfast.shards.transport.cache import ShardCache
 from feedfast.shards.transport.remote import Transfer

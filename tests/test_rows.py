@@ -8,9 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedfast.order.deal import plan_epoch, rank_positions, rank_range
-from feedfast.order.globalorder import WindowShuffle, _RangeOrder, epoch_order
+from feedfast.order.globalorder import epoch_order
+from feedfast.order.orders import epoch_rows
 from feedfast.order.permute import key_for
-from feedfast.order.rows import epoch_rows
+from feedfast.order.shardrange import RangeOrder, WindowShuffle
 from feedfast.shards.index.tarindex import load_index
 from feedfast.sources.dataset import ShardSet
 from tests.helpers import make_shards
@@ -18,7 +19,7 @@ from tests.helpers import make_shards
 
 def _window_shuffle(n: int, window: int, seed: int, lo: int = 0) -> tuple[list[int], list[int]]:
     """A WindowShuffle of ``range(lo, lo + n)`` as arrays: the samples read at each row, and their windows."""
-    shuffled = WindowShuffle(_RangeOrder([lo + n], [0], lo), n, window, key_for("t", seed))
+    shuffled = WindowShuffle(RangeOrder([lo + n], [0], lo), n, window, key_for("t", seed))
     samples = shuffled(np.arange(n, dtype=np.int64))
     return samples.tolist(), shuffled.window_of(samples).tolist()
 
@@ -36,7 +37,7 @@ def test_window_shuffle_is_a_permutation_that_stays_inside_windows(n: int, windo
 
 
 def test_window_shuffle_rows_are_the_same_read_alone_or_together() -> None:
-    shuffled = WindowShuffle(_RangeOrder([1000], [0], 0), 1000, 7, key_for("t", 3))
+    shuffled = WindowShuffle(RangeOrder([1000], [0], 0), 1000, 7, key_for("t", 3))
     whole = shuffled(np.arange(1000))
     picked = np.random.default_rng(0).integers(0, 1000, 300)
     assert np.array_equal(shuffled(picked), whole[picked])
@@ -93,7 +94,7 @@ def test_unshuffled_rows_are_the_ranks_range_and_shuffled_a_permutation_of_it(ss
 def test_a_range_over_shards_in_another_order_maps_back_to_canonical_numbers() -> None:
     sizes, order = [5, 5, 5, 5, 3], [3, 0, 4, 1, 2]
     concatenated = [n for s in order for n in range(sum(sizes[:s]), sum(sizes[:s]) + sizes[s])]
-    assert _RangeOrder(sizes, order, 4)(np.arange(15)).tolist() == concatenated[4:19]
+    assert RangeOrder(sizes, order, 4)(np.arange(15)).tolist() == concatenated[4:19]
 
 
 def test_rows_far_apart_and_in_any_order_agree_with_the_chunked_ones(sset: ShardSet) -> None:

@@ -312,7 +312,7 @@ def test_pixels_against_torchvision_resized_crop_with_the_same_boxes(shards: lis
     from feedfast.errors import UserError
     from feedfast.ops.pil_ops import random_resized_crop_params
     from feedfast.order.draws import batch_draws
-    from feedfast.order.rows import epoch_rows
+    from feedfast.order.orders import epoch_rows
     from feedfast.sources.members import ShardMembers
 
     try:

@@ -119,7 +119,7 @@ def partition_for(read_kinds: tuple[str, ...], *, shuffled: bool, by_range: bool
     """How an epoch's samples are ordered and dealt to ranks; the one rule, for every reader:
 
     ==========  ==================================  ===========================================
-    partition   when                                order (:mod:`feedfast.order.globalorder`)
+    partition   when                                order (:mod:`feedfast.order.orders`)
     ==========  ==================================  ===========================================
     ``shards``  not shuffled                        the shards in order; each rank a contiguous
                                                     range (DALI's split)

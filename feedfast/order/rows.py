@@ -3,7 +3,7 @@
 Row ``r`` of a rank's epoch is the rank's ``r``-th sample in reading order (padding repeats
 the last row, :func:`~feedfast.order.deal.step_positions`). :class:`Rows` maps rows to
 canonical sample numbers (the dataset's shards concatenated, shard 0's indexed samples
-first) by a function of the epoch (:func:`~feedfast.order.globalorder.order_for`), and the dataset's
+first) by a function of the epoch (:func:`~feedfast.order.orders.order_for`), and the dataset's
 columnar index (:mod:`~feedfast.shards.index.columnar`) maps those to shards, offsets, sizes and
 keys. Which function, by the epoch plan's partition (:func:`~feedfast.order.deal.partition_for`):
 
@@ -31,9 +31,6 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from feedfast.order.block import BlockShuffle
-from feedfast.order.deal import EpochPlan
-from feedfast.order.globalorder import order_for
 from feedfast.order.repeats import sample_of_id
 from feedfast.shards.index.columnar import RowBatch
 
@@ -66,8 +63,8 @@ class Rows:
         count: rows in the epoch (the rank's samples).
         sample_of: rows (int64 array) -> canonical sample numbers.
         window: the windows of consecutive samples read together (a windowed or block shuffle:
-            :class:`~feedfast.order.globalorder.WindowShuffle`, :class:`~feedfast.order.block.BlockOrder`), None when rows are
-            read per step.
+            :class:`~feedfast.order.shardrange.WindowShuffle`, :class:`~feedfast.order.block.BlockOrder`), None
+            when rows are read per step.
     """
 
     def __init__(self, index: RowIndex, count: int, sample_of: Callable[[np.ndarray], np.ndarray],
@@ -134,30 +131,11 @@ class Rows:
 
 
 class Dataset(Protocol):
-    """What :func:`epoch_rows` reads of a dataset (a :class:`~feedfast.sources.dataset.ShardSet`, a
-    :class:`~feedfast.sources.folder.FolderSet`): its samples per shard and its index of rows."""
+    """What :func:`~feedfast.order.orders.epoch_rows` reads of a dataset (a
+    :class:`~feedfast.sources.dataset.ShardSet`, a :class:`~feedfast.sources.folder.FolderSet`): its samples per
+    shard and its index of rows."""
 
     @property
     def sizes(self) -> tuple[int, ...]: ...
 
     def row_index(self, exts: Sequence[set[str] | frozenset[str]]) -> RowIndex: ...
-
-
-def epoch_rows(shards: Dataset, exts: Sequence[set[str] | frozenset[str]], ep: EpochPlan, *, rank: int, world: int,
-               seed: int, epoch: int, shuffle: bool, window: int = 0,
-               block: BlockShuffle | None = None) -> Rows:
-    """This rank's rows of the epoch ``ep`` plans (see the module docstring).
-
-    Args:
-        shards: the dataset: its sample counts per shard and its index of rows (:class:`Dataset`).
-        exts: each component's extensions.
-        ep: the rank's epoch plan (its partition, shard order, samples consumed before a resume).
-        shuffle: whether the epoch is shuffled (``global``: a permutation, not the identity;
-            ``shards``: the rank's range permuted).
-        window: under ``shards``, shuffle the range in windows of this many samples (stream transport).
-        block: the block shuffle's sizes, for ``block``.
-    """
-    sizes = shards.sizes
-    order = order_for(sizes, ep, rank=rank, world=world, seed=seed, epoch=epoch, shuffle=shuffle, window=window,
-                      block=block)
-    return Rows(shards.row_index(exts), order.count, order.sample_of, order.window, order.copies_of)

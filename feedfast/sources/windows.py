@@ -1,6 +1,6 @@
 """Whole windows of consecutive samples read at once and held while their samples are served.
 
-The read-ahead of a windowed or block order (:class:`~feedfast.order.globalorder.WindowShuffle`,
+The read-ahead of a windowed or block order (:class:`~feedfast.order.shardrange.WindowShuffle`,
 :class:`~feedfast.order.block.BlockOrder`), for :class:`~feedfast.sources.memberread.MemberReader`.
 """
 
@@ -20,7 +20,7 @@ its size, and a request to a real object store costs a round trip and a fee."""
 
 class Windows(Protocol):
     """The windows of an epoch's order: what :class:`WindowCache` asks of it (:class:`~feedfast.order.block.BlockOrder`,
-    :class:`~feedfast.order.globalorder.WindowShuffle`). An order whose windows are read spread over rows also has
+    :class:`~feedfast.order.shardrange.WindowShuffle`). An order whose windows are read spread over rows also has
     ``place(window) -> int`` (where in the rank's order, -1: not this rank's) and ``horizon`` (over how many
     rows): then :class:`WindowCache` widens reads to the neighbouring windows read within that horizon."""
 
@@ -32,7 +32,7 @@ class Windows(Protocol):
 class WindowCache:
     """Whole windows of consecutive samples, each read once in a large range and kept while its samples are served.
 
-    A windowed shuffle (:class:`feedfast.order.globalorder.WindowShuffle`) or a block shuffle
+    A windowed shuffle (:class:`feedfast.order.shardrange.WindowShuffle`) or a block shuffle
     (:class:`feedfast.order.block.BlockOrder`) takes each step's samples from windows of
     consecutive samples of one shard; reading a window at once turns ``window`` small
     requests into one. The windows a step lacks are read concurrently, ``requests`` at a

@@ -5,7 +5,7 @@ The rows are those DALI's reader would read: the shards concatenated in ``ep.sha
 each shard's samples in the order of its (filtered) index; under the global order
 (``ep.partition == "global"``, a shuffled epoch) the rank's share of the epoch's permutation,
 else its contiguous range, permuted inside the range when the spec shuffles
-(:func:`~feedfast.order.rows.epoch_rows`, the one place that decides it). A sample whose
+(:func:`~feedfast.order.orders.epoch_rows`, the one place that decides it). A sample whose
 processing raises (any exception class: a decoder's, a plugin's) is a
 :class:`~feedfast.errors.SampleError` naming shard, key and reason (:func:`failure_reason`).
 """
@@ -20,7 +20,8 @@ from feedfast.compile.plan import Plan
 from feedfast.errors import BackendError
 from feedfast.ops.generic import DecodeFailure
 from feedfast.order.deal import EpochPlan
-from feedfast.order.rows import Rows, epoch_rows
+from feedfast.order.orders import epoch_rows
+from feedfast.order.rows import Rows
 from feedfast.sources.mixture import Dataset
 
 log = logging.getLogger("feedfast.pil")
@@ -32,7 +33,7 @@ def epoch_samples(plan: Plan, shards: Dataset, ep: EpochPlan, *, rank: int, worl
 
     Under ``ep.partition == "global"`` (a shuffled epoch), the rank's share of the epoch's global
     order; else its contiguous range, permuted inside the range when the spec shuffles
-    (:func:`~feedfast.order.rows.epoch_rows`). ``program``: the backend's, compiled once (None: compiled here).
+    (:func:`~feedfast.order.orders.epoch_rows`). ``program``: the backend's, compiled once (None: compiled here).
     """
     program = program or compile_pil(plan.spec)
     rows = epoch_rows(shards, program.exts, ep, rank=rank, world=world, seed=seed, epoch=epoch,

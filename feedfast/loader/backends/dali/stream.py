@@ -5,7 +5,7 @@ reader cannot open, and for every shuffled epoch (the partition is picked by
 :func:`~feedfast.order.deal.partition_for`):
 
 - local shards under shuffle (``global``): each rank reads its share of one permutation of
-  the whole dataset (:mod:`feedfast.order.globalorder`), sample by sample;
+  the whole dataset (:mod:`feedfast.order.orders`), sample by sample;
 - remote shards under shuffle (``block``: http, ``pipe:``, s3, gs): the block shuffle
   (:func:`~feedfast.order.block.block_order`): windows of ``shuffle.window`` consecutive
   samples of every shard are permuted, cut into ranks' contiguous ranges, and each window's
