@@ -14,10 +14,10 @@ from typing import Iterable, Iterator
 from feedfast.checks.images import open_shard, read_member, run_checks
 from feedfast.checks.validate import Verdict
 from feedfast.checks.worker import Failed, pool
-from feedfast.shards.index.tarindex import Sample, first_member, load_index, read_index, shard_digest, write_atomic
+from feedfast.shards.index.tarindex import Sample, first_member, load_index, shard_digest, write_atomic
 
-__all__ = ["CHECK_RULES", "ShardCheck", "check_members", "check_shard", "check_shards", "find_bad_image",
-           "image_members", "image_reason", "open_shard", "read_member"]
+__all__ = ["CHECK_RULES", "ShardCheck", "check_members", "check_shard", "check_shards", "image_members",
+           "open_shard", "read_member"]
 
 
 @dataclass
@@ -206,34 +206,3 @@ def _write_side_shard(src: str, out: Path, samples: list[Sample], image_exts: li
                 tar.addfile(info, io.BytesIO(data))
     os.replace(tmp, out)
     return failed
-
-
-def find_bad_image(paths: list[str], index_paths: list[str], image_exts: list[set[str]],
-                   max_pixels: int, *, limit: int | None = None) -> tuple[str, str, str] | None:
-    """The first image DALI could not decode in these shards, as (shard, key, reason).
-
-    Used after DALI failed a batch under ``on_error: raise`` without naming the sample:
-    each image is decoded by PIL and by DALI's CPU decoder (in the check workers); the
-    first that is not ``ok`` (bad, or readable only by PIL) is the one. At most ``limit``
-    samples are checked (None: all).
-    """
-    left = limit
-    for path, idx in zip(paths, index_paths):
-        samples = read_index(idx, path)
-        if left is not None:
-            samples, left = samples[:left], left - min(left, len(samples))
-        for key, name, v in check_members(path, samples, image_exts, max_pixels, True):
-            if v.status != "ok":
-                return path, key, f"{name}: {v.reason}"
-        if left == 0:
-            break
-    return None
-
-
-def image_reason(path: str, index_path: str, key: str, image_exts: list[set[str]], max_pixels: int) -> str | None:
-    """Why the sample ``key`` of a shard is not ``ok`` for both decoders (None: it is, or it is not listed)."""
-    samples = [s for s in read_index(index_path, path) if s.key == key]
-    for _, name, v in check_members(path, samples, image_exts, max_pixels, True):
-        if v.status != "ok":
-            return f"{name}: {v.reason}"
-    return None

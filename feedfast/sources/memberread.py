@@ -47,11 +47,11 @@ class MemberReader:
             (False: only the samples asked for, merged where near: a reader that sees only some of the
             steps, such as one DataLoader worker process of several, would hold windows it never finishes).
         requests: window reads at once (:class:`~feedfast.sources.windows.WindowCache`).
-        files: the local shards' descriptors, shared with another reader of them (None: opened here).
+        files: the local shards' descriptors (opened as first read; shared with another reader of them).
     """
 
     def __init__(self, names: tuple[str, ...], kinds: tuple[str, ...], rows: Any, *, cache: ShardCache | None,
-                 transfer: Transfer, windows: bool = True, requests: int = 8, files: ShardFiles | None = None) -> None:
+                 transfer: Transfer, files: ShardFiles, windows: bool = True, requests: int = 8) -> None:
         self.names, self.kinds = names, kinds
         self.rows = rows
         self.components = rows.index.components
@@ -59,7 +59,7 @@ class MemberReader:
         self._windows = WindowCache(rows.window if windows else None, self._fetch_samples, requests=requests,
                                     nbytes=self._bytes, shard_of=self._shard_of)
         self._transports: dict[int, Transport] = {}
-        self.files = files or ShardFiles(names)  # local shards stay open: a shuffled epoch reads sample by sample
+        self.files = files  # local shards stay open: a shuffled epoch reads sample by sample
         if self._windows._io is not None:
             weakref.finalize(self, self._windows._io.shutdown, wait=False)
         weakref.finalize(self, self.files.close)

@@ -55,6 +55,7 @@ from feedfast.errors import ShardError
 from feedfast.shards.transport import schemes
 from feedfast.shards.transport.cache import ShardCache
 from feedfast.shards.transport.remote import RemoteError, Transfer
+from feedfast.shards.transport.shardfiles import ShardFiles
 from feedfast.sources.lostrows import LostShards
 from feedfast.sources.memberread import MISSING, MemberReader
 
@@ -139,8 +140,8 @@ class RangeSource:
         with self._lock:
             if self._member_reader is None:
                 self._member_reader = MemberReader(self.names, self.kinds, self.rows, cache=self.cache,
-                                                   transfer=self.transfer, windows=self.windows,
-                                                   requests=self.requests)
+                                                   transfer=self.transfer, files=ShardFiles(self.names),
+                                                   windows=self.windows, requests=self.requests)
             return self._member_reader
 
     @property

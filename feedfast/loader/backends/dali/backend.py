@@ -20,7 +20,6 @@ from feedfast.errors import UserError
 from feedfast.loader.backends.base import Backend, BackendSettings
 from feedfast.loader.backends.dali import nativelog, rescue
 from feedfast.loader.backends.dali.checkpoint import check_operators, pipeline_operators
-from feedfast.loader.backends.dali.diagnose import diagnose
 from feedfast.loader.backends.dali.life import LifePipe, StepQueue, run_life_epoch
 from feedfast.loader.backends.dali.pipe import epoch_seed, make_life, release_memory
 from feedfast.loader.backends.dali.stream import StreamEpoch, epoch_stream
@@ -65,53 +64,26 @@ class DaliBackend(Backend):
     def batches(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None) -> Iterator[Batch]:
         """The epoch's batches through the life pipeline, each with DALI's checkpoint after it: the prepared steps
         of this epoch where they match, else its steps queued now; the pipeline built first when there is none or
-        a state's checkpoint is restored. A failed batch is rescued (:mod:`~feedfast.loader.backends.dali.rescue`)
-        when the shards allow it, and the pipeline built again at its step; else it is named."""
-        life = self.life
-        if life is None or checkpoint is not None:
-            self._drop_life()
-            life = self._build_life(epoch, ep, start, checkpoint)
-        segment = life.queue.find(epoch, ep, start)
-        if segment is not None and life.queue.segments[segment].stream.lost_any():
-            segment = None  # prepared while a shard could not be read: the epoch asks its source again
-        life.queue.keep_only(segment)  # steps fed for another epoch, or an epoch left mid-way, are dropped
-        if segment is None:
-            segment = self._queue_epoch(life, epoch, ep, start)
-        self.segment = segment
-        shards = self.shards_for(epoch)
+        a state's checkpoint is restored. A failed batch is rescued where the shards allow it, and the pipeline
+        built again at its step; else it is named (:func:`~feedfast.loader.backends.dali.rescue.in_flight`)."""
         rng = random.Random(f"{self.seed}/{epoch}/{self.rank}/{start}")
-        step = start
-        while step < ep.steps:
+        life, step, first_step, rebuild = self.life, start, 0, checkpoint is not None
+        while True:
+            if life is None or rebuild:
+                life = self._build_life(epoch, ep, step, checkpoint, first_step=first_step)
+            segment = self.segment = life.segment_for(epoch, ep, step)
             try:
                 for batch in run_life_epoch(life, segment, self.plan, ep, rng, step, every=self.checkpoint_every):
                     step += 1
                     yield batch
+                break
             except RuntimeError as exc:
-                if not rescue.rescuable(shards):
-                    stream = life.queue.segments[segment].stream
-                    raise diagnose(exc, self.plan, step, shards, stream, max_pixels=self.max_pixels) from exc
-                self._rescue(epoch, ep, step, exc, life.queue.segments[segment].stream, life.depth)
-                life = self._build_life(epoch, ep, step, None, first_step=step)
-                segment = self.segment = self._queue_epoch(life, epoch, ep, step)
+                in_flight = range(step, min(ep.steps, step + life.depth + 1))  # the failed step and those after it
+                rescue.in_flight(exc, life.queue.segments[segment].stream, in_flight, self.plan, self.patches,
+                                 self.shards_for(epoch), max_pixels=self.max_pixels)
+                rebuild, checkpoint, first_step = True, None, step  # on from the failed step, the images rescued
         life.queue.retire(segment)
         self.segment = None
-
-    def _rescue(self, epoch: int, ep: EpochPlan, step: int, exc: RuntimeError, stream: StreamEpoch,
-                depth: int) -> None:
-        """Rescue the images of the steps DALI had in flight from ``step``, or raise what failed.
-
-        Raises:
-            SampleError: an image of the steps in flight that neither DALI nor PIL decodes, or (no image
-                being to blame on the CPU) the sample DALI's message names.
-            FeedfastError: nothing names a sample.
-        """
-        steps = range(step, min(ep.steps, step + depth + 1))
-        found = rescue.examine(stream, steps, rescue.image_components(self.plan), self.patches,
-                               max_pixels=self.max_pixels, seconds=self.plan.spec.check_seconds)
-        if not found:  # a GPU decoder or another operator failed: named from DALI's message where it can be
-            raise diagnose(exc, self.plan, step, self.shards_for(epoch), stream, max_pixels=self.max_pixels) from exc
-        for where in found:
-            rescue.log.info("shard %r, sample %r: %s", where[0], where[1], self.patches.reasons[where])
 
     def rescued(self) -> list[tuple[str, str, str]]:
         """(shard, key, reason) of every image rescued so far: delivered as PNG in place (see :mod:`.rescue`)."""
@@ -128,10 +100,10 @@ class DaliBackend(Backend):
 
     def _build_life(self, epoch: int, ep: EpochPlan, start: int, checkpoint: str | None,
                     first_step: int = 0) -> LifePipe:
-        """The pipeline for the loader's life, from ``epoch``'s step ``start``: restored from a state's checkpoint
-        (a rescue it holds rescued again), or new (seeded for ``epoch``; after a rescue, started at
-        ``first_step``). Its first steps are queued, the next epoch's too when this one has fewer left than
-        DALI's first call runs."""
+        """The pipeline for the loader's life, from ``epoch``'s step ``start``, in place of the one there was: restored
+        from a state's checkpoint (a rescue it holds rescued again), or new (seeded for ``epoch``; after a rescue,
+        started at ``first_step``)."""
+        self._drop_life()
         self._capture()
         dali, saved_first, keys = rescue.unwrap_checkpoint(checkpoint)
         iteration = rescue.wrapped_iteration(checkpoint)
@@ -150,22 +122,9 @@ class DaliBackend(Backend):
                                device_id=self.device_id, seed=epoch_seed(self.seed, epoch, self.rank),
                                depth=self.depth, checkpoint=dali)
         rescued = tuple(sorted(self.patches.images)) if self.patches else ()
-        self.life = LifePipe(pipe, omap, queue, self.depth, taken=iteration or 0, first_step=first_step,
-                             rescued=rescued)
+        self.life = LifePipe(pipe, omap, queue, self.depth, self._stream, self.plan_for, taken=iteration or 0,
+                             first_step=first_step, rescued=rescued)
         return self.life
-
-    def _queue_epoch(self, life: LifePipe, epoch: int, ep: EpochPlan, start: int) -> int:
-        """Queue ``epoch``'s steps from ``start`` (and the next epoch's, when this one ends before DALI's first call
-        has run a full queue: a restored run then feeds what the uninterrupted one fed)."""
-        segment = self._queue(life, epoch, ep, start)
-        if not life.started and ep.steps - start < life.depth:
-            self._queue(life, epoch + 1, self.plan_for(epoch + 1), 0)
-        return segment
-
-    def _queue(self, life: LifePipe, epoch: int, ep: EpochPlan, start: int) -> int:
-        return life.queue.add(epoch, ep, lambda base: self._stream(epoch, ep, holds=life.depth + 1,
-                                                                   ring=life.queue.ring, ring_base=base),
-                              start, ep.steps)
 
     def all_in_flight(self) -> bool:
         """Whether every step of the open epoch has been handed to DALI."""
@@ -180,9 +139,8 @@ class DaliBackend(Backend):
         instead of after it. If the next iteration asks for another epoch (``set_epoch``) or never comes,
         what was started is dropped; the cost is at most DALI's queue of batches.
         """
-        ep, life = self.plan_for(epoch), self.life
-        if life is not None and life.queue.find(epoch, ep, 0) is None:
-            self._queue(life, epoch, ep, 0)
+        if self.life is not None:
+            self.life.prepare(epoch)
 
     def runs_on(self, checkpoint: str | None) -> bool:
         """A life pipeline's checkpoint (it says the DALI iteration it resumes at) runs on into the next epoch."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
@@ -13,22 +12,11 @@ from feedfast.loader.backends.dali.feed import StepBytes
 from feedfast.ops.base import Rng
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.registry import OPS
-from feedfast.shards.index.tarindex import split_name, unescape_name
 
 try:
     from feedfast import _plan
 except ImportError:  # not built at install: labels are parsed one at a time
     _plan = None
-
-_INFO = re.compile(r"^(.*?):(\d+):(.*)$", re.S)
-
-
-def sample_origin(source_info: str) -> tuple[str, str]:
-    """(shard path, sample key) from DALI's ``source_info`` (``path:offset:member``)."""
-    m = _INFO.match(source_info)
-    if not m:
-        return source_info, "?"
-    return m.group(1), split_name(unescape_name(m.group(3)))[0]
 
 
 def tensorlist_to_torch(tl: Any, out: torch.Tensor, stream: Any = None) -> torch.Tensor:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from feedfast.checks.validate import DEFAULT_MAX_PIXELS
 from feedfast.compile.plan import Plan
 from feedfast.errors import FeedfastError, SampleError
-from feedfast.sources.mixture import Dataset
+from feedfast.loader.backends.dali.stream import StreamEpoch
 
-_FAILED = re.compile(r"Failed to decode sample #(\d+) : ([^\n|]*)")
+_FAILED = re.compile(r"Failed to decode sample #(\d+)")
 HINT = ("set on_error='skip' (spec `source: {on_error: skip}`) to leave undecodable samples out (over images read "
         "in place, on backend='threads' or 'pil')")
 
@@ -22,76 +21,37 @@ def first_line(exc: BaseException) -> str:
     return next(iter(useful), lines[0] if lines else repr(exc))
 
 
-SCAN_LIMIT = 20_000  # images checked when nothing narrows the search, before giving up
-
-
-def diagnose(exc: BaseException, plan: Plan, step: int, shards: Dataset, stream: Any = None, *,
+def diagnose(exc: BaseException, plan: Plan, step: int, stream: StreamEpoch, *,
              max_pixels: int = DEFAULT_MAX_PIXELS) -> FeedfastError:
     """Turn a DALI failure into an error naming the shard, sample and reason where possible.
 
-    The reader's ``source_info`` names the sample; an external source has none, and the
-    stream transport (``stream``) names it by its number in the batch. The reason comes
-    from checking the named image again with PIL and DALI's CPU decoder (DALI's exception
-    text lacks it). When nothing names the sample, the step's images (stream), else the shards' images (at most ``SCAN_LIMIT`` of them) are checked in
-    order and the first that either decoder rejects is named.
+    DALI's message numbers the sample in its batch (an external source has no ``source_info``), and the epoch's
+    feed (``stream``) names it; the reason comes from probing its images again with PIL and DALI's CPU decoder
+    (DALI's exception text lacks it), else it is DALI's message. When the message numbers none, the step's images
+    are probed in order and the first that either decoder rejects is named.
 
     Args:
         exc: what DALI raised.
         plan: the loader's plan (its spec says which components are images).
         step: the epoch step that failed.
-        shards: the opened shards.
-        stream: the stream transport, when the dataset is streamed.
+        stream: the epoch's feed (:class:`~feedfast.loader.backends.dali.stream.StreamEpoch`).
         max_pixels: the loader's pixel limit (images above it are reported as such).
     """
     exts = [{e.lower() for e in c.ext.split(";")} for c in plan.spec.components.values() if c.kind == "image"]
-    named = _named(exc, step, stream)
-    if named is not None:
-        shard, key = named
-        reason = _reason(shards, shard, key, exts, max_pixels) or first_line(exc)
-        return SampleError("DALI could not decode a sample", shard=shard, key=key, reason=f"{reason}; {HINT}")
+    m = _FAILED.search(str(exc))
+    at = int(m.group(1)) if m else None
     found = None
     if exts:
         try:
-            found = _search(shards, stream, step, exts, max_pixels)
-        except FeedfastError:
+            found = stream.bad_sample(step, exts, max_pixels, at=at)
+        except FeedfastError:  # the step cannot be read again (a stream's shard)
             found = None
+    if found is None and at is not None:
+        shard, key = stream.origins(step, at + 1)[-1]
+        found = (shard, key, first_line(exc))
     if found:
-        return SampleError("DALI could not decode a sample", shard=found[0], key=found[1], reason=f"{found[2]}; {HINT}")
-    return FeedfastError(f"DALI pipeline failed at epoch step {step}: {first_line(exc)}; no image checked fails PIL or "
-                         "DALI's CPU decoder (a GPU decoder or another operator failed, or the image lies beyond those "
-                         "checked: `feedfast shards inspect --check SHARDS` checks every image)")
-
-
-def _named(exc: BaseException, step: int, stream: Any) -> tuple[str, str] | None:
-    from feedfast.loader.backends.dali.convert import sample_origin
-
-    m = _FAILED.search(str(exc))
-    if m and m.group(2).strip():
-        return sample_origin(m.group(2).strip())
-    if m and stream is not None:
-        return tuple(stream.origins(step, int(m.group(1)) + 1)[-1])  # type: ignore[return-value]
-    return None
-
-
-def _reason(shards: Dataset, shard: str, key: str, exts: list[set[str]], max_pixels: int) -> str | None:
-    from feedfast.checks.checked import image_reason
-
-    if shard not in shards.paths or not exts or shards.read_kinds[shards.paths.index(shard)] not in ("file", "cache"):
-        return None
-    i = shards.paths.index(shard)
-    if i >= len(shards.index_paths):  # images in place: no tar index (their feed names a bad sample itself)
-        return None
-    try:
-        return image_reason(shard, shards.index_paths[i], key, exts, max_pixels)
-    except FeedfastError:
-        return None
-
-
-def _search(shards: Dataset, stream: Any, step: int, exts: list[set[str]],
-            max_pixels: int) -> tuple[str, str, str] | None:
-    from feedfast.checks.checked import find_bad_image
-
-    if stream is not None:
-        return stream.bad_sample(step, exts, max_pixels)  # type: ignore[no-any-return]
-    local = [(p, i) for p, i, k in zip(shards.paths, shards.index_paths, shards.read_kinds) if k == "file"]
-    return find_bad_image([p for p, _ in local], [i for _, i in local], exts, max_pixels, limit=SCAN_LIMIT)
+        shard, key, reason = found
+        return SampleError("DALI could not decode a sample", shard=shard, key=key, reason=f"{reason}; {HINT}")
+    return FeedfastError(f"DALI pipeline failed at epoch step {step}: {first_line(exc)}; no image of the step fails "
+                         "PIL or DALI's CPU decoder (a GPU decoder or another operator failed: `feedfast shards inspect "
+                         "--check SHARDS` checks every image)")

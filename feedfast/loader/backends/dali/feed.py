@@ -39,6 +39,7 @@ from feedfast.loader.backends.dali.draws import StepDraws
 from feedfast.loader.backends.dali.ring import Ring
 from feedfast.shards.transport.cache import ShardCache
 from feedfast.shards.transport.remote import Transfer
+from feedfast.shards.transport.shardfiles import ShardFiles
 from feedfast.sources.lostrows import LostShards, lost_last
 from feedfast.sources.memberread import MemberReader
 from feedfast.sources.members import Members, ShardMembers, StepBytes
@@ -100,9 +101,9 @@ class BatchFeeder:
         self.dali = list(range(self.components)) if dali is None else list(dali)
         self._host: dict[int, dict[int, Any]] = {}  # step -> component -> its members, for host ops
         self.step_rows, self.steps = step_rows, steps
-        self.reader = MemberReader(names, kinds, rows, cache=cache, transfer=transfer, windows=windows,
-                                   requests=requests,
-                                   files=self.members.files if isinstance(self.members, ShardMembers) else None)
+        files = self.members.files if isinstance(self.members, ShardMembers) else ShardFiles(names)
+        self.reader = MemberReader(names, kinds, rows, cache=cache, transfer=transfer, files=files, windows=windows,
+                                   requests=requests)
         # local shards read sample by sample: a windowed order's windows and skip's lost rows take the reader
         self.packed = (_plan is not None and self.members is not None and local and valid is None
                        and not (windows and rows.window is not None))

@@ -167,7 +167,8 @@ class StepQueue:
 
 @dataclass
 class LifePipe:
-    """A built DALI pipeline and its step queue, driven one output at a time.
+    """A built DALI pipeline and its step queue, driven one output at a time; epochs' steps are queued to it
+    through the feeds ``feed`` makes.
 
     ``taken``: the DALI iteration of the next output; ``scheduled``: iterations DALI was asked to run
     (its first ``schedule_run`` queues ``depth`` of them, each later one one).
@@ -177,6 +178,8 @@ class LifePipe:
     omap: Any
     queue: StepQueue
     depth: int
+    feed: Callable[..., StreamEpoch]  # (epoch, epoch plan, **the feed's holds, ring, ring_base) -> its feed
+    plan_for: Callable[[int], EpochPlan]  # epoch -> its plan
     taken: int = 0
     scheduled: int = 0
     first_step: int = 0  # the epoch step of a rescued pipeline's first iteration
@@ -187,6 +190,33 @@ class LifePipe:
 
     def __post_init__(self) -> None:
         self.scheduled = self.origin = self.taken
+
+    def segment_for(self, epoch: int, ep: EpochPlan, start: int) -> int:
+        """The queued segment of ``epoch``'s steps from ``start``: the prepared one where it matches, else those steps
+        queued now. Every other segment (steps fed for another epoch, or an epoch left mid-way) is dropped."""
+        segment = self.queue.find(epoch, ep, start)
+        if segment is not None and self.queue.segments[segment].stream.lost_any():
+            segment = None  # prepared while a shard could not be read: the epoch asks its source again
+        self.queue.keep_only(segment)
+        return self.queue_epoch(epoch, ep, start) if segment is None else segment
+
+    def queue_epoch(self, epoch: int, ep: EpochPlan, start: int) -> int:
+        """Queue ``epoch``'s steps from ``start`` (and the next epoch's, when this one ends before DALI's first call
+        has run a full queue: a restored run then feeds what the uninterrupted one fed). Returns its segment."""
+        segment = self._queue(epoch, ep, start)
+        if not self.started and ep.steps - start < self.depth:
+            self._queue(epoch + 1, self.plan_for(epoch + 1), 0)
+        return segment
+
+    def prepare(self, epoch: int) -> None:
+        """Queue ``epoch``'s steps from its first, unless they are queued already."""
+        ep = self.plan_for(epoch)
+        if self.queue.find(epoch, ep, 0) is None:
+            self._queue(epoch, ep, 0)
+
+    def _queue(self, epoch: int, ep: EpochPlan, start: int) -> int:
+        return self.queue.add(epoch, ep, lambda base: self.feed(epoch, ep, holds=self.depth + 1, ring=self.queue.ring,
+                                                                ring_base=base), start, ep.steps)
 
     def _schedule(self) -> None:
         self.pipe.schedule_run()

@@ -41,7 +41,7 @@ from feedfast.checks.second_decode import rescue_png
 from feedfast.checks.worker import Failed, pool
 from feedfast.compile.plan import Plan
 from feedfast.errors import SampleError
-from feedfast.loader.backends.dali.diagnose import HINT
+from feedfast.loader.backends.dali.diagnose import HINT, diagnose
 from feedfast.loader.backends.dali.stream import StreamEpoch
 from feedfast.loader.backends.pil_warnings import routed
 from feedfast.shards.transport import schemes
@@ -124,6 +124,25 @@ def examine(stream: StreamEpoch, steps: range, components: list[int], patches: P
             raise SampleError("DALI could not decode a sample", shard=where[0], key=where[1],
                               reason=f"{answer.reason}; {HINT}")
     return list(dict.fromkeys(found))
+
+
+def in_flight(exc: RuntimeError, stream: StreamEpoch, steps: range, plan: Plan, patches: Patches,
+              shards: Dataset, *, max_pixels: int) -> None:
+    """Rescue the images of the steps DALI had in flight when it failed (``steps``, from the failed one), or raise
+    what failed: the image neither decoder reads, else what DALI's message names
+    (:func:`~feedfast.loader.backends.dali.diagnose.diagnose`).
+
+    Raises:
+        SampleError: an image of the steps in flight that neither DALI nor PIL decodes, or (no image being to blame
+            on the CPU) the sample DALI's message names.
+        FeedfastError: nothing names a sample.
+    """
+    found = examine(stream, steps, image_components(plan), patches, max_pixels=max_pixels,
+                    seconds=plan.spec.check_seconds) if rescuable(shards) else []
+    if not found:  # a GPU decoder or another operator failed, or the shards cannot be read again
+        raise diagnose(exc, plan, steps.start, stream, max_pixels=max_pixels) from exc
+    for where in found:
+        log.info("shard %r, sample %r: %s", where[0], where[1], patches.reasons[where])
 
 
 def rescue_keys(stream: StreamEpoch, keys: list[Where], components: list[int], patches: Patches, *,

@@ -5,7 +5,7 @@ reader cannot open, and for every shuffled epoch (the partition is picked by
 :func:`~feedfast.order.deal.partition_for`):
 
 - local shards under shuffle (``global``): each rank reads its share of one permutation of
-  the whole dataset (:mod:`feedfast.order.orders`), sample by sample;
+  the whole dataset (:mod:`feedfast.order.globalorder`), sample by sample;
 - remote shards under shuffle (``block``: http, ``pipe:``, s3, gs): the block shuffle
   (:func:`~feedfast.order.block.block_order`): windows of ``shuffle.window`` consecutive
   samples of every shard are permuted, cut into ranks' contiguous ranges, and each window's
@@ -51,7 +51,7 @@ from feedfast.loader.backends.dali.feed import DALI_HOLDS, BatchFeeder
 from feedfast.loader.backends.dali.ring import Ring
 from feedfast.order.deal import EpochPlan, step_positions
 from feedfast.order.draws import draws_key
-from feedfast.order.rows import epoch_rows
+from feedfast.order.orders import epoch_rows
 from feedfast.shards.index.columnar import Origins
 from feedfast.sources.mixture import Dataset
 
@@ -114,20 +114,22 @@ class StreamEpoch:
         named = zip(where.shard.tolist(), self.rows.index.batch_keys(where), filled.lost)
         return filled.valid, tuple((self.names[s], key, reasons[r]) for s, key, r in named)
 
-    def bad_sample(self, step: int, image_exts: list[set[str]], max_pixels: int) -> tuple[str, str, str] | None:
-        """The first sample of step ``step`` whose image DALI cannot decode, as (shard, key, reason).
+    def bad_sample(self, step: int, image_exts: list[set[str]], max_pixels: int, *,
+                   at: int | None = None) -> tuple[str, str, str] | None:
+        """The first sample of step ``step`` (its ``at``-th alone, when given) whose image DALI cannot decode, as
+        (shard, key, reason).
 
-        Used after DALI failed a batch without naming the sample: the step is read again
-        and its image components (those whose extensions are in ``image_exts``) probed.
+        Used after DALI failed a batch: the step is read again and its image components (those whose extensions
+        are in ``image_exts``) probed.
         """
         comps = [c for c, exts in enumerate(self.exts) if exts in image_exts]
         arrays = self.feeder.batch(step)
         origins = self.origins(step, self.batch_size)
-        for i, (shard, key) in enumerate(origins):
+        for i in range(len(origins)) if at is None else range(at, min(at + 1, len(origins))):
             for c in comps:
                 v = probe_image(arrays[c][i].tobytes(), max_pixels=max_pixels)
                 if v.status != "ok":
-                    return shard, key, v.reason
+                    return origins[i][0], origins[i][1], v.reason
         return None
 
 
