@@ -149,6 +149,35 @@ def test_dali_rescues_files_its_decoder_rejects_in_place_and_a_state_resumes(
         assert all(torch.equal(a, b) for (_, a), (_, b) in zip(rest, full[taken:])), taken
 
 
+def test_a_rescue_drops_the_failed_pipeline_and_stops_its_feeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rescue builds a pipeline at the failed step in place of the failed one, which is dropped with every feed it
+    had queued (their reads stop): each pipeline but the live one is closed by the epoch's end, that one at the
+    loader's close."""
+    import feedfast.loader.backends.dali.backend as dali_backend
+    from feedfast.loader.backends.dali.life import StepQueue
+
+    closed: list[StepQueue] = []
+    built: list[StepQueue] = []
+    real_close, real_make = StepQueue.close, dali_backend.make_life
+
+    def close(self: StepQueue) -> None:
+        closed.append(self)
+        real_close(self)
+
+    def make_life(plan: Any, queue: StepQueue, **kw: Any) -> Any:
+        built.append(queue)
+        return real_make(plan, queue, **kw)
+
+    monkeypatch.setattr(StepQueue, "close", close)
+    monkeypatch.setattr(dali_backend, "make_life", make_life)
+    shard = str(write_hostile(tmp_path, RESCUE_KEYS))
+    loader = feedfast.DataLoader(_spec("raise"), shards=shard, batch_size=2, num_workers=1, backend="dali")
+    assert list(_epoch(loader)) == RESCUE_KEYS
+    assert len(built) >= 2 and closed == built[:-1] and all(not queue.segments for queue in closed)
+    loader.close()
+    assert closed == built
+
+
 def test_a_shuffled_dali_epoch_rescues_them_too(tmp_path: Path) -> None:
     """shuffle=True reads the global order through the stream transport: the rescue patches the feed itself."""
     shard = str(write_hostile(tmp_path, RESCUE_KEYS))
