@@ -40,6 +40,11 @@ class StepBytes:
     starts: np.ndarray
     sizes: np.ndarray
 
+    def member(self, i: int) -> np.ndarray:
+        """Member ``i`` as a view of ``data`` (empty for none)."""
+        start = int(self.starts[i])
+        return self.data[start:start + max(int(self.sizes[i]), 0)]
+
     def views(self) -> list[np.ndarray]:
         """Each member as a view of ``data`` (an empty array for none)."""
         return self._slices(self.data)
@@ -52,10 +57,14 @@ class StepBytes:
 
     def _slices(self, whole: Any) -> list[Any]:
         ends = (self.starts + np.maximum(self.sizes, 0)).tolist()
-        slices: list[Any] = [whole[a:b] for a, b in zip(self.starts.tolist(), ends)]
-        for i in np.flatnonzero(self.sizes <= 0).tolist():
-            slices[i] = MISSING if self.sizes[i] < 0 else EMPTY
-        return slices
+        return _marked([whole[a:b] for a, b in zip(self.starts.tolist(), ends)], self.sizes)
+
+
+def _marked(members: list[Any], sizes: np.ndarray) -> list[Any]:
+    """``members`` with each of size 0 made :data:`EMPTY` and each of size -1 (none) :data:`MISSING`."""
+    for i in np.flatnonzero(sizes <= 0).tolist():
+        members[i] = MISSING if sizes[i] < 0 else EMPTY
+    return members
 
 
 def _packing(sizes: np.ndarray, buffer: Buffer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -138,11 +147,8 @@ class ShardMembers:
         offsets, lengths = rows.offsets[:, component], np.maximum(sizes, 0)
         if np.any(offsets + lengths > np.array([len(m) for m in maps])[at]):  # type: ignore[arg-type]
             return None
-        views: list[Any] = [maps[s][a:a + n]  # type: ignore[index]
-                            for s, a, n in zip(at.tolist(), offsets.tolist(), lengths.tolist())]
-        for i in np.flatnonzero(sizes <= 0).tolist():
-            views[i] = MISSING if sizes[i] < 0 else EMPTY
-        return views
+        return _marked([maps[s][a:a + n]  # type: ignore[index]
+                        for s, a, n in zip(at.tolist(), offsets.tolist(), lengths.tolist())], sizes)
 
     def _member(self, rows: RowBatch, i: int, c: int) -> bytes | None:
         size = int(rows.sizes[i, c])

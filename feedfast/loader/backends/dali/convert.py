@@ -8,10 +8,10 @@ import numpy as np
 import torch
 
 from feedfast.errors import BackendError, SampleError
-from feedfast.loader.backends.dali.feed import StepBytes
 from feedfast.ops.base import Rng
 from feedfast.ops.generic import DecodeFailure
 from feedfast.ops.registry import OPS
+from feedfast.sources.members import StepBytes
 
 try:
     from feedfast import _plan
@@ -53,17 +53,16 @@ def dali_dtype_to_torch(tl: Any) -> torch.dtype:
 
 
 def raw_bytes(raw: Any, i: int) -> bytes:
-    """Sample ``i`` of a raw (uint8) component as bytes: a DALI TensorList, a feed's list of arrays or its
-    :class:`~feedfast.loader.backends.dali.feed.StepBytes`."""
+    """Sample ``i`` of a raw (uint8) component as bytes: a feed's list of arrays or its
+    :class:`~feedfast.sources.members.StepBytes`."""
     if isinstance(raw, StepBytes):
-        start, size = int(raw.starts[i]), max(int(raw.sizes[i]), 0)
-        return raw.data[start:start + size].tobytes()
+        return raw.member(i).tobytes()
     return np.asarray(raw[i]).tobytes()
 
 
 def host_field(chain: list[Any], raw: Any, n: int, rng: Rng, where: list[tuple[str, str]], kind: str) -> Any:
     """A field made by host ops from ``n`` raw samples, collated. A lone ``label`` op over a feed's
-    :class:`~feedfast.loader.backends.dali.feed.StepBytes` parses the batch in one call of ``feedfast._plan``
+    :class:`~feedfast.sources.members.StepBytes` parses the batch in one call of ``feedfast._plan``
     (the GIL released); a label it refuses goes through the op itself, which raises the op's own error."""
     if _plan is not None and isinstance(raw, StepBytes) and [node.op for node in chain] == ["label"]:
         labels = np.empty(n, dtype=np.int64)

@@ -20,6 +20,7 @@ from feedfast.compile.dali_draws import FedDraws
 from feedfast.ops import threaded as th
 from feedfast.ops.registry import OPS
 from feedfast.order.draws import keyed_draws
+from feedfast.sources.members import StepBytes
 
 try:
     from feedfast import _plan
@@ -43,15 +44,15 @@ class StepDraws:
         window, then the horizontal and (unless folded) vertical flags (int32 [n]).
 
         Args:
-            members: the step's images: a :class:`~feedfast.loader.backends.dali.feed.StepBytes` (packed), or a
-                list of arrays (one a sample; empty for none).
+            members: the step's images: a :class:`~feedfast.sources.members.StepBytes` (packed), or a list of
+                arrays or buffers (one a sample; empty for none).
             draw_ids: what each sample's draws are keyed by (``RowBatch.draw_ids``).
             name: sample ``i``'s (shard, key), for a warning.
         """
         ids = np.ascontiguousarray(draw_ids, dtype=np.int64)
         rows = np.zeros((len(ids), COLS), dtype=np.float64)
         rows[:, 0] = -1
-        if _plan is not None and hasattr(members, "starts"):
+        if _plan is not None and isinstance(members, StepBytes):
             _plan.plan_packed(members.data, np.ascontiguousarray(members.starts), np.ascontiguousarray(members.sizes),
                               ids, self.key, self.fed.program, rows)
         elif _plan is not None:
@@ -90,11 +91,8 @@ class StepDraws:
             row[HFLIP], row[VFLIP] = flips(self.fed.flip_params, draws)  # type: ignore[misc]
 
 
-def _member(members: Any, i: int) -> Any:
-    if hasattr(members, "starts"):
-        size = int(members.sizes[i])
-        return members.data[int(members.starts[i]): int(members.starts[i]) + max(size, 0)]
-    return members[i]
+def _member(members: StepBytes | Sequence[Any], i: int) -> Any:
+    return members.member(i) if isinstance(members, StepBytes) else members[i]
 
 
 def _size(data: Sequence[int] | np.ndarray) -> tuple[int, int]:

@@ -42,7 +42,7 @@ class DaliOutput:
 def batch_fields(outs: Any, omap: Any, plan: Plan, size: int, rng: random.Random,
                  where: Any, raw: Callable[[int], Any]) -> dict[str, Any]:
     """One batch's fields: DALI's outputs as they are (the delivery stage copies them), host ops run on a raw
-    component (``raw(c)``: the one DALI returned, or behind the feed the members the feed kept for them)."""
+    component (``raw(c)``: the members the feed kept for them)."""
     fields: dict[str, Any] = {name: DaliOutput.of(outs[i], size) for i, name in enumerate(omap.fields)}
     for name, nid in plan.outputs.items():
         if plan.nodes[nid].device == "host":
@@ -50,8 +50,3 @@ def batch_fields(outs: Any, omap: Any, plan: Plan, size: int, rng: random.Random
             values = raw(plan.components.index(comp))
             fields[name] = convert.host_field(chain, values, size, rng, where, plan.nodes[nid].sig.kind)
     return fields
-
-
-def raw_output(outs: Any, first: int, component: int) -> Any:
-    """The raw output of ``component`` among DALI's outputs (after the ``first`` field outputs)."""
-    return outs[first + component]

@@ -1,8 +1,7 @@
 """The stream transport: one rank's epoch as a batch callable for DALI's ``external_source``.
 
-Used when a dataset holds http(s) or cached (``pipe:``) shards, which DALI's webdataset
-reader cannot open, and for every shuffled epoch (the partition is picked by
-:func:`~feedfast.order.deal.partition_for`):
+Every epoch of the DALI backend is read so, over every kind of shard (DALI's webdataset reader is
+not used); the partition is picked by :func:`~feedfast.order.deal.partition_for`:
 
 - local shards under shuffle (``global``): each rank reads its share of one permutation of
   the whole dataset (:mod:`feedfast.order.globalorder`), sample by sample;
@@ -12,8 +11,8 @@ reader cannot open, and for every shuffled epoch (the partition is picked by
   samples are spread over about ``shuffle.block`` positions, so a batch mixes about
   ``block / window`` windows of as many shards. A window is read in one ranged request and
   kept in memory until its last step is served (about ``block`` samples held);
-- unshuffled: the samples and their order are those the native reader yields: the shards'
-  (filtered) indexes concatenated, this rank's contiguous range from
+- unshuffled (``shards``): the samples and their order are those DALI's own reader would yield:
+  the shards' (filtered) indexes concatenated, this rank's contiguous range from
   :func:`~feedfast.order.deal.rank_range`.
 
 Step ``j`` holds rows ``j*B .. j*B+B-1`` of the rank's rows, and rows past their end repeat
