@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 from gpucheck_common import CheckFailed, Context, Section, Target, enforce, judge
-from gpucheck_sections import need_shards
+from gpucheck_sections import forever, need_shards
 from gpucheck_timing import timed_epochs
 from gpucheck_train import TrainRun, checked, prepare, report_training, train
 
@@ -34,15 +34,18 @@ TRAIN_SHARE = 0.95
 
 
 # ---------------------------------------------------------------------------- the default call
-def default_loader(ctx: Context, batch: int, spec: str = DEFAULT_SPEC, **asked: Any) -> Any:
+def default_loader(ctx: Context, batch: int, spec: str = DEFAULT_SPEC, *, shards: str | None = None,
+                   **asked: Any) -> Any:
     """``feedfast.DataLoader(spec, shards=..., batch_size=batch, device="cuda", **asked)`` on a GPU; in a dry run the
-    same DALI CPU-placed to the CPU at the dry run's crop. ``timeout=`` only bounds a wait (the lease)."""
+    same DALI CPU-placed to the CPU at the dry run's crop. ``shards``: what it reads (None: the check's shards);
+    ``timeout=`` only bounds a wait (the lease)."""
     import feedfast
 
+    shards = shards or need_shards(ctx)
     if ctx.cuda:
-        return feedfast.DataLoader(spec, shards=need_shards(ctx), batch_size=batch, device="cuda",
+        return feedfast.DataLoader(spec, shards=shards, batch_size=batch, device="cuda",
                                    timeout=ctx.sizes.loader_timeout, **asked)
-    return feedfast.DataLoader(spec, shards=need_shards(ctx), batch_size=batch, device="cpu", placement="cpu",
+    return feedfast.DataLoader(spec, shards=shards, batch_size=batch, device="cpu", placement="cpu",
                                backend="dali", overrides=ctx.overrides, timeout=ctx.sizes.loader_timeout)
 
 
@@ -53,11 +56,11 @@ def default_call(ctx: Context, batch: int, spec: str = DEFAULT_SPEC) -> str:
     return f'DataLoader("{spec}", batch_size={batch}, device="cpu", placement="cpu", backend="dali") (dry run)'
 
 
-def ran_as_default(ctx: Context, loader: Any) -> None:
+def ran_as_default(ctx: Context, loader: Any, what: str = "the default call") -> None:
     """On a GPU the default call must have run DALI GPU-placed (the README's promise; what the rows compare)."""
     want = ("dali", "gpu") if ctx.cuda else ("dali", "cpu")
     if (loader.backend, loader.plan.placement) != want:
-        raise CheckFailed(f"the default call ran {loader.backend} {loader.plan.placement}-placed, not "
+        raise CheckFailed(f"{what} ran {loader.backend} {loader.plan.placement}-placed, not "
                           f"{want[0]} {want[1]}-placed")
 
 
@@ -90,9 +93,11 @@ def train_default_section(ctx: Context, sec: Section) -> None:
     trainee = prepare(ctx)
     started = time.perf_counter()
     loader = default_loader(ctx, batch)
+    batches = forever(loader)
     try:
-        run: TrainRun = train(ctx, trainee, checked(iter(_epochs(loader)), ctx.device.type), started)
+        run: TrainRun = train(ctx, trainee, checked(batches, ctx.device.type), started)
     finally:
+        batches.close()
         loader.close()
     ran_as_default(ctx, loader)
     sec.data.update(backend=loader.backend, placement=loader.plan.placement)
@@ -106,17 +111,6 @@ def train_default_section(ctx: Context, sec: Section) -> None:
           else "no ceiling (the train_synthetic section did not complete)")
     sec.data["synthetic_share"] = share
     enforce(ctx, sec)
-
-
-def _epochs(loader: Any) -> Iterator[Any]:
-    """Batches epoch after epoch, as a training loop iterates (an empty epoch is an error)."""
-    while True:
-        empty = True
-        for item in loader:
-            empty = False
-            yield item
-        if empty:
-            raise RuntimeError("the loader yielded no batches")
 
 
 # ---------------------------------------------------------------------------- the recipe

@@ -32,7 +32,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gpucheck_common import CheckFailed, Context, Section, Target, enforce, judge, say
+from gpucheck_common import Context, Section, Target, enforce, judge, say
+from gpucheck_default import default_loader, ran_as_default
 from gpucheck_sections import forever, need_shards, synchronizer
 
 FOLDER_SHARE = 0.9
@@ -40,7 +41,6 @@ FOLDER_SHARE = 0.9
 ROUNDS = 3
 """Alternating rounds (a b, b a, a b): the median of their ratios is judged."""
 READER = "Reader"
-SPEC = "imagenet-train"
 
 
 # ---------------------------------------------------------------------------- the folder
@@ -119,19 +119,6 @@ class FolderDaliLoader:
         self._iterator = None  # type: ignore[assignment]
 
 
-# ---------------------------------------------------------------------------- (b) feedfast's call
-def feedfast_folder_loader(ctx: Context, root: Path, batch: int) -> Any:
-    """``feedfast.DataLoader("imagenet-train", shards=<folder>, batch_size=batch, device="cuda")`` on a GPU; in a dry
-    run the same DALI CPU-placed to the CPU at the dry run's crop."""
-    import feedfast
-
-    if ctx.cuda:
-        return feedfast.DataLoader(SPEC, shards=str(root), batch_size=batch, device="cuda",
-                                   timeout=ctx.sizes.loader_timeout)
-    return feedfast.DataLoader(SPEC, shards=str(root), batch_size=batch, device="cpu", placement="cpu",
-                               backend="dali", overrides=ctx.overrides, timeout=ctx.sizes.loader_timeout)
-
-
 # ---------------------------------------------------------------------------- measuring
 def first_batch(batches: Iterator[Any], started: float) -> tuple[Any, float]:
     """The first batch and the seconds from ``started`` (the loader's creation) to it."""
@@ -178,7 +165,7 @@ def folder_gpu_section(ctx: Context, sec: Section) -> None:
         streams["dali"] = forever(loaders["dali"])
         firsts["dali"] = first_batch(streams["dali"], started)
         started = time.perf_counter()
-        loaders["feedfast"] = feedfast_folder_loader(ctx, root, batch)
+        loaders["feedfast"] = default_loader(ctx, batch, shards=str(root))  # (b) the default call over the folder
         streams["feedfast"] = forever(loaders["feedfast"])
         firsts["feedfast"] = first_batch(streams["feedfast"], started)
         rates: dict[str, list[float]] = {"dali": [], "feedfast": []}
@@ -192,10 +179,7 @@ def folder_gpu_section(ctx: Context, sec: Section) -> None:
         for loader in loaders.values():
             loader.close()
     ours = loaders["feedfast"]
-    want = ("dali", "gpu") if ctx.cuda else ("dali", "cpu")
-    if (ours.backend, ours.plan.placement) != want:
-        raise CheckFailed(f"feedfast over the folder ran {ours.backend} {ours.plan.placement}-placed, not "
-                          f"{want[0]} {want[1]}-placed")
+    ran_as_default(ctx, ours, "feedfast over the folder")
     spread = ratio_spread(rates["feedfast"], rates["dali"])
     measured = f"median of {ROUNDS} alternating rounds of {window} batches after {warmup} dropped"
     for name, what in (("dali", f"(a) hand-written DALI readers.file ({'mixed' if ctx.cuda else 'cpu'} decode), "
