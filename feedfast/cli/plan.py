@@ -108,7 +108,7 @@ def draws_line(plan: Plan) -> str | None:
         decoded = plan.nodes[fed.window].op.startswith("decode")
         parts.append(f"[{fed.window}] its crop window ({'decoders.image_slice' if decoded else 'slice'} + resize)")
     if fed.flip is not None:
-        folded = plan.nodes[fed.flip].op != fed.flip_op
+        folded = not fed.flip_vertical
         parts.append(f"[{fed.flip}] its flips ({'crop_mirror_normalize mirror' if folded else 'flip'})")
     return (f"on dali behind feedfast's feed (every epoch), each sample's draws "
             f"are fed as data, drawn as threads and pil draw them: {', '.join(parts)}")

@@ -344,11 +344,11 @@ def fused_decode_rrc_dali(ctx: Any, decode_p: dict[str, Any], p: dict[str, Any],
             x, ctx.fed["anchor"], ctx.fed["shape"], device=ctx.decoder_device, output_type=out, axis_names="WH",
             normalized_anchor=False, normalized_shape=False, **ctx.decoder_args,
         )
-        return d.fn().resize(crop, device=rdev, size=[h, w], interp_type=d.interp(p["interpolation"]))
-    crop = d.fn().decoders.image_random_crop(
-        x, device=ctx.decoder_device, output_type=out, random_area=list(p["scale"]),
-        random_aspect_ratio=list(p["ratio"]), num_attempts=10, **ctx.decoder_args,
-    )
+    else:
+        crop = d.fn().decoders.image_random_crop(
+            x, device=ctx.decoder_device, output_type=out, random_area=list(p["scale"]),
+            random_aspect_ratio=list(p["ratio"]), num_attempts=10, **ctx.decoder_args,
+        )
     return d.fn().resize(crop, device=rdev, size=[h, w], interp_type=d.interp(p["interpolation"]))
 
 

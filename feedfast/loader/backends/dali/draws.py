@@ -19,7 +19,7 @@ import numpy as np
 from feedfast.compile.dali_draws import FedDraws
 from feedfast.ops import threaded as th
 from feedfast.ops.registry import OPS
-from feedfast.order.draws import keyed_draws
+from feedfast.order.draws import SampleDraws, keyed_draws
 from feedfast.sources.members import StepBytes
 
 try:
@@ -57,8 +57,9 @@ class StepDraws:
                               ids, self.key, self.fed.program, rows)
         elif _plan is not None:
             _plan.plan_batch(list(members), ids, self.key, self.fed.program, 0, rows, True)
-        for i in np.flatnonzero(rows[:, 0] != OK).tolist():
-            self._walk(i, _member(members, i), int(ids[i]), rows[i], name)
+        walked = np.flatnonzero(rows[:, 0] != OK)
+        for i, draws in zip(walked.tolist(), keyed_draws(self.key, ids[walked]) if len(walked) else []):
+            self._walk(i, _member(members, i), draws, rows[i], name)
         out: list[np.ndarray] = []
         if self.fed.window is not None:
             box = rows[:, BOX:BOX + 4].astype(np.float32)
@@ -69,13 +70,13 @@ class StepDraws:
                 out.append(rows[:, VFLIP].astype(np.int32))
         return out
 
-    def _walk(self, i: int, data: Any, draw_id: int, row: np.ndarray, name: Callable[[int], tuple[str, str]]) -> None:
+    def _walk(self, i: int, data: Any, draws: SampleDraws, row: np.ndarray,
+              name: Callable[[int], tuple[str, str]]) -> None:
         """Sample ``i``'s row in Python: its size (from the C plan's header, else PIL's), the window op's
         rule and the flip's on its draws (the ops between them draw nothing)."""
         width, height = int(row[WIDTH]), int(row[HEIGHT])
         if width < 1 or height < 1:
             width, height = _size(data)
-        draws = keyed_draws(self.key, np.array([draw_id]))[0]
         row[BOX:BOX + 4] = (0, 0, 1, 1)
         if width < 1 or height < 1:
             shard, key = name(i)
