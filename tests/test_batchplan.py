@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 from typing import Any
 
 import numpy as np
@@ -143,17 +142,6 @@ def test_a_huge_header_is_left_to_pillow_s_rules() -> None:
     assert rows[0, batchplan.STATUS] == batchplan.LARGE
     rows = batchplan.plan(plan_chain, [raw], np.arange(1), 1, 64 * 32 - 1)
     assert rows[0, batchplan.STATUS] == batchplan.BOMB
-
-
-def test_read_gives_each_sample_s_bytes_and_none_where_short(tmp_path: Any) -> None:
-    path = tmp_path / "f.bin"
-    path.write_bytes(bytes(range(256)) * 4)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        got = batchplan.read(np.array([fd, fd, fd, fd]), np.array([0, 10, 1020, -1]), np.array([4, 3, 10, 1]))
-    finally:
-        os.close(fd)
-    assert got == [bytes([0, 1, 2, 3]), bytes([10, 11, 12]), None, None]
 
 
 # --- the planned threaded path gives the Python walk's batches --------------------------------

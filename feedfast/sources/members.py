@@ -16,7 +16,6 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
-from feedfast.errors import ShardError
 from feedfast.shards.index.columnar import RowBatch
 from feedfast.shards.transport.shardfiles import ShardFiles
 from feedfast.sources.memberread import EMPTY, MISSING
@@ -24,7 +23,7 @@ from feedfast.sources.memberread import EMPTY, MISSING
 try:
     from feedfast._plan import read_batch as _read_batch
     from feedfast._plan import read_packed as _read_packed
-except ImportError:  # not built: the same reads in Python (``packed`` is not offered then)
+except ImportError:  # not built: members are read one by one (``sample``); ``chunk`` and ``packed`` are not used
     _read_batch = _read_packed = None
 
 Buffer = Callable[[int], np.ndarray]
@@ -76,6 +75,16 @@ def _packing(sizes: np.ndarray, buffer: Buffer) -> tuple[np.ndarray, np.ndarray,
     return sizes, starts, buffer(int(starts[-1] + lengths[-1]) if len(sizes) else 0)
 
 
+def read_members(fds: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> list[bytes | None]:
+    """Each member's bytes (``pread`` of ``sizes`` at ``offsets`` of ``fds``, the GIL released), None where the read
+    fails or is short."""
+    assert _read_batch is not None  # read only where the extension is built
+    got: list[bytes | None] = _read_batch(np.ascontiguousarray(fds, dtype=np.int32),
+                                          np.ascontiguousarray(offsets, dtype=np.int64),
+                                          np.ascontiguousarray(sizes, dtype=np.int64))
+    return got
+
+
 class Members(Protocol):
     """A dataset's member bytes, per component, by row."""
 
@@ -109,13 +118,10 @@ class ShardMembers:
         self.files = ShardFiles(paths)  # pickled as paths: each worker process opens its own
 
     def chunk(self, rows: RowBatch, a: int, b: int) -> list[list[bytes | None]]:
-        """Each component's members of rows ``a .. b``, one ``pread`` each, the GIL released (``_plan``)."""
-        if _read_batch is None:
-            return [[self._member(rows, i, c) for i in range(a, b)] for c in range(rows.offsets.shape[1])]
-        fds = np.ascontiguousarray(self.files.fds(rows.shard[a:b]), dtype=np.int32)
-        return [_read_batch(fds, np.ascontiguousarray(rows.offsets[a:b, c], dtype=np.int64),
-                            np.ascontiguousarray(rows.sizes[a:b, c], dtype=np.int64))
-                for c in range(rows.offsets.shape[1])]
+        """Each component's members of rows ``a .. b``, one ``pread`` each, the GIL released (the threaded path's
+        planned reads, which run only where ``_plan`` is built)."""
+        fds = self.files.fds(rows.shard[a:b])
+        return [read_members(fds, rows.offsets[a:b, c], rows.sizes[a:b, c]) for c in range(rows.offsets.shape[1])]
 
     def sample(self, rows: RowBatch, i: int) -> list[bytes]:
         """Row ``i``'s members (``b""`` where it has none).
@@ -149,15 +155,6 @@ class ShardMembers:
             return None
         return _marked([maps[s][a:a + n]  # type: ignore[index]
                         for s, a, n in zip(at.tolist(), offsets.tolist(), lengths.tolist())], sizes)
-
-    def _member(self, rows: RowBatch, i: int, c: int) -> bytes | None:
-        size = int(rows.sizes[i, c])
-        if size < 0:
-            return None
-        try:
-            return self.files.read(int(rows.shard[i]), int(rows.offsets[i, c]), size)
-        except ShardError:
-            return None
 
     def close(self) -> None:
         """Close the shards opened so far."""

@@ -155,13 +155,3 @@ def plan(chain: Chain, raws: Sequence[bytes | memoryview | None], samples: np.nd
     ext.plan_batch(list(raws), np.ascontiguousarray(samples, dtype=np.int64), key, chain.ops,
                    int(max_pixels or 0), out)
     return out
-
-
-def read(fds: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> list[bytes | None]:
-    """Each sample's bytes (``pread`` of ``sizes`` at ``offsets`` of ``fds``), None where the read fails or is short."""
-    assert ext is not None
-    got: list[bytes | None] = ext.read_batch(np.ascontiguousarray(fds, dtype=np.int32),
-                                             np.ascontiguousarray(offsets, dtype=np.int64),
-                                             np.ascontiguousarray(sizes, dtype=np.int64))
-    return got
-
