@@ -96,11 +96,6 @@ class FolderSet:
         return ("file",)
 
     @property
-    def transport(self) -> str:
-        """Read by feedfast itself, never by DALI's tar reader."""
-        return "stream"
-
-    @property
     def raw_bytes(self) -> int:
         """The listed files' bytes."""
         return self.table.counts()[0]
