@@ -78,7 +78,9 @@ class ShardFiles:
             view: memoryview | None = memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
         except (OSError, ValueError):
             view = None
-        with self._lock:
+        with self._lock:  # the bound again: other threads may have mapped shards meanwhile
+            if shard not in self._maps and len(self._maps) >= MAX_MAPS:
+                return None  # this one is unmapped when its view goes
             return self._maps.setdefault(shard, view)
 
     def _fd(self, shard: int) -> int:
