@@ -25,7 +25,7 @@ from feedfast.loader.backends.cpu.pil import run_pil_epoch
 from feedfast.loader.backends.cpu.threads import run_thread_epoch
 from feedfast.shards.index.tarindex import format_index, scan_tar
 from feedfast.shards.transport.remote import RemoteError, Transfer
-from feedfast.sources import rangeread
+from feedfast.sources import members, rangeread
 from feedfast.sources.rangeread import AHEAD, PART, StepReads
 from tests.helpers import make_shards
 from tests.rangeserver import RangeServer
@@ -111,7 +111,7 @@ def test_remote_samples_take_the_planned_one_call_path_from_memory(small_spec: d
         raise AssertionError("a remote sample was read with pread")
 
     monkeypatch.setattr(native.ext, "sample_batch", counted)
-    monkeypatch.setattr(batchplan, "read", no_pread)
+    monkeypatch.setattr(members, "read_members", no_pread)
     loader = _loader(small_spec, server.urls(local), shuffle=True)
     assert sum(len(keys) for keys, _, _ in _epoch(loader)) == 23
     loader.close()
